@@ -1,0 +1,65 @@
+"""Pure tensor math for RL post-training: advantages, policy and value losses, KL,
+entropy, loss aggregation and sample filters. Imports torch only."""
+
+from algos.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    compute_advantages,
+    gae_advantage,
+    gdpo_advantage,
+    grpo_advantage,
+    last_token_rewards,
+    masked_whiten,
+    register_advantage,
+    reinforce_pp_advantage,
+    reinforce_pp_baseline_advantage,
+    rloo_advantage,
+)
+from algos.aggregation import AGGREGATIONS, aggregate, masked_mean
+from algos.config import AdvantageConfig, LossNorm, PolicyLossConfig
+from algos.entropy import entropy_from_logits
+from algos.filters import overlong_penalty, zero_std_groups
+from algos.kl import KL_KINDS, AdaptiveKLController, FixedKLController, kl_penalty
+from algos.policy_loss import (
+    POLICY_LOSSES,
+    build_policy_loss,
+    gspo_loss,
+    ppo_clip_loss,
+    register_policy_loss,
+    sft_loss,
+)
+from algos.value_loss import clipped_value_loss, explained_variance
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AGGREGATIONS",
+    "KL_KINDS",
+    "POLICY_LOSSES",
+    "AdaptiveKLController",
+    "AdvantageConfig",
+    "FixedKLController",
+    "LossNorm",
+    "PolicyLossConfig",
+    "aggregate",
+    "build_policy_loss",
+    "clipped_value_loss",
+    "compute_advantages",
+    "entropy_from_logits",
+    "explained_variance",
+    "gae_advantage",
+    "gdpo_advantage",
+    "grpo_advantage",
+    "gspo_loss",
+    "kl_penalty",
+    "last_token_rewards",
+    "masked_mean",
+    "masked_whiten",
+    "overlong_penalty",
+    "ppo_clip_loss",
+    "register_advantage",
+    "register_policy_loss",
+    "reinforce_pp_advantage",
+    "reinforce_pp_baseline_advantage",
+    "rloo_advantage",
+    "sft_loss",
+    "zero_std_groups",
+]

@@ -1,0 +1,86 @@
+"""Frozen scalar configs for the pure loss and advantage functions.
+
+Each function in ``algos`` receives one of these small configs, never the run config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def _raise_all(owner: str, errors: list[str]) -> None:
+    if errors:
+        raise ValueError(f"invalid {owner}: " + "; ".join(errors))
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """Settings for ``compute_advantages``; ``estimator`` keys ``ADVANTAGE_ESTIMATORS``."""
+
+    estimator: str = "grpo"
+    norm_by_std: bool = True  # False -> Dr.GRPO (A = s - mean_g), Liu et al. 2025
+    eps: float = 1e-6
+    gamma: float = 1.0  # gae / reinforce_pp discount
+    lam: float = 1.0  # gae lambda
+    reward_weights: tuple[tuple[str, float], ...] = ()  # gdpo: (reward name, weight) pairs
+
+    def __post_init__(self) -> None:
+        errors = []
+        if not self.eps > 0:
+            errors.append(f"eps={self.eps} must be > 0")
+        if not 0.0 <= self.gamma <= 1.0:
+            errors.append(f"gamma={self.gamma} must be in [0, 1]")
+        if not 0.0 <= self.lam <= 1.0:
+            errors.append(f"lam={self.lam} must be in [0, 1]")
+        for pair in self.reward_weights:
+            if len(pair) != 2 or not isinstance(pair[0], str):
+                errors.append(f"reward_weights entry {pair!r} must be a (name, weight) pair")
+        _raise_all("AdvantageConfig", errors)
+
+
+@dataclass(frozen=True)
+class PolicyLossConfig:
+    """Settings for a policy loss; ``name`` keys ``POLICY_LOSSES``, ``agg`` keys ``AGGREGATIONS``.
+
+    ``clip_high > clip_low`` is DAPO's clip-higher (Yu et al. 2025, eq. 10); ``clip_c`` is the
+    dual-clip bound for negative advantages (Ye et al. 2020, eq. 5).
+    """
+
+    name: str = "ppo_clip"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    clip_c: float | None = None
+    agg: str = "token-mean"
+    log_ratio_clamp: float = 20.0
+
+    def __post_init__(self) -> None:
+        errors = []
+        if not 0.0 <= self.clip_low < 1.0:
+            errors.append(f"clip_low={self.clip_low} must be in [0, 1)")
+        if not self.clip_high >= 0.0:
+            errors.append(f"clip_high={self.clip_high} must be >= 0")
+        if self.clip_c is not None and not self.clip_c > 1.0:
+            errors.append(f"clip_c={self.clip_c} must be > 1 (or None to disable dual clip)")
+        if not self.log_ratio_clamp > 0:
+            errors.append(f"log_ratio_clamp={self.log_ratio_clamp} must be > 0")
+        _raise_all("PolicyLossConfig", errors)
+
+
+@dataclass(frozen=True)
+class LossNorm:
+    """Counts over the WHOLE global batch (all micro-batches, all ranks), so the summed
+    gradient is independent of how the batch is split."""
+
+    global_tokens: float  # number of response tokens (mask==1) in the global batch
+    global_samples: float  # number of samples in the global batch
+    norm_const: float = 1.0  # seq-mean-token-sum-norm divisor (e.g. max response length)
+
+    def __post_init__(self) -> None:
+        errors = []
+        if not self.global_tokens >= 0:
+            errors.append(f"global_tokens={self.global_tokens} must be >= 0")
+        if not self.global_samples >= 0:
+            errors.append(f"global_samples={self.global_samples} must be >= 0")
+        if not self.norm_const > 0:
+            errors.append(f"norm_const={self.norm_const} must be > 0")
+        _raise_all("LossNorm", errors)

@@ -1,0 +1,41 @@
+"""DAPO sample handling (Yu et al. 2025): overlong reward shaping and dynamic sampling.
+
+Shapes: b = samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from algos.groups import group_index
+
+
+def overlong_penalty(
+    response_lengths_b: torch.Tensor, *, max_len: int, buffer: int
+) -> torch.Tensor:
+    """Soft overlong punishment (DAPO eq. 13), added to the reward:
+
+    0 if L <= max_len - buffer ; ((max_len - buffer) - L) / buffer inside the buffer ;
+    -1 if L > max_len. Returns a float ``penalty_b``.
+    """
+    if not 0 < buffer <= max_len:
+        raise ValueError(f"overlong buffer={buffer} must be in (0, max_len={max_len}]")
+    lengths_b = response_lengths_b.to(torch.float32)
+    start = float(max_len - buffer)
+    penalty_b = ((start - lengths_b) / buffer).clamp(max=0.0)
+    return torch.where(lengths_b > max_len, torch.full_like(lengths_b, -1.0), penalty_b)
+
+
+def zero_std_groups(scores_b: torch.Tensor, group_ids_b: torch.Tensor | Sequence) -> torch.Tensor:
+    """Dynamic sampling (DAPO eq. 11): ``keep_b`` is False for samples whose group has all
+    scores equal (std 0, including a group of one), since their advantage is zero and they
+    add no gradient. Compared exactly (max == min), not by a float tolerance."""
+    idx_b, g = group_index(group_ids_b)
+    idx_b = idx_b.to(scores_b.device)
+    max_g = torch.full((g,), -torch.inf, dtype=scores_b.dtype, device=scores_b.device)
+    min_g = torch.full((g,), torch.inf, dtype=scores_b.dtype, device=scores_b.device)
+    max_g = max_g.scatter_reduce(0, idx_b, scores_b, reduce="amax")
+    min_g = min_g.scatter_reduce(0, idx_b, scores_b, reduce="amin")
+    return (max_g > min_g)[idx_b]

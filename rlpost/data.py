@@ -1,0 +1,167 @@
+"""Prompt rows from files, validated, served as an endless seeded stream.
+
+A row is a dict with a ``"prompt"``: either a string (one user message) or a
+list of chat messages ``{"role": str, "content": str | list}``. Any other
+keys (``"answer"``, ``"data_source"``, ...) travel with the row to the reward
+function untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+ACCEPTED_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+class DataError(ValueError):
+    """A data file or row cannot be used; the message says what to change."""
+
+
+def load_rows(path: str | Path) -> list[dict]:
+    """Read rows from ``.jsonl`` / ``.json`` (one object per line, or one
+    top-level array) or ``.parquet``. Rows are not validated here."""
+    path = Path(path)
+    if path.suffix not in ACCEPTED_SUFFIXES:
+        raise DataError(
+            f"{path}: unsupported file type {path.suffix!r}; "
+            f"accepted: {', '.join(ACCEPTED_SUFFIXES)}"
+        )
+    if not path.is_file():
+        raise DataError(f"{path}: no such file; check the data path in the config")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json" and text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: invalid JSON array: {e}") from e
+        return list(rows)
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{lineno}: invalid JSON line: {e.msg}") from e
+    return rows
+
+
+def validate_row(row: Any) -> str | None:
+    """Why ``row`` cannot be used as a prompt, or None when it can."""
+    if not isinstance(row, dict):
+        return f"row has type {type(row).__name__}, expected an object with a 'prompt' field"
+    if "prompt" not in row:
+        return f"row has no 'prompt' field (fields: {sorted(row)})"
+    prompt = row["prompt"]
+    if isinstance(prompt, str):
+        return None if prompt else "'prompt' is an empty string"
+    if not isinstance(prompt, list):
+        return f"'prompt' has type {type(prompt).__name__}, expected a string or a list of messages"
+    if not prompt:
+        return "'prompt' is an empty list of messages"
+    for i, message in enumerate(prompt):
+        if not isinstance(message, dict):
+            return (
+                f"'prompt'[{i}] has type {type(message).__name__}, expected {{'role', 'content'}}"
+            )
+        missing = [k for k in ("role", "content") if k not in message]
+        if missing:
+            return f"'prompt'[{i}] lacks {missing}"
+        if not isinstance(message["role"], str):
+            return f"'prompt'[{i}]['role'] has type {type(message['role']).__name__}, expected str"
+        # A list of content parts is the multimodal form ({"type": "image", ...}).
+        if not isinstance(message["content"], str | list):
+            return (
+                f"'prompt'[{i}]['content'] has type {type(message['content']).__name__}, "
+                "expected a string or a list of content parts"
+            )
+    return None
+
+
+def prompt_messages(row: dict) -> list[dict]:
+    """The row's prompt as chat messages; a string is one user message."""
+    prompt = row["prompt"]
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    return prompt
+
+
+class PromptStream:
+    """Endless, seeded, epoch-shuffled stream of valid rows; malformed rows are
+    dropped at load and counted (``self.num_malformed``), never silently.
+
+    Each epoch visits every valid row once in an order that depends only on
+    ``(seed, epoch)``; a batch may span two epochs. ``state_dict`` holds the
+    epoch and position, so a resumed stream continues with the exact rows an
+    uninterrupted one would have produced.
+    """
+
+    def __init__(self, rows: list[dict], seed: int, batch_size: int, source: str = "rows"):
+        if batch_size < 1:
+            raise DataError(f"batch_size must be >= 1, got {batch_size}")
+        self.rows: list[dict] = []
+        reasons: list[str] = []
+        for i, row in enumerate(rows):
+            reason = validate_row(row)
+            if reason is None:
+                self.rows.append(row)
+            else:
+                reasons.append(f"{source} row {i}: {reason}")
+        self.num_malformed = len(reasons)
+        if not self.rows:
+            first = f"; first problem: {reasons[0]}" if reasons else ""
+            raise DataError(f"{source}: no usable rows out of {len(rows)}{first}")
+        if reasons:
+            logger.warning(
+                "%s: skipped %d malformed of %d rows; first: %s",
+                source,
+                len(reasons),
+                len(rows),
+                "; ".join(reasons[:3]),
+            )
+        self.seed = seed
+        self.batch_size = batch_size
+        self.epoch = 0
+        self.position = 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        order = list(range(len(self.rows)))
+        # A string seed is hashed with SHA-512: stable across processes.
+        random.Random(f"{self.seed}/{epoch}").shuffle(order)
+        return order
+
+    def next_batch(self) -> list[dict]:
+        """The next ``batch_size`` rows, starting a new shuffled epoch as needed."""
+        batch = []
+        while len(batch) < self.batch_size:
+            if self.position == len(self._order):
+                self.epoch += 1
+                self.position = 0
+                self._order = self._permutation(self.epoch)
+            batch.append(self.rows[self._order[self.position]])
+            self.position += 1
+        return batch
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "num_rows": len(self.rows)}
+
+    def load_state_dict(self, d: dict) -> None:
+        if d["num_rows"] != len(self.rows):
+            raise DataError(
+                f"cannot resume the prompt stream: the checkpoint saw {d['num_rows']} valid rows, "
+                f"the data now has {len(self.rows)}; resume with the same data files"
+            )
+        self.epoch = d["epoch"]
+        self.position = d["position"]
+        self._order = self._permutation(self.epoch)

@@ -1,0 +1,57 @@
+"""``python -m rlpost.main [group=option ...] [key=value ...]``"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+USAGE = """usage: python -m rlpost.main [group=option ...] [key=value ...]
+
+Groups: algo (grpo, sft), model (tiny), rollout (vllm), trainer (fsdp),
+data (arith, files), reward (arith, custom).
+Examples:
+  python -m rlpost.main algo=grpo
+  python -m rlpost.main trainer.total_steps=20 rollout.n=4 data.prompts_per_step=8
+  python -m rlpost.main model.path=Qwen/Qwen2.5-0.5B-Instruct data=files \\
+      data.train_files=[train.jsonl] data.val_files=[val.jsonl] reward=custom reward.fn=my_reward.py:score
+Every key: python -m rlpost.main --help-keys
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE)
+        return 0
+    from rlpost.config import SCHEMAS, compose
+    from rlpost.schema import ConfigError, describe
+
+    if "--help-keys" in argv:
+        for name, schema in SCHEMAS.items():
+            for key, tp, text in describe(schema, name):
+                print(f"{key:34s} {tp:40s} {text}")
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from rlpost.data import DataError
+    from rlpost.rewards import RewardError
+
+    try:
+        cfg = compose(argv)
+        from rlpost.run import train
+
+        result = train(cfg)
+    except (ConfigError, DataError, RewardError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    last = result.history[-1]
+    first = result.history[0]
+    print(
+        f"done: val/accuracy {first.get('val/accuracy', float('nan')):.3f} -> "
+        f"{last.get('val/accuracy', float('nan')):.3f}; run dir {result.run_dir}; "
+        f"final model {result.final_model}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""Build a run from a validated config: data, reward, Ray, workers; then train."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import yaml
+
+from rlpost.config import Config, to_dict
+from rlpost.data import DataError, load_rows, validate_row
+from rlpost.rewards import RewardScorer, load_reward_fn
+from rlpost.schema import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def make_run_dir(cfg: Config) -> Path:
+    if cfg.trainer.run_dir:
+        path = Path(cfg.trainer.run_dir)
+    else:
+        path = Path("outputs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.algo.name}"
+    path.mkdir(parents=True, exist_ok=True)
+    with open(path / "config.yaml", "w") as f:
+        yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
+    return path.resolve()
+
+
+def load_data(cfg: Config) -> tuple[list[dict], list[dict], int]:
+    """Train rows, held-out rows and the number of malformed rows dropped."""
+    if cfg.data.name == "arith":
+        from rlpost.tasks.arith import ArithTask
+
+        task = ArithTask(seed=cfg.trainer.seed, max_operand=cfg.data.max_operand, num_val=cfg.data.val_size)
+        train = task.sft_rows() if cfg.algo.name == "sft" else task.train_rows()
+        return train, task.val_rows(), 0
+    train: list[dict] = []
+    val: list[dict] = []
+    for path in cfg.data.train_files:
+        train.extend(load_rows(path))
+    for path in cfg.data.val_files:
+        val.extend(load_rows(path))
+    bad = sum(validate_row(r) is not None for r in val)
+    val = [r for r in val if validate_row(r) is None][: cfg.data.val_size]
+    if not val:
+        raise DataError(f"no valid held-out rows in {cfg.data.val_files}")
+    if cfg.algo.name == "sft":
+        missing = [i for i, r in enumerate(train) if "response" not in r]
+        if missing:
+            raise DataError(
+                f"algo=sft needs a 'response' field in every training row; rows {missing[:5]} lack it"
+            )
+    return train, val, bad
+
+
+def check_model_path(cfg: Config) -> None:
+    """A local-looking model.path must hold an HF model; hub ids pass through."""
+    path = cfg.model.path
+    if not path:
+        return
+    p = Path(path).expanduser()
+    if (path.startswith((".", "/", "~")) or p.exists()) and not (p / "config.json").exists():
+        raise ConfigError([f"model.path={path!r}: no HF model (config.json) in that directory"])
+
+
+def train(cfg: Config) -> "RunResult":  # noqa: F821
+    """Run ``cfg`` to the end; returns the metric history and the final model's path."""
+    import ray
+    from transformers import AutoTokenizer
+
+    from rlpost.controller import Controller
+    from rlpost.device import resolve_device
+    from rlpost.tracking import Tracker
+    from rlpost.warmup import builtin_model
+    from rlpost.workers.rollout_worker import RolloutWorker
+    from rlpost.workers.trainer_worker import TrainerGroup
+    from rollout.vllm import VLLMEngineConfig
+    from trainers.fsdp import FSDPEngineConfig
+
+    # Everything that can fail on user input fails here, before Ray starts.
+    check_model_path(cfg)
+    reward_fn = load_reward_fn(cfg.reward.fn)
+    train_rows, val_rows, bad_rows = load_data(cfg)
+    device = resolve_device(cfg.trainer.device)
+    run_dir = make_run_dir(cfg)
+
+    started_ray = False
+    if not ray.is_initialized():
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
+        else:
+            needed = cfg.trainer.world_size * cfg.trainer.num_cpus_per_worker + cfg.rollout.num_cpus
+            ray.init(
+                num_cpus=max(os.cpu_count() or 1, int(needed + 0.999)),
+                include_dashboard=False,
+                log_to_driver=True,
+                logging_level=logging.WARNING,
+            )
+        started_ray = True
+
+    t = cfg.trainer
+
+    def make_trainer(model_path: str, lr: float) -> TrainerGroup:
+        engine_cfg = FSDPEngineConfig(
+            model_path=model_path,
+            dtype=cfg.model.dtype,
+            lr=lr,
+            weight_decay=t.weight_decay,
+            betas=(t.betas[0], t.betas[1]),
+            max_grad_norm=t.max_grad_norm,
+            micro_batch_size=t.micro_batch_size,
+            seed=t.seed,
+            device=device.kind,
+            backend=device.backend,
+            threads=t.threads,
+        )
+        return TrainerGroup(engine_cfg, t.world_size, t.num_cpus_per_worker, t.threads, device.ray_resource)
+
+    trainer = rollout = tracker = None
+    try:
+        model_path = cfg.model.path or builtin_model(cfg, make_trainer)
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        trainer = make_trainer(model_path, t.lr)
+        r = cfg.rollout
+        engine_cfg = VLLMEngineConfig(
+            model_path=model_path,
+            dtype=cfg.model.dtype,
+            max_model_len=r.max_model_len,
+            kv_cache_gib=r.kv_cache_gib,
+            gpu_memory_utilization=r.gpu_memory_utilization,
+            enforce_eager=r.enforce_eager,
+            seed=t.seed,
+            device=device.kind,
+        )
+        actor = ray.remote(num_cpus=r.num_cpus, **device.ray_resource)(RolloutWorker)
+        rollout = actor.remote(engine_cfg, t.threads)
+        tracker = Tracker(run_dir, list(t.logger), t.total_steps, to_dict(cfg))
+        scorer = RewardScorer(reward_fn, dict(cfg.reward.weights) or None)
+        controller = Controller(
+            cfg, run_dir, model_path, trainer, rollout, tokenizer,
+            train_rows, val_rows, scorer, tracker, bad_rows,
+        )  # fmt: skip
+        result = controller.run()
+        tracker.plot()
+        return result
+    finally:
+        if tracker is not None:
+            tracker.close()
+        if trainer is not None:
+            trainer.close()
+        if rollout is not None:
+            ray.kill(rollout)
+        if started_ray:
+            ray.shutdown()
+
+

@@ -1,0 +1,177 @@
+"""A small typed-schema validator for the composed config.
+
+Each config group is a frozen dataclass; constraints sit in field metadata
+(``ge``, ``gt``, ``le``, ``choices``). ``validate`` walks a plain dict against a
+dataclass, collects *every* problem (unknown keys, wrong types, bad values) and
+raises one ``ConfigError`` naming them all, so a user fixes a config in one go.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """Raised with one line per offending key."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__(
+            "invalid config:\n  " + "\n  ".join(problems) + "\n(see README 'Configuration')"
+        )
+
+
+def spec(default: Any = dataclasses.MISSING, *, help: str = "", **checks: Any) -> Any:
+    """A dataclass field with a help text and value checks (ge, gt, le, choices)."""
+    meta = {"help": help, **checks}
+    if isinstance(default, (list, dict)):
+        value = default
+        return dataclasses.field(default_factory=lambda: type(value)(value), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in get_args(tp))
+    if origin is list:
+        return f"list of {_type_name(get_args(tp)[0])}"
+    if origin is dict:
+        k, v = get_args(tp)
+        return f"mapping {_type_name(k)} -> {_type_name(v)}"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, path: str, problems: list[str]) -> Any:
+    """Return ``value`` converted to ``tp``, or record a problem and return None."""
+    origin = get_origin(tp)
+    if isinstance(value, str) and value == "???":
+        problems.append(f"{path}: required ({_type_name(tp)}), set it with {path}=...")
+        return None
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            problems.append(f"{path}: expected a mapping, got {value!r}")
+            return None
+        return _build(tp, value, path, problems)
+    if origin in (Union, types.UnionType):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            trial: list[str] = []
+            out = _coerce(value, arg, path, trial)
+            if not trial:
+                return out
+        problems.append(f"{path}={value!r}: expected {_type_name(tp)}")
+        return None
+    if origin is Literal:
+        if value not in get_args(tp):
+            problems.append(f"{path}={value!r}: expected {_type_name(tp)}")
+        return value
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            problems.append(f"{path}={value!r}: expected {_type_name(tp)}")
+            return None
+        (item_tp,) = get_args(tp)
+        return [_coerce(v, item_tp, f"{path}[{i}]", problems) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            problems.append(f"{path}={value!r}: expected {_type_name(tp)}")
+            return None
+        _, v_tp = get_args(tp)
+        return {str(k): _coerce(v, v_tp, f"{path}.{k}", problems) for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            problems.append(f"{path}={value!r}: expected true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            problems.append(f"{path}={value!r}: expected an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            problems.append(f"{path}={value!r}: expected a number")
+            return value
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            problems.append(f"{path}={value!r}: expected a string")
+        return value
+    if tp is Any:
+        return value
+    raise TypeError(f"schema type {tp!r} at {path} is not supported")
+
+
+def _check(value: Any, meta: typing.Mapping[str, Any], path: str, problems: list[str]) -> None:
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return
+    if "choices" in meta and value not in meta["choices"]:
+        problems.append(f"{path}={value!r}: expected one of {', '.join(map(str, meta['choices']))}")
+    if isinstance(value, str):
+        return
+    if "ge" in meta and value < meta["ge"]:
+        problems.append(f"{path}={value!r}: must be >= {meta['ge']}")
+    if "gt" in meta and value <= meta["gt"]:
+        problems.append(f"{path}={value!r}: must be > {meta['gt']}")
+    if "le" in meta and value > meta["le"]:
+        problems.append(f"{path}={value!r}: must be <= {meta['le']}")
+
+
+def _build(cls: type[T], data: dict, path: str, problems: list[str]) -> T | None:
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    for key in data:
+        if key not in known:
+            problems.append(
+                f"{path}.{key}: unknown key; {path} accepts: {', '.join(sorted(known))}"
+            )
+    kwargs: dict[str, Any] = {}
+    for name, f in known.items():
+        sub = f"{path}.{name}"
+        if name not in data:
+            has_default = (
+                f.default is not dataclasses.MISSING
+                or f.default_factory is not dataclasses.MISSING
+            )
+            if not has_default:
+                problems.append(f"{sub}: required ({_type_name(hints[name])})")
+            continue
+        value = _coerce(data[name], hints[name], sub, problems)
+        _check(value, f.metadata, sub, problems)
+        kwargs[name] = value
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:  # a __post_init__ cross-field check
+        problems.append(f"{path}: {exc}")
+        return None
+
+
+def validate(cls: type[T], data: dict, path: str) -> tuple[T | None, list[str]]:
+    """Build ``cls`` from ``data``; returns the object and the list of problems."""
+    problems: list[str] = []
+    obj = _build(cls, data, path, problems)
+    return obj, problems
+
+
+def describe(cls: type, path: str) -> list[tuple[str, str, str]]:
+    """(key, type, help) rows for documentation and ``--help``."""
+    rows = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            rows.extend(describe(tp, f"{path}.{f.name}"))  # type: ignore[arg-type]
+        else:
+            rows.append((f"{path}.{f.name}", _type_name(tp), f.metadata.get("help", "")))
+    return rows

@@ -1,0 +1,92 @@
+"""Two-operand addition: the built-in verifiable task.
+
+A prompt is one user message ``"37+48="``; the expected completion is the
+sum's decimal digits, ``"85"``, followed by the model's end token. The same
+string is the supervised warm-up target (``row["response"]``) and what
+:func:`correctness` accepts, so SFT and RL agree on the format.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+DATA_SOURCE = "arith"
+# Chat models spell their special tokens "<|...|>" (ours "<|end|>", Qwen's
+# "<|im_end|>"); a completion decoded with special tokens is cut there.
+SPECIAL_TOKEN_PREFIX = "<|"
+
+
+@dataclass(frozen=True)
+class ArithTask:
+    """All pairs ``(a, b)`` with ``0 <= a, b <= max_operand``, split by ``seed``.
+
+    ``num_val`` ordered pairs are held out for validation; the rest are the
+    training set. Both lists are deterministic functions of the fields and
+    share no pair, so validation accuracy measures generalisation.
+    """
+
+    seed: int = 0
+    max_operand: int = 99
+    num_val: int = 200
+
+    def __post_init__(self) -> None:
+        if self.max_operand < 1:
+            raise ValueError(f"max_operand must be >= 1, got {self.max_operand}")
+        n_pairs = (self.max_operand + 1) ** 2
+        if not 0 <= self.num_val < n_pairs:
+            raise ValueError(
+                f"num_val must be in [0, {n_pairs}) for max_operand={self.max_operand}, "
+                f"got {self.num_val}"
+            )
+
+    def _split(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        n = self.max_operand + 1
+        pairs = [(a, b) for a in range(n) for b in range(n)]
+        random.Random(self.seed).shuffle(pairs)
+        return pairs[self.num_val :], pairs[: self.num_val]
+
+    def train_rows(self) -> list[dict]:
+        """Every pair not held out, in a seeded shuffled order."""
+        return [make_row(a, b) for a, b in self._split()[0]]
+
+    def val_rows(self) -> list[dict]:
+        """The ``num_val`` held-out pairs."""
+        return [make_row(a, b) for a, b in self._split()[1]]
+
+    def sft_rows(self) -> list[dict]:
+        """Training rows with the assistant target in ``"response"``."""
+        return [{**row, "response": row["answer"]} for row in self.train_rows()]
+
+
+def make_row(a: int, b: int) -> dict:
+    return {
+        "prompt": [{"role": "user", "content": f"{a}+{b}="}],
+        "answer": str(a + b),
+        "data_source": DATA_SOURCE,
+    }
+
+
+def _answer_text(completion: str) -> str:
+    """The completion up to its first special token, stripped of whitespace."""
+    return completion.split(SPECIAL_TOKEN_PREFIX, 1)[0].strip()
+
+
+def correctness(completion: str, row: dict) -> float:
+    """1.0 iff the completion (up to the end token, stripped) is the answer."""
+    return float(_answer_text(completion) == row["answer"])
+
+
+def format_reward(completion: str, row: dict) -> float:
+    """1.0 iff the completion (up to the end token, stripped) is only digits."""
+    text = _answer_text(completion)
+    # str.isdigit accepts e.g. superscripts; the answers are ASCII digits.
+    return float(text.isascii() and text.isdigit())
+
+
+def reward(completion: str, row: dict) -> dict[str, float]:
+    """Named rewards for the task; the default total is ``correctness`` alone."""
+    return {"correctness": correctness(completion, row), "format": format_reward(completion, row)}
+
+
+reward.default_weights = {"correctness": 1.0, "format": 0.0}  # type: ignore[attr-defined]

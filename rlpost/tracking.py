@@ -1,0 +1,90 @@
+"""Metric sinks (console, JSONL, wandb offline), the progress bar and the plot."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+
+class Tracker:
+    def __init__(self, run_dir: Path, loggers: list[str], total_steps: int, config: dict[str, Any]):
+        self.run_dir = run_dir
+        self.loggers = loggers
+        self.history: list[dict[str, float]] = []
+        self.bar = tqdm(total=total_steps, desc="rlpost", unit="step", dynamic_ncols=True)
+        self._jsonl = open(run_dir / "metrics.jsonl", "a") if "jsonl" in loggers else None
+        self._wandb = None
+        if "wandb" in loggers:
+            os.environ.setdefault("WANDB_MODE", "offline")
+            os.environ.setdefault("WANDB_SILENT", "true")
+            import wandb
+
+            self._wandb = wandb.init(
+                project="rlpost", dir=str(run_dir), config=config, name=run_dir.name
+            )
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        row = {"step": step, **{k: _plain(v) for k, v in sorted(metrics.items())}}
+        self.history.append(row)
+        if self._jsonl:
+            self._jsonl.write(json.dumps(row) + "\n")
+            self._jsonl.flush()
+        if self._wandb is not None:
+            self._wandb.log(row, step=step)
+        if step > self.bar.n:
+            self.bar.update(step - self.bar.n)
+        postfix = {}
+        if "reward/mean" in row:
+            postfix["reward"] = f"{row['reward/mean']:.3f}"
+        last_val = next((h["val/accuracy"] for h in reversed(self.history) if "val/accuracy" in h), None)
+        if last_val is not None:
+            postfix["val_acc"] = f"{last_val:.3f}"
+        if "perf/tokens_per_s" in row:
+            postfix["tok/s"] = f"{row['perf/tokens_per_s']:.0f}"
+        self.bar.set_postfix(postfix)
+        if "console" in self.loggers and "val/accuracy" in row:
+            self.bar.write(
+                f"step {step}: val/accuracy={row['val/accuracy']:.3f}"
+                + (f" reward/mean={row['reward/mean']:.3f}" if "reward/mean" in row else "")
+            )
+
+    def plot(self) -> Path | None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for key, style in (("reward/mean", "-"), ("val/accuracy", "o-")):
+            pts = [(h["step"], h[key]) for h in self.history if key in h]
+            if pts:
+                ax.plot(*zip(*pts), style, label=key)
+        ax.set_xlabel("step")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        ax.set_title(self.run_dir.name)
+        path = self.run_dir / "curves.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
+
+    def close(self) -> None:
+        self.bar.close()
+        if self._jsonl:
+            self._jsonl.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def _plain(value: Any) -> Any:
+    value = float(value) if hasattr(value, "__float__") else value
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value

@@ -1,0 +1,90 @@
+"""The built-in base policy: a tiny random model warmed up by a short SFT run.
+
+The warm-up uses the same trainer and data pipeline as ``algo=sft`` and is
+cached on disk, keyed by everything that changes its result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from tqdm import tqdm
+
+from rlpost.config import Config
+from rlpost.data import PromptStream
+from rlpost.samples import sft_batch
+from rlpost.tasks.arith import ArithTask
+
+log = logging.getLogger(__name__)
+WARMUP_VERSION = 1
+
+
+def cache_root(cfg: Config) -> Path:
+    if cfg.model.cache_dir:
+        return Path(cfg.model.cache_dir).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache"))
+    return Path(base) / "rlpost"
+
+
+def warmup_key(cfg: Config) -> str:
+    w = cfg.model.warmup
+    fields = {
+        "version": WARMUP_VERSION,
+        "preset": cfg.model.preset,
+        "steps": w.steps,
+        "batch_size": w.batch_size,
+        "lr": w.lr,
+        "fraction": w.fraction,
+        "max_operand": cfg.data.max_operand,
+        "val_size": cfg.data.val_size,
+        "seed": cfg.trainer.seed,
+    }
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{cfg.model.preset}-{digest}"
+
+
+def builtin_model(cfg: Config, make_trainer: Callable[[str, float], object]) -> str:
+    """Path of the warmed-up tiny model; builds and caches it on first use.
+
+    ``make_trainer(model_path, lr)`` returns a ``TrainerGroup`` on that model.
+    """
+    from rlpost.tiny import build_tiny_model
+
+    out = cache_root(cfg) / warmup_key(cfg)
+    if (out / "config.json").exists():
+        log.info("built-in model: %s (cached)", out)
+        return str(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    init_dir = out.with_name(out.name + ".init")
+    shutil.rmtree(init_dir, ignore_errors=True)
+    build_tiny_model(cfg.model.preset, init_dir, seed=cfg.trainer.seed)
+    w = cfg.model.warmup
+    if w.steps == 0:
+        os.replace(init_dir, out)
+        return str(out)
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(init_dir)
+    task = ArithTask(seed=cfg.trainer.seed, max_operand=cfg.data.max_operand, num_val=cfg.data.val_size)
+    rows = task.sft_rows()
+    rows = rows[: max(1, int(len(rows) * w.fraction))]
+    stream = PromptStream(rows, seed=cfg.trainer.seed, batch_size=w.batch_size)
+    trainer = make_trainer(str(init_dir), w.lr)
+    try:
+        bar = tqdm(range(w.steps), desc="warm-up (sft)", unit="step", dynamic_ncols=True)
+        for _ in bar:
+            metrics = trainer.update_sft(sft_batch(tokenizer, stream.next_batch()))
+            bar.set_postfix(nll=f"{metrics['sft/nll']:.3f}")
+        trainer.save_hf(str(out))
+    finally:
+        trainer.close()
+        shutil.rmtree(init_dir, ignore_errors=True)
+    log.info("built-in model: %s (warmed up for %d steps)", out, w.steps)
+    return str(out)

@@ -1,0 +1,90 @@
+"""Ray shell around one FSDP engine rank, and the group of all ranks."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import ray
+import torch
+
+from trainers.batch import TrajectoryBatch
+
+
+class TrainerWorker:
+    """One rank: owns an ``FSDPEngine`` and forwards calls to it."""
+
+    def __init__(self, threads: int):
+        torch.set_num_threads(threads)
+        self.engine: Any = None
+
+    def address(self) -> str:
+        """A free TCP rendezvous address on this worker's node."""
+        ip = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return f"tcp://{ip}:{port}"
+
+    def init_engine(self, cfg: Any, rank: int, world_size: int, init_method: str) -> int:
+        from trainers.fsdp import FSDPEngine
+
+        self.engine = FSDPEngine(cfg, rank, world_size, init_method)
+        return self.engine.num_params
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.engine, method)(*args, **kwargs)
+
+
+class TrainerGroup:
+    """``world_size`` ranks; data-parallel calls split the batch into equal shards."""
+
+    def __init__(self, engine_cfg: Any, world_size: int, num_cpus: float, threads: int, device_opts: dict):
+        cls = ray.remote(num_cpus=num_cpus, **device_opts)(TrainerWorker)
+        self.workers = [cls.remote(threads) for _ in range(world_size)]
+        self.world_size = world_size
+        init_method = ray.get(self.workers[0].address.remote())
+        sizes = ray.get(
+            [
+                w.init_engine.remote(engine_cfg, rank, world_size, init_method)
+                for rank, w in enumerate(self.workers)
+            ]
+        )
+        self.num_params = sizes[0]
+
+    def _each(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return ray.get([w.call.remote(method, *args, **kwargs) for w in self.workers])
+
+    def _sharded(self, method: str, batch: TrajectoryBatch, **kwargs: Any) -> list[Any]:
+        shards = [batch.shard(r, self.world_size) for r in range(self.world_size)]
+        return ray.get([w.call.remote(method, s, **kwargs) for w, s in zip(self.workers, shards)])
+
+    def logprobs(self, batch: TrajectoryBatch, temperature: float) -> torch.Tensor:
+        parts = self._sharded("logprobs", batch, temperature=temperature)
+        return torch.cat(parts, dim=0)
+
+    def update_policy(self, batch: TrajectoryBatch, **kwargs: Any) -> dict[str, float]:
+        return _mean_metrics(self._sharded("update_policy", batch, **kwargs))
+
+    def update_sft(self, batch: TrajectoryBatch) -> dict[str, float]:
+        return _mean_metrics(self._sharded("update_sft", batch))
+
+    def weights_ref(self) -> ray.ObjectRef:
+        """An object-store reference to rank 0's full weights (one copy, fetched by replicas)."""
+        refs = [w.call.remote("named_weights") for w in self.workers]
+        ray.get(refs[1:])
+        return refs[0]
+
+    def save_hf(self, out_dir: str) -> str:
+        return self._each("save_hf", out_dir)[0]
+
+    def close(self) -> None:
+        try:
+            self._each("close")
+        finally:
+            for w in self.workers:
+                ray.kill(w)
+
+
+def _mean_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    return {k: sum(m[k] for m in per_rank) / len(per_rank) for k in per_rank[0]}

@@ -1,0 +1,1 @@
+"""Generation engines (vLLM, SGLang, HF), weight sync, routing."""

@@ -1,0 +1,51 @@
+"""What every rollout engine takes and returns.
+
+An engine is any object with ``generate``, ``load_weights``, ``stats`` (see
+``RolloutEngine``); a Ray actor in ``rlpost/workers`` wraps one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 16
+    seed: int | None = None
+
+
+@dataclass
+class GenerationRequest:
+    prompt_ids: list[int]
+    sampling: SamplingConfig
+    session_id: str | None = None
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]  # log-prob of each sampled token under the engine's policy
+    text: str
+    finish_reason: str  # "stop" (end token) or "length"
+
+
+@dataclass
+class GenerationResult:
+    prompt_ids: list[int]
+    completions: list[Completion] = field(default_factory=list)
+
+
+class RolloutEngine(Protocol):
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]: ...
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+
+    def stats(self) -> dict[str, float]: ...

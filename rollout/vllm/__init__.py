@@ -1,0 +1,3 @@
+from rollout.vllm.engine import VLLMEngine, VLLMEngineConfig
+
+__all__ = ["VLLMEngine", "VLLMEngineConfig"]

@@ -1,0 +1,177 @@
+# Shapes: b = samples, t = tokens.
+import math
+
+import pytest
+import torch
+
+from algos import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageConfig,
+    compute_advantages,
+    gdpo_advantage,
+    grpo_advantage,
+    last_token_rewards,
+    register_advantage,
+    reinforce_pp_baseline_advantage,
+    rloo_advantage,
+)
+
+SCORES_B = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 5.0])
+GROUPS_B = torch.tensor([0, 0, 0, 0, 1, 1, 2])
+SQRT3 = math.sqrt(3)
+
+
+def test_grpo_hand_values():
+    adv_b = grpo_advantage(SCORES_B, GROUPS_B)
+    # group 0: mean 0.5, unbiased var = 4 * 0.25 / 3 = 1/3, std = 0.57735 -> +-0.5/0.57735 = +-0.866
+    # group 1: equal scores -> 0 / (0 + eps) = 0 ; group 2: a group of one -> 0
+    expected = torch.tensor([SQRT3 / 2, -SQRT3 / 2, -SQRT3 / 2, SQRT3 / 2, 0.0, 0.0, 0.0])
+    torch.testing.assert_close(adv_b, expected, atol=1e-5, rtol=0)
+
+
+def test_dr_grpo_skips_std():
+    adv_b = grpo_advantage(SCORES_B, GROUPS_B, norm_by_std=False)
+    # s - mean_g: 1 - 0.5, 0 - 0.5, ..., 2 - 2, 5 - 5
+    torch.testing.assert_close(adv_b, torch.tensor([0.5, -0.5, -0.5, 0.5, 0.0, 0.0, 0.0]))
+
+
+def test_grpo_matches_naive_loop_with_string_group_ids():
+    gen = torch.Generator().manual_seed(3)
+    scores_b = torch.randn(12, generator=gen)
+    ids = ["a", "b", "c", "a", "b", "c", "a", "b", "c", "a", "d", "d"]  # uneven group sizes
+    adv_b = grpo_advantage(scores_b, ids, eps=1e-6)
+    for gid in set(ids):
+        rows = [i for i, x in enumerate(ids) if x == gid]
+        s = scores_b[rows]
+        torch.testing.assert_close(adv_b[rows], (s - s.mean()) / (s.std() + 1e-6))
+
+
+def test_rloo_hand_values():
+    scores_b = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    adv_b = rloo_advantage(scores_b, torch.tensor([0, 0, 0, 1]))
+    # 1 - (2+3)/2 = -1.5 ; 2 - (1+3)/2 = 0 ; 3 - (1+2)/2 = 1.5 ; group of one -> 0
+    torch.testing.assert_close(adv_b, torch.tensor([-1.5, 0.0, 1.5, 0.0]))
+
+
+def test_reinforce_pp_baseline_hand_values():
+    mask_bt = torch.tensor([[1, 1], [1, 0], [1, 1]])
+    adv_bt = reinforce_pp_baseline_advantage(torch.tensor([1.0, 0.0, 3.0]), [0, 0, 1], mask_bt)
+    # s - mean_g = [0.5, -0.5, 0] -> tokens [0.5, 0.5, -0.5, 0, 0], mean 0.1,
+    # deviations [0.4, 0.4, -0.6, -0.1, -0.1], unbiased var = 0.7 / 4 = 0.175, std 0.418330
+    std = math.sqrt(0.175)
+    expected = torch.tensor([[0.4, 0.4], [-0.6, 0.0], [-0.1, -0.1]]) / std
+    torch.testing.assert_close(adv_bt, expected, atol=1e-5, rtol=0)
+
+
+def test_gdpo_normalises_each_reward_then_the_batch():
+    scores = {"acc": torch.tensor([1.0, 0.0, 1.0, 1.0]), "fmt": torch.tensor([0.0, 1.0, 0.0, 1.0])}
+    adv_b = gdpo_advantage(scores, [0, 0, 1, 1], {"acc": 1.0, "fmt": 0.5})
+    # acc per group: [+0.7071, -0.7071 | 0, 0] ; fmt: [-0.7071, +0.7071 | -0.7071, +0.7071]
+    # acc + 0.5 fmt = [0.35355, -0.35355, -0.35355, 0.35355]; mean 0,
+    # unbiased std = sqrt(4 * 0.125 / 3) = 0.408248 -> +-0.35355 / 0.408248 = +-0.866025
+    expected = torch.tensor([1.0, -1.0, -1.0, 1.0]) * SQRT3 / 2
+    torch.testing.assert_close(adv_b, expected, atol=1e-5, rtol=0)
+
+
+def test_gdpo_unknown_reward_name():
+    with pytest.raises(KeyError, match="length"):
+        gdpo_advantage({"acc": torch.ones(2)}, [0, 0], {"length": 1.0})
+
+
+def test_last_token_rewards():
+    mask_bt = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 1]])
+    rewards_bt = last_token_rewards(torch.tensor([2.0, 3.0, 4.0]), mask_bt)
+    # each score on the last mask-1 token; an empty response gets nothing
+    torch.testing.assert_close(rewards_bt, torch.tensor([[0.0, 2, 0], [0, 0, 0], [0, 0, 4]]))
+
+
+def test_compute_advantages_broadcasts_grpo_over_the_mask():
+    mask_bt = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    adv_bt, returns_bt = compute_advantages(
+        AdvantageConfig(),
+        scores_b={"total": torch.tensor([1.0, 0.0])},
+        group_ids_b=[7, 7],
+        mask_bt=mask_bt,
+    )
+    # group [1, 0]: mean 0.5, std 0.70711 -> +-0.70711, zero on non-response tokens
+    a = 0.5 / math.sqrt(0.5)
+    torch.testing.assert_close(
+        adv_bt, torch.tensor([[a, a, 0.0], [-a, 0.0, 0.0]]), atol=1e-5, rtol=0
+    )
+    assert returns_bt is None
+
+
+def test_compute_advantages_reinforce_pp_places_score_on_last_token():
+    mask_bt = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    cfg = AdvantageConfig(estimator="reinforce_pp", gamma=0.5)
+    adv_bt, _ = compute_advantages(
+        cfg, scores_b={"total": torch.tensor([1.0, 2.0])}, group_ids_b=[0, 1], mask_bt=mask_bt
+    )
+    # returns-to-go: [0.5, 1 | 0.5, 1, 2]; mean 1, deviations [-0.5, 0, -0.5, 0, 1],
+    # unbiased var = 1.5 / 4 = 0.375
+    expected = torch.tensor([[-0.5, 0.0, 0.0], [-0.5, 0.0, 1.0]]) / math.sqrt(0.375)
+    torch.testing.assert_close(adv_bt, expected, atol=1e-5, rtol=0)
+
+
+def test_compute_advantages_gdpo_uses_reward_weights():
+    scores = {"acc": torch.tensor([1.0, 0.0, 1.0, 1.0]), "fmt": torch.tensor([0.0, 1.0, 0.0, 1.0])}
+    cfg = AdvantageConfig(estimator="gdpo", reward_weights=(("acc", 1.0), ("fmt", 0.5)))
+    adv_bt, _ = compute_advantages(
+        cfg, scores_b=scores, group_ids_b=[0, 0, 1, 1], mask_bt=torch.ones(4, 2)
+    )
+    expected_b = gdpo_advantage(scores, [0, 0, 1, 1], {"acc": 1.0, "fmt": 0.5})
+    torch.testing.assert_close(adv_bt, expected_b[:, None].expand(4, 2))
+
+
+def test_compute_advantages_errors_say_what_to_change():
+    mask_bt = torch.ones(2, 2)
+    with pytest.raises(KeyError, match="'total'"):
+        compute_advantages(
+            AdvantageConfig(), scores_b={"acc": torch.ones(2)}, group_ids_b=[0, 0], mask_bt=mask_bt
+        )
+    with pytest.raises(KeyError, match="grpo"):
+        compute_advantages(
+            AdvantageConfig(estimator="ppo"), scores_b={}, group_ids_b=[0, 0], mask_bt=mask_bt
+        )
+    with pytest.raises(ValueError, match="values_bt"):
+        compute_advantages(
+            AdvantageConfig(estimator="gae"),
+            scores_b={"total": torch.ones(2)},
+            group_ids_b=[0, 0],
+            mask_bt=mask_bt,
+        )
+    with pytest.raises(ValueError, match="reward_weights"):
+        compute_advantages(
+            AdvantageConfig(estimator="gdpo"),
+            scores_b={"acc": torch.ones(2)},
+            group_ids_b=[0, 0],
+            mask_bt=mask_bt,
+        )
+
+
+def test_register_advantage():
+    assert set(ADVANTAGE_ESTIMATORS) >= {
+        "grpo",
+        "rloo",
+        "reinforce_pp",
+        "reinforce_pp_baseline",
+        "gae",
+        "gdpo",
+    }
+    with pytest.raises(ValueError, match="already registered"):
+        register_advantage("grpo")(lambda cfg, **kw: None)
+    try:
+
+        @register_advantage("constant")
+        def _constant(cfg, *, mask_bt, **_):
+            return 2.0 * mask_bt, None
+
+        adv_bt, _ = compute_advantages(
+            AdvantageConfig(estimator="constant"),
+            scores_b={},
+            group_ids_b=[0],
+            mask_bt=torch.ones(1, 2),
+        )
+        torch.testing.assert_close(adv_bt, torch.full((1, 2), 2.0))
+    finally:
+        ADVANTAGE_ESTIMATORS.pop("constant", None)

@@ -1,0 +1,73 @@
+"""The trajectory batch that flows from the controller to the training engines.
+
+Legend: b = samples, t = tokens (prompt + response, right-padded).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+import torch
+
+
+@dataclass
+class TrajectoryBatch:
+    """Padded tensors for one step; every tensor has leading dim b.
+
+    ``response_mask_bt`` is 1 on tokens the model generated (the ones that get a
+    loss) and 0 on prompt tokens and padding. Log-prob tensors are aligned with
+    ``input_ids_bt``: position t holds log p(token_t | tokens_<t); position 0
+    is always 0.
+    """
+
+    input_ids_bt: torch.Tensor
+    attention_mask_bt: torch.Tensor
+    response_mask_bt: torch.Tensor
+    rollout_logp_bt: torch.Tensor | None = None
+    old_logp_bt: torch.Tensor | None = None
+    ref_logp_bt: torch.Tensor | None = None
+    advantages_bt: torch.Tensor | None = None
+    scores_b: dict[str, torch.Tensor] = field(default_factory=dict)
+    group_ids_b: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.input_ids_bt.shape[0])
+
+    def tensor_fields(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                out[f.name] = value
+        return out
+
+    def select(self, index: torch.Tensor | slice) -> TrajectoryBatch:
+        """Rows ``index`` of every tensor (scores included)."""
+        updates: dict[str, object] = {k: v[index] for k, v in self.tensor_fields().items()}
+        updates["scores_b"] = {k: v[index] for k, v in self.scores_b.items()}
+        return replace(self, **updates)  # type: ignore[arg-type]
+
+    def trim(self) -> TrajectoryBatch:
+        """Drop trailing columns that are padding in every row."""
+        length = int(self.attention_mask_bt.sum(dim=1).max().item())
+        updates: dict[str, object] = {}
+        for k, v in self.tensor_fields().items():
+            updates[k] = v[:, :length] if v.dim() == 2 else v
+        return replace(self, **updates)  # type: ignore[arg-type]
+
+    def shard(self, rank: int, world_size: int) -> TrajectoryBatch:
+        """Contiguous share of rows for one data-parallel rank."""
+        b = len(self)
+        if b % world_size:
+            raise ValueError(f"batch of {b} samples does not split over {world_size} ranks")
+        per = b // world_size
+        return self.select(slice(rank * per, (rank + 1) * per))
+
+
+def pad_sequences(seqs: list[list[int]], pad_id: int) -> torch.Tensor:
+    """Right-pad lists of ints into a (b, t) long tensor."""
+    width = max(len(s) for s in seqs)
+    out = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+    return out

@@ -1,0 +1,3 @@
+from trainers.fsdp.engine import FSDPEngine, FSDPEngineConfig
+
+__all__ = ["FSDPEngine", "FSDPEngineConfig"]

@@ -1,0 +1,231 @@
+"""FSDP2 training engine: log-probs, policy/SFT updates, HF-named weight export.
+
+Legend: b = samples, t = tokens, v = vocab.
+
+One engine object lives in each rank's process; ranks join one process group
+(gloo on CPU, NCCL on CUDA, HCCL on Ascend) and shard the model with
+``fully_shard``. Every rank receives its own share of the batch; loss
+normalisers are global counts (all-reduced), so the gradient does not depend
+on how the batch was split over ranks and micro-batches.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from algos import POLICY_LOSSES, LossNorm, PolicyLossConfig, sft_loss
+from trainers.batch import TrajectoryBatch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class FSDPEngineConfig:
+    model_path: str
+    dtype: str = "float32"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.99)
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 64
+    seed: int = 0
+    device: str = "cpu"
+    backend: str = "gloo"
+    threads: int = 1
+
+
+def token_logprobs(logits_btv: torch.Tensor, input_ids_bt: torch.Tensor) -> torch.Tensor:
+    """log p(token_t | tokens_<t), aligned with input_ids (position 0 is 0)."""
+    logp_btv = F.log_softmax(logits_btv[:, :-1].float(), dim=-1)
+    logp_bt = logp_btv.gather(-1, input_ids_bt[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return F.pad(logp_bt, (1, 0))
+
+
+class FSDPEngine:
+    def __init__(self, cfg: FSDPEngineConfig, rank: int, world_size: int, init_method: str):
+        from torch.distributed.fsdp import fully_shard
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(cfg.threads)
+        torch.manual_seed(cfg.seed)
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        if cfg.device == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        self.device = torch.device(cfg.device)
+        if not dist.is_initialized():
+            dist.init_process_group(
+                cfg.backend, init_method=init_method, rank=rank, world_size=world_size
+            )
+        model = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=DTYPES[cfg.dtype])
+        model.to(self.device)
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        self.model = model
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=cfg.lr,
+            betas=cfg.betas,
+            weight_decay=cfg.weight_decay,
+        )
+        self.num_params = sum(p.numel() for p in model.parameters())
+
+    # -- forward passes -------------------------------------------------------
+    def _forward_logp(self, mb: TrajectoryBatch, temperature: float) -> torch.Tensor:
+        ids = mb.input_ids_bt.to(self.device)
+        mask = mb.attention_mask_bt.to(self.device)
+        logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        return token_logprobs(logits / temperature, ids)
+
+    def _micro_batches(self, batch: TrajectoryBatch) -> list[TrajectoryBatch]:
+        size = self.cfg.micro_batch_size
+        return [batch.select(slice(i, i + size)).trim() for i in range(0, len(batch), size)]
+
+    @torch.no_grad()
+    def logprobs(self, batch: TrajectoryBatch, temperature: float = 1.0) -> torch.Tensor:
+        """Log-probs (b, t) of this rank's batch under the current weights."""
+        self.model.eval()
+        out = torch.zeros(batch.input_ids_bt.shape, dtype=torch.float32)
+        for start in range(0, len(batch), self.cfg.micro_batch_size):
+            mb = batch.select(slice(start, start + self.cfg.micro_batch_size)).trim()
+            logp = self._forward_logp(mb, temperature).cpu()
+            out[start : start + len(mb), : logp.shape[1]] = logp
+        return out * batch.response_mask_bt
+
+    # -- updates --------------------------------------------------------------
+    def _global_norm(self, batch: TrajectoryBatch, norm_const: float) -> LossNorm:
+        counts = torch.tensor(
+            [float(batch.response_mask_bt.sum()), float(len(batch))], dtype=torch.float64
+        )
+        dist.all_reduce(counts)
+        return LossNorm(
+            global_tokens=max(counts[0].item(), 1.0),
+            global_samples=max(counts[1].item(), 1.0),
+            norm_const=norm_const,
+        )
+
+    def _step(
+        self,
+        batch: TrajectoryBatch,
+        loss_fn: Callable[[TrajectoryBatch, torch.Tensor, LossNorm], tuple[torch.Tensor, dict]],
+        temperature: float,
+        norm_const: float,
+    ) -> dict[str, float]:
+        """One optimizer step over ``batch`` (this rank's share), accumulating micro-batches."""
+        self.model.train()
+        norm = self._global_norm(batch, norm_const)
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        total_loss = 0.0
+        mbs = self._micro_batches(batch)
+        for mb in mbs:
+            logp = self._forward_logp(mb, temperature)
+            loss, metrics = loss_fn(mb, logp, norm)
+            # FSDP averages gradients over ranks; the loss is already a global
+            # mean, so undo the average.
+            (loss * self.world_size).backward()
+            total_loss += float(loss.detach())
+            weight = float(mb.response_mask_bt.sum())
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + float(v) * weight
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        self.optimizer.step()
+        tokens = max(float(batch.response_mask_bt.sum()), 1.0)
+        out = {k: v / tokens for k, v in sums.items()}
+        out["actor/loss"] = total_loss
+        out["actor/grad_norm"] = float(grad_norm)
+        return out
+
+    def update_policy(
+        self,
+        batch: TrajectoryBatch,
+        loss_cfg: PolicyLossConfig,
+        *,
+        temperature: float = 1.0,
+        epochs: int = 1,
+        mini_batches: int = 1,
+        norm_const: float = 1.0,
+    ) -> dict[str, float]:
+        """Clipped policy-gradient update on this rank's share; returns averaged metrics."""
+        assert batch.old_logp_bt is not None and batch.advantages_bt is not None
+        policy_loss = POLICY_LOSSES[loss_cfg.name]
+
+        def loss_fn(mb: TrajectoryBatch, logp: torch.Tensor, norm: LossNorm):
+            return policy_loss(
+                logp,
+                mb.old_logp_bt.to(logp.device),
+                mb.advantages_bt.to(logp.device),
+                mb.response_mask_bt.to(logp.device).float(),
+                loss_cfg,
+                norm,
+            )
+
+        return self._run_epochs(batch, loss_fn, temperature, epochs, mini_batches, norm_const)
+
+    def update_sft(self, batch: TrajectoryBatch) -> dict[str, float]:
+        """One supervised step: token-mean NLL of the response tokens."""
+
+        def loss_fn(mb: TrajectoryBatch, logp: torch.Tensor, norm: LossNorm):
+            return sft_loss(logp, mb.response_mask_bt.to(logp.device).float(), norm)
+
+        return self._run_epochs(batch, loss_fn, 1.0, 1, 1, 1.0)
+
+    def _run_epochs(self, batch, loss_fn, temperature, epochs, mini_batches, norm_const):
+        start = time.perf_counter()
+        history: list[dict[str, float]] = []
+        size = len(batch) // mini_batches
+        for _ in range(epochs):
+            for i in range(mini_batches):
+                mini = batch.select(slice(i * size, (i + 1) * size))
+                history.append(self._step(mini, loss_fn, temperature, norm_const))
+        out = {k: sum(h[k] for h in history) / len(history) for k in history[0]}
+        out["timing/update_s"] = time.perf_counter() - start
+        return out
+
+    # -- weights --------------------------------------------------------------
+    def named_weights(self) -> list[tuple[str, torch.Tensor]] | None:
+        """Full HF-named weights on rank 0 (None elsewhere). Collective: call on every rank."""
+        out = []
+        for name, tensor in self.model.state_dict().items():
+            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+            if self.rank == 0:
+                out.append((name, full.detach().cpu()))
+        return out if self.rank == 0 else None
+
+    def save_hf(self, out_dir: str, tokenizer_dir: str | None = None) -> str | None:
+        """Write the policy as an HF model directory (atomically, rank 0). Collective."""
+        weights = self.named_weights()
+        if self.rank != 0:
+            return None
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        assert weights is not None
+        out = Path(out_dir)
+        tmp = out.with_name(out.name + ".tmp")
+        config = AutoConfig.from_pretrained(self.cfg.model_path)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        model.load_state_dict(dict(weights), assign=True, strict=False)
+        model.tie_weights()
+        model.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(tokenizer_dir or self.cfg.model_path).save_pretrained(tmp)
+        if out.exists():
+            import shutil
+
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+        return str(out)
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
