@@ -248,3 +248,14 @@ def to_dict(cfg: Config) -> dict[str, Any]:
     import dataclasses
 
     return dataclasses.asdict(cfg)
+
+
+def keys_markdown() -> str:
+    """The README's table of every config key (a test keeps the two in sync)."""
+    from rlpost.schema import describe
+
+    lines = ["| key | type | meaning |", "| --- | --- | --- |"]
+    for name, schema in SCHEMAS.items():
+        for key, tp, text in describe(schema, name):
+            lines.append(f"| `{key}` | {tp} | {text} |")
+    return "\n".join(lines)

@@ -141,9 +141,6 @@ class Controller:
         flat_rows = [row for row in rows for _ in range(repeat)]
         named, metrics = self.scorer.score(texts, flat_rows)
         scores = {k: torch.tensor(v, dtype=torch.float32) for k, v in named.items()}
-        for k, v in scores.items():
-            if k != "total":
-                metrics[f"reward/{k}/mean"] = float(v.mean())
         return scores, metrics
 
     def sync_weights(self) -> float:

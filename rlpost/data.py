@@ -143,7 +143,7 @@ class PromptStream:
 
     def next_batch(self) -> list[dict]:
         """The next ``batch_size`` rows, starting a new shuffled epoch as needed."""
-        batch = []
+        batch: list[dict] = []
         while len(batch) < self.batch_size:
             if self.position == len(self._order):
                 self.epoch += 1

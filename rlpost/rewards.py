@@ -166,9 +166,9 @@ class RewardScorer:
                 scores["total"].append(sum(self.weights.get(n, 1.0) * r[n] for n in names))
             else:
                 scores["total"].append(r)
-        n = max(len(completions), 1)
-        metrics = {"reward/mean": sum(scores["total"]) / n, "reward/errors": float(errors)}
-        metrics.update({f"reward/{k}": sum(v) / n for k, v in scores.items() if k != "total"})
+        count = max(len(completions), 1)
+        metrics = {"reward/mean": sum(scores["total"]) / count, "reward/errors": float(errors)}
+        metrics.update({f"reward/{k}": sum(v) / count for k, v in scores.items() if k != "total"})
         return scores, metrics
 
     def _warn(self, message: str) -> None:

@@ -91,7 +91,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     tokenizer = Qwen2Tokenizer(
         vocab={t: i for i, t in enumerate(tokens)},
         merges=[],
-        unk_token=None,
+        unk_token=None,  # type: ignore[arg-type]  # no UNK: unknown chars are dropped
         eos_token=EOS,
         pad_token=PAD,
         chat_template=CHAT_TEMPLATE,
@@ -118,7 +118,7 @@ def build_config(preset: str, tokenizer: PreTrainedTokenizerFast) -> Qwen2Config
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        torch_dtype="float32",
+        dtype="float32",
         **TINY_PRESETS[preset],
     )
 
@@ -144,7 +144,7 @@ def build_tiny_model(
     if init_std is not None:
         config.initializer_range = init_std
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).to(torch.float32)
+    model = Qwen2ForCausalLM(config).float()
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -11,6 +11,8 @@ import torch
 class RolloutWorker:
     def __init__(self, engine_cfg: Any, threads: int):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # vLLM's per-reload INFO/WARNING lines drown the progress bar.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         torch.set_num_threads(threads)
         from rollout.vllm import VLLMEngine
 

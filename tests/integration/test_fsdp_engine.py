@@ -1,0 +1,280 @@
+"""FSDP2 engine on CPU (gloo): log-prob parity, split-invariant updates, SFT, HF export.
+
+Shapes: b = samples, t = tokens, v = vocab.
+
+A process can hold one default process group, so every engine runs in a
+fresh process (``torch.multiprocessing``) and hands its results back through
+a file written by rank 0.
+"""
+
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from algos import PolicyLossConfig
+from rlpost.tiny import build_tiny_model
+from trainers.batch import TrajectoryBatch, pad_sequences
+from trainers.fsdp.engine import FSDPEngine, FSDPEngineConfig, token_logprobs
+
+# (prompt tokens, response tokens) of the 8 test samples: ragged on purpose
+LENGTHS = [(3, 4), (5, 2), (2, 7), (6, 1), (4, 5), (3, 3), (7, 6), (2, 2)]
+# a small lr keeps Adam's first step (~ lr * sign(grad)) from amplifying
+# float noise in near-zero gradients past the comparison tolerance
+LR = 1e-4
+PRELOAD = ["torch.distributed.fsdp", "rlpost.tiny", "trainers.fsdp.engine"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _batch(seed: int = 0) -> TrajectoryBatch:
+    """8 right-padded samples of printable-character ids with a response suffix."""
+    g = torch.Generator().manual_seed(seed)
+    ids, resp = [], []
+    for p, r in LENGTHS:
+        ids.append(torch.randint(5, 100, (p + r,), generator=g).tolist())
+        resp.append([0] * p + [1] * r)
+    return TrajectoryBatch(
+        input_ids_bt=pad_sequences(ids, 0),
+        attention_mask_bt=pad_sequences([[1] * len(s) for s in ids], 0),
+        response_mask_bt=pad_sequences(resp, 0),
+    )
+
+
+def _advantages(batch: TrajectoryBatch, seed: int = 1) -> torch.Tensor:
+    adv_b = torch.randn(len(batch), generator=torch.Generator().manual_seed(seed))
+    return adv_b[:, None] * batch.response_mask_bt
+
+
+def _engine(model_dir: str, rank: int, world_size: int, port: int, **kw) -> FSDPEngine:
+    kw.setdefault("lr", LR)
+    cfg = FSDPEngineConfig(model_path=model_dir, **kw)
+    return FSDPEngine(cfg, rank, world_size, f"tcp://127.0.0.1:{port}")
+
+
+def _spawn(fn, args: tuple, nprocs: int = 1) -> None:
+    """Run ``fn(rank, *args)`` in ``nprocs`` fresh processes and wait for them.
+
+    They fork from a forkserver that imported torch, FSDP and the Qwen2
+    model code once and ran no torch op, which keeps forking safe; a fresh
+    interpreter per engine would spend ~7 s importing on 2 cores. (Preload
+    names must import from the default path: the server does not get pytest's.)
+    """
+    mp.set_forkserver_preload(PRELOAD)
+    mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+
+
+# -- workers (module level so that the child processes can import them) --------
+def _logprobs_worker(rank: int, model_dir: str, port: int, out: str) -> None:
+    engine = _engine(model_dir, rank, 1, port, micro_batch_size=3)
+    batch = _batch()
+    result = {"t1": engine.logprobs(batch), "t2": engine.logprobs(batch, temperature=2.0)}
+    engine.close()
+    torch.save(result, out)
+
+
+def _policy_worker(
+    rank: int, world_size: int, model_dir: str, port: int, micro_batch_size: int, out: str
+) -> None:
+    """One ``update_policy`` step on this rank's share of the 8-sample batch."""
+    engine = _engine(model_dir, rank, world_size, port, micro_batch_size=micro_batch_size)
+    full = _batch()
+    full.advantages_bt = _advantages(full)
+    batch = full.shard(rank, world_size)
+    batch.old_logp_bt = engine.logprobs(batch)
+    metrics = engine.update_policy(batch, PolicyLossConfig())
+    # gradients stay on the parameters after the step; gather the full tensors
+    grads = {}
+    for name, p in engine.model.named_parameters():
+        grads[name] = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+    weights = engine.named_weights()
+    if rank == 0:
+        torch.save(
+            {"metrics": metrics, "grads": grads, "weights": dict(weights), "rows": len(batch)}, out
+        )
+    engine.close()
+
+
+def _sft_worker(rank: int, model_dir: str, port: int, save_dir: str, out: str) -> None:
+    """20 SFT steps on one fixed batch, then an HF export."""
+    engine = _engine(model_dir, rank, 1, port, lr=3e-3, micro_batch_size=8)
+    batch = _batch(seed=2)
+    nll = [engine.update_sft(batch)["sft/nll"] for _ in range(20)]
+    path = engine.save_hf(save_dir)
+    weights = dict(engine.named_weights())
+    engine.close()
+    torch.save({"nll": nll, "path": path, "weights": weights}, out)
+
+
+# -- fixtures -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return str(build_tiny_model("micro", tmp_path_factory.mktemp("fsdp") / "m", seed=0))
+
+
+def _policy_step(tmp: Path, model_dir: str, world_size: int, micro_batch_size: int) -> dict:
+    out = tmp / f"policy_ws{world_size}_mbs{micro_batch_size}.pt"
+    args = (world_size, model_dir, _free_port(), micro_batch_size, str(out))
+    _spawn(_policy_worker, args, nprocs=world_size)
+    return torch.load(out)
+
+
+@pytest.fixture(scope="module")
+def reference_step(model_dir, tmp_path_factory) -> dict:
+    """world_size 1, the whole batch in one micro-batch."""
+    return _policy_step(tmp_path_factory.mktemp("ref"), model_dir, 1, 8)
+
+
+@pytest.fixture(scope="module")
+def micro_step(model_dir, tmp_path_factory) -> dict:
+    """world_size 1, micro-batches of 3, 3 and 2 samples."""
+    return _policy_step(tmp_path_factory.mktemp("micro"), model_dir, 1, 3)
+
+
+@pytest.fixture(scope="module")
+def two_rank_step(model_dir, tmp_path_factory) -> dict:
+    """world_size 2: each rank holds 4 of the 8 samples, in micro-batches of 3 and 1."""
+    return _policy_step(tmp_path_factory.mktemp("ws2"), model_dir, 2, 3)
+
+
+@pytest.fixture(scope="module")
+def sft_run(model_dir, tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("sft")
+    _spawn(_sft_worker, (model_dir, _free_port(), str(tmp / "hf"), str(tmp / "sft.pt")))
+    return torch.load(tmp / "sft.pt")
+
+
+def _assert_same_step(result: dict, reference: dict, initial: dict) -> None:
+    # the pre-clip gradient norm is the global one: Adam's first step is
+    # scale-invariant, so this and the gradients catch a wrong loss scale
+    assert result["metrics"]["actor/grad_norm"] == pytest.approx(
+        reference["metrics"]["actor/grad_norm"], rel=1e-6
+    )
+    assert result["grads"].keys() == reference["grads"].keys()
+    for name, grad in reference["grads"].items():
+        torch.testing.assert_close(result["grads"][name], grad, rtol=1e-5, atol=1e-7, msg=name)
+    moved = 0.0
+    for name, w in reference["weights"].items():
+        torch.testing.assert_close(result["weights"][name], w, rtol=0, atol=1e-6, msg=name)
+        moved = max(moved, (w - initial[name]).abs().max().item())
+    # Adam's first step moves a parameter by ~lr: the comparison is not vacuous
+    assert moved > 0.5 * LR
+
+
+def _initial_weights(model_dir: str) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+
+
+# -- tests ----------------------------------------------------------------------
+def test_token_logprobs_hand_values_and_cross_entropy_parity():
+    # v = 2; logits are logs of unnormalised weights, so p = weight / sum:
+    # t=0 weights (1, 3) -> p(1) = 3/4; t=1 weights (3, 1) -> p(0) = 3/4
+    # ids (0, 1, 0): logp = (0, ln p_0(1), ln p_1(0)) = (0, ln 0.75, ln 0.75) = (0, -0.2877, -0.2877)
+    logits = torch.tensor([[[1.0, 3.0], [3.0, 1.0], [5.0, 5.0]]]).log()
+    ids = torch.tensor([[0, 1, 0]])
+    expected = torch.tensor([[0.0, -0.28768207, -0.28768207]])
+    torch.testing.assert_close(token_logprobs(logits, ids), expected)
+
+    g = torch.Generator().manual_seed(0)
+    logits_btv = torch.randn(3, 7, 11, generator=g) * 3
+    ids_bt = torch.randint(0, 11, (3, 7), generator=g)
+    ce = F.cross_entropy(
+        logits_btv[:, :-1].reshape(-1, 11), ids_bt[:, 1:].reshape(-1), reduction="none"
+    ).view(3, 6)
+    logp_bt = token_logprobs(logits_btv, ids_bt)
+    assert logp_bt.shape == (3, 7)
+    assert torch.all(logp_bt[:, 0] == 0)
+    torch.testing.assert_close(logp_bt[:, 1:], -ce, rtol=0, atol=1e-6)
+
+
+def test_logprobs_match_a_plain_transformers_forward(model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "logp.pt"
+    _spawn(_logprobs_worker, (model_dir, _free_port(), str(out)))
+    got = torch.load(out)
+
+    batch = _batch()
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        logits_btv = model(
+            input_ids=batch.input_ids_bt, attention_mask=batch.attention_mask_bt
+        ).logits
+    mask_bt = batch.response_mask_bt.bool()
+    for key, temperature in (("t1", 1.0), ("t2", 2.0)):
+        logp_btv = torch.log_softmax(logits_btv[:, :-1] / temperature, dim=-1)
+        ref_bt = logp_btv.gather(-1, batch.input_ids_bt[:, 1:, None]).squeeze(-1)
+        ref_bt = F.pad(ref_bt, (1, 0))
+        logp_bt = got[key]
+        assert logp_bt.shape == batch.input_ids_bt.shape
+        torch.testing.assert_close(logp_bt[mask_bt], ref_bt[mask_bt], rtol=0, atol=1e-5)
+        assert torch.all(logp_bt[~mask_bt] == 0)
+        # not a degenerate model: the response log-probs differ from token to token
+        assert logp_bt[mask_bt].std() > 0.05
+    # the temperature divides the logits before the softmax
+    assert not torch.allclose(got["t1"][mask_bt], got["t2"][mask_bt])
+
+
+def test_update_is_invariant_to_micro_batch_size(model_dir, reference_step, micro_step):
+    _assert_same_step(micro_step, reference_step, _initial_weights(model_dir))
+
+
+def test_two_ranks_match_one_rank_on_the_full_batch(model_dir, reference_step, two_rank_step):
+    assert two_rank_step["rows"] == 4  # rank 0 held half the batch
+    _assert_same_step(two_rank_step, reference_step, _initial_weights(model_dir))
+
+
+@pytest.mark.parametrize("run", ["reference_step", "micro_step", "two_rank_step"])
+def test_logged_policy_loss_is_the_global_batch_loss(run, request):
+    # old_logp = logp, so ratio = 1 and nothing is clipped: per token pg = -A_b.
+    # token-mean over the global batch: loss = -sum_b A_b r_b / sum_b r_b with
+    # r_b the response lengths (4, 2, 7, 1, 5, 3, 6, 2), sum 30. The trainer
+    # averages metrics over ranks, so every rank must report this global value.
+    batch = _batch()
+    adv_bt = _advantages(batch)
+    expected = float(-adv_bt.sum() / batch.response_mask_bt.sum())
+    assert int(batch.response_mask_bt.sum()) == 30
+    metrics = request.getfixturevalue(run)["metrics"]
+    assert metrics["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert metrics["actor/pg_clipfrac"] == 0.0
+    assert metrics["actor/loss"] == pytest.approx(expected, abs=1e-6)
+    assert metrics["actor/pg_loss"] == pytest.approx(expected, abs=1e-6)
+
+
+def test_sft_lowers_the_nll_of_a_fixed_batch(sft_run):
+    nll = sft_run["nll"]
+    assert len(nll) == 20
+    # random init: NLL ~ ln(104) = 4.64 nats per token
+    assert nll[0] == pytest.approx(4.64, abs=0.3)
+    # Adam at lr 3e-3 on one fixed batch: every step lowers it (4.61 -> 0.95 when written)
+    assert all(b < a for a, b in zip(nll, nll[1:]))
+    assert nll[-1] < 0.5 * nll[0]
+
+
+def test_save_hf_round_trips_the_trained_weights(sft_run, model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(sft_run["path"])
+    assert (path / "config.json").exists()
+    assert not path.with_name(path.name + ".tmp").exists()
+    loaded = AutoModelForCausalLM.from_pretrained(path).state_dict()
+    weights = sft_run["weights"]
+    assert set(loaded) == set(weights)
+    for name, w in weights.items():
+        assert torch.equal(loaded[name], w), name
+    # the exported weights are the trained ones, not a copy of the start
+    initial = _initial_weights(model_dir)
+    assert not torch.equal(
+        loaded["model.embed_tokens.weight"], initial["model.embed_tokens.weight"]
+    )
+    assert torch.equal(loaded["lm_head.weight"], loaded["model.embed_tokens.weight"])
+    assert AutoTokenizer.from_pretrained(path).eos_token == "<|end|>"

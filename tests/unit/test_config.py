@@ -1,0 +1,223 @@
+"""Config composition (Hydra + dotted overrides), schema validation and the CLI's error path."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlpost.config import AlgoConfig, compose, from_dict
+from rlpost.schema import ConfigError, validate
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _problems(overrides: list[str]) -> tuple[list[str], str]:
+    with pytest.raises(ConfigError) as info:
+        compose(overrides)
+    return info.value.problems, str(info.value)
+
+
+def test_defaults_come_from_the_yaml_presets():
+    cfg = compose([])
+    # configs/trainer/fsdp.yaml, rollout/vllm.yaml, algo/grpo.yaml, data/arith.yaml
+    assert cfg.trainer.total_steps == 60
+    assert cfg.trainer.logger == ["console", "jsonl"]
+    assert cfg.trainer.betas == [0.9, 0.99]
+    assert cfg.rollout.n == 8
+    assert cfg.rollout.temperature == 1.0
+    assert cfg.algo.name == "grpo"
+    assert cfg.algo.policy_loss.clip_low == 0.2
+    assert cfg.algo.advantage.eps == 1e-6
+    assert cfg.data.name == "arith"
+    assert cfg.model.path is None
+    assert cfg.reward.weights == {"correctness": 1.0, "format": 0.0}
+
+
+def test_dotted_overrides_apply_with_their_types():
+    cfg = compose(
+        [
+            "trainer.logger=[console,wandb]",
+            "rollout.temperature=0.7",
+            "trainer.total_steps=20",
+            "trainer.lr=1",  # an int where a float is expected becomes 1.0
+            "algo.policy_loss.clip_high=0.28",
+            "model.path=/models/qwen",
+        ]
+    )
+    assert cfg.trainer.logger == ["console", "wandb"]
+    assert cfg.rollout.temperature == 0.7
+    assert cfg.trainer.total_steps == 20 and isinstance(cfg.trainer.total_steps, int)
+    assert cfg.trainer.lr == 1.0 and isinstance(cfg.trainer.lr, float)
+    assert cfg.algo.policy_loss.clip_high == 0.28
+    assert cfg.algo.policy_loss.clip_low == 0.2  # untouched sibling keeps its default
+    assert cfg.model.path == "/models/qwen"
+
+
+def test_group_choice_selects_a_preset():
+    cfg = compose(["algo=sft"])
+    assert cfg.algo.name == "sft"
+    assert cfg.algo.epochs == 1
+
+
+def test_one_error_lists_every_bad_key():
+    problems, message = _problems(
+        [
+            "trainer.foo=1",  # unknown key
+            "rollout.temperature=abc",  # wrong type
+            "trainer.total_steps=1.5",  # wrong type (int)
+            "rollout.n=0",  # out of range (ge=1)
+            "rollout.top_p=1.5",  # out of range (le=1)
+            "trainer.logger=[console,bogus]",  # bad choice inside a list
+            "algo.policy_loss.bar=2",  # unknown key in a nested group
+        ]
+    )
+    expected = {
+        "trainer.foo": "unknown key",
+        "rollout.temperature='abc'": "expected a number",
+        "trainer.total_steps=1.5": "expected an integer",
+        "rollout.n=0": "must be >= 1",
+        "rollout.top_p=1.5": "must be <= 1",
+        "trainer.logger[1]='bogus'": "expected one of 'console', 'jsonl', 'wandb'",
+        "algo.policy_loss.bar": "unknown key",
+    }
+    assert len(problems) == len(expected), problems
+    for key, why in expected.items():
+        (line,) = [p for p in problems if p.startswith(key + ":")]
+        assert why in line
+        assert line in message
+    # an unknown key names what the group accepts
+    (foo,) = [p for p in problems if p.startswith("trainer.foo")]
+    assert "total_steps" in foo and "micro_batch_size" in foo
+
+
+def test_unknown_top_level_group_is_reported():
+    problems, _ = _problems(["foo.bar=1"])
+    assert len(problems) == 1
+    assert problems[0].startswith("foo: unknown config group")
+    assert "algo, model, rollout, trainer, data, reward" in problems[0]
+
+
+def test_unknown_preset_lists_the_available_ones():
+    problems, message = _problems(["algo=nope"])
+    assert problems == ["algo=nope: no such preset; available: grpo, sft"]
+    assert "grpo, sft" in message
+
+
+def test_files_data_without_files_reports_both_missing_keys():
+    problems, message = _problems(["data=files"])
+    assert len(problems) == 2
+    assert problems[0].startswith("data.train_files: required")
+    assert problems[1].startswith("data.val_files: required")
+    assert "data.train_files=..." in message and "data.val_files=..." in message
+
+
+def test_files_data_with_files_composes():
+    # the example from `python -m rlpost.main --help`
+    cfg = compose(
+        [
+            "model.path=Qwen/Qwen2.5-0.5B-Instruct",
+            "data=files",
+            "data.train_files=[train.jsonl]",
+            "data.val_files=[val.jsonl]",
+            "reward=custom",
+            "reward.fn=my_reward.py:score",
+        ]
+    )
+    assert cfg.data.train_files == ["train.jsonl"]
+    assert cfg.data.val_files == ["val.jsonl"]
+    assert cfg.reward.fn == "my_reward.py:score"
+
+
+def test_batch_must_split_over_ranks():
+    # 3 prompts x 3 samples = 9 rows; 9 % (2 ranks x 1 mini-batch) = 1
+    problems, _ = _problems(["data.prompts_per_step=3", "rollout.n=3", "trainer.world_size=2"])
+    assert len(problems) == 1
+    assert "= 9 must divide by" in problems[0]
+    assert "trainer.world_size x algo.mini_batches = 2" in problems[0]
+    # 3 x 4 = 12 rows split over 2 ranks x 2 mini-batches = 4: 12 % 4 = 0
+    cfg = compose(
+        [
+            "data.prompts_per_step=3",
+            "rollout.n=4",
+            "trainer.world_size=2",
+            "algo.mini_batches=2",
+        ]
+    )
+    assert cfg.trainer.world_size == 2
+    # 12 % (2 x 3 = 6) = 0 as well, but 12 % (2 x 5 = 10) = 2
+    problems, _ = _problems(
+        ["data.prompts_per_step=3", "rollout.n=4", "trainer.world_size=2", "algo.mini_batches=5"]
+    )
+    assert "= 12 must divide by" in problems[0] and "= 10" in problems[0]
+
+
+def test_sft_skips_the_rollout_split_check():
+    cfg = compose(["algo=sft", "data.prompts_per_step=3", "rollout.n=3", "trainer.world_size=2"])
+    assert cfg.algo.name == "sft"
+
+
+def test_malformed_override_is_named():
+    problems, _ = _problems(["trainer.total_steps"])
+    assert len(problems) == 1
+    assert "'trainer.total_steps'" in problems[0] and "key=value" in problems[0]
+    problems, _ = _problems(["=3"])
+    assert "'=3'" in problems[0]
+
+
+def test_required_field_without_default():
+    # one line for the one missing key, and nothing from the dataclass constructor
+    _, problems = validate(AlgoConfig, {}, "algo")
+    assert problems == ["algo.name: required (one of 'grpo', 'sft')"]
+
+
+def test_missing_group_in_a_raw_dict():
+    with pytest.raises(ConfigError) as info:
+        from_dict({"algo": {"name": "grpo"}})
+    missing = {p.split(":")[0] for p in info.value.problems}
+    assert missing == {"model", "rollout", "trainer", "data", "reward"}
+
+
+def test_cli_config_error_exits_2_and_names_every_key():
+    start = time.perf_counter()
+    # -c so that the same process can report whether heavy modules were imported
+    code = (
+        "import sys; from rlpost.main import main; rc = main(sys.argv[1:]); "
+        "heavy = sorted(m for m in ('ray', 'vllm') if m in sys.modules); "
+        "print('heavy:', heavy, file=sys.stderr); sys.exit(rc)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "trainer.foo=1", "rollout.n=0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    elapsed = time.perf_counter() - start
+    assert proc.returncode == 2, proc.stderr
+    assert "trainer.foo: unknown key" in proc.stderr
+    assert "rollout.n=0: must be >= 1" in proc.stderr
+    assert "heavy: []" in proc.stderr  # no Ray, no vLLM for a config error
+    assert elapsed < 20
+
+
+def test_cli_module_entry_point():
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlpost.main", "trainer.foo=1", "rollout.n=0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "trainer.foo" in proc.stderr and "rollout.n" in proc.stderr
+    help_proc = subprocess.run(
+        [sys.executable, "-m", "rlpost.main", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert help_proc.returncode == 0
+    assert "usage: python -m rlpost.main" in help_proc.stdout
