@@ -53,10 +53,13 @@ class AlgoConfig:
 
 @dataclass(frozen=True)
 class WarmupConfig:
-    steps: int = spec(300, ge=0, help="SFT steps that make the built-in base policy")
+    steps: int = spec(2000, ge=0, help="most SFT steps that make the built-in base policy")
     batch_size: int = spec(64, ge=1, help="SFT samples per step")
-    lr: float = spec(3e-3, gt=0, help="SFT learning rate")
-    fraction: float = spec(1.0, gt=0, le=1, help="fraction of training rows the warm-up sees")
+    lr: float = spec(1e-3, gt=0, help="SFT learning rate")
+    target_accuracy: float = spec(
+        0.3, gt=0, le=1, help="stop once greedy accuracy on training prompts reaches this"
+    )
+    eval_every: int = spec(10, ge=1, help="warm-up steps between accuracy checks")
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,7 @@ class RolloutConfig:
     temperature: float = spec(1.0, ge=0, help="sampling temperature for training rollouts")
     top_p: float = spec(1.0, gt=0, le=1, help="nucleus sampling")
     max_model_len: int = spec(256, ge=16, help="prompt + completion length the engine accepts")
-    kv_cache_gib: float = spec(1.0, gt=0, help="KV cache memory per replica (CPU)")
+    kv_cache_gib: float = spec(0.25, gt=0, help="KV cache memory per replica (CPU)")
     gpu_memory_utilization: float = spec(0.5, gt=0, le=1, help="vLLM memory share on GPU")
     enforce_eager: bool = spec(True, help="disable graph capture (faster start, slower decode)")
     num_cpus: float = spec(1.0, gt=0, help="Ray CPUs reserved by the rollout actor")
@@ -97,7 +100,8 @@ class TrainerConfig:
     world_size: int = spec(1, ge=1, help="FSDP ranks of the training worker group")
     device: Literal["auto", "cpu", "cuda", "npu"] = spec("auto", help="training device")
     num_cpus_per_worker: float = spec(1.0, gt=0, help="Ray CPUs per training rank")
-    lr: float = spec(1e-3, gt=0, help="AdamW learning rate")
+    lr: float = spec(1e-4, gt=0, help="AdamW learning rate")
+    lr_warmup_steps: int = spec(10, ge=0, help="linear learning-rate warm-up steps")
     weight_decay: float = spec(0.0, ge=0, help="AdamW weight decay")
     betas: list[float] = spec([0.9, 0.99], help="AdamW betas")
     max_grad_norm: float = spec(1.0, gt=0, help="gradient clipping norm")

@@ -102,7 +102,7 @@ def train(cfg: Config) -> "RunResult":  # noqa: F821
 
     t = cfg.trainer
 
-    def make_trainer(model_path: str, lr: float) -> TrainerGroup:
+    def make_trainer(model_path: str, lr: float, lr_warmup_steps: int) -> TrainerGroup:
         engine_cfg = FSDPEngineConfig(
             model_path=model_path,
             dtype=cfg.model.dtype,
@@ -115,6 +115,7 @@ def train(cfg: Config) -> "RunResult":  # noqa: F821
             device=device.kind,
             backend=device.backend,
             threads=t.threads,
+            lr_warmup_steps=lr_warmup_steps,
         )
         return TrainerGroup(engine_cfg, t.world_size, t.num_cpus_per_worker, t.threads, device.ray_resource)
 
@@ -124,7 +125,7 @@ def train(cfg: Config) -> "RunResult":  # noqa: F821
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        trainer = make_trainer(model_path, t.lr)
+        trainer = make_trainer(model_path, t.lr, t.lr_warmup_steps)
         r = cfg.rollout
         engine_cfg = VLLMEngineConfig(
             model_path=model_path,

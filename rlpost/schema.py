@@ -129,6 +129,7 @@ def _check(value: Any, meta: typing.Mapping[str, Any], path: str, problems: list
 
 
 def _build(cls: type[T], data: dict, path: str, problems: list[str]) -> T | None:
+    start = len(problems)
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     for key in data:
@@ -150,6 +151,8 @@ def _build(cls: type[T], data: dict, path: str, problems: list[str]) -> T | None
         value = _coerce(data[name], hints[name], sub, problems)
         _check(value, f.metadata, sub, problems)
         kwargs[name] = value
+    if len(problems) > start:
+        return None
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as exc:  # a __post_init__ cross-field check

@@ -13,6 +13,7 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -22,7 +23,8 @@ from rlpost.samples import sft_batch
 from rlpost.tasks.arith import ArithTask
 
 log = logging.getLogger(__name__)
-WARMUP_VERSION = 1
+WARMUP_VERSION = 2
+PROBE_ROWS = 256
 
 
 def cache_root(cfg: Config) -> Path:
@@ -40,7 +42,8 @@ def warmup_key(cfg: Config) -> str:
         "steps": w.steps,
         "batch_size": w.batch_size,
         "lr": w.lr,
-        "fraction": w.fraction,
+        "target_accuracy": w.target_accuracy,
+        "eval_every": w.eval_every,
         "max_operand": cfg.data.max_operand,
         "val_size": cfg.data.val_size,
         "seed": cfg.trainer.seed,
@@ -49,10 +52,10 @@ def warmup_key(cfg: Config) -> str:
     return f"{cfg.model.preset}-{digest}"
 
 
-def builtin_model(cfg: Config, make_trainer: Callable[[str, float], object]) -> str:
+def builtin_model(cfg: Config, make_trainer: Callable[[str, float, int], Any]) -> str:
     """Path of the warmed-up tiny model; builds and caches it on first use.
 
-    ``make_trainer(model_path, lr)`` returns a ``TrainerGroup`` on that model.
+    ``make_trainer(model_path, lr, lr_warmup_steps)`` returns a ``TrainerGroup`` on that model.
     """
     from rlpost.tiny import build_tiny_model
 
@@ -74,17 +77,24 @@ def builtin_model(cfg: Config, make_trainer: Callable[[str, float], object]) -> 
     tokenizer = AutoTokenizer.from_pretrained(init_dir)
     task = ArithTask(seed=cfg.trainer.seed, max_operand=cfg.data.max_operand, num_val=cfg.data.val_size)
     rows = task.sft_rows()
-    rows = rows[: max(1, int(len(rows) * w.fraction))]
     stream = PromptStream(rows, seed=cfg.trainer.seed, batch_size=w.batch_size)
-    trainer = make_trainer(str(init_dir), w.lr)
+    # Accuracy is probed on training prompts: the held-out set stays unseen.
+    probe = sft_batch(tokenizer, rows[:PROBE_ROWS])
+    trainer = make_trainer(str(init_dir), w.lr, 0)
     try:
-        bar = tqdm(range(w.steps), desc="warm-up (sft)", unit="step", dynamic_ncols=True)
-        for _ in bar:
+        bar = tqdm(range(1, w.steps + 1), desc="warm-up (sft)", unit="step", dynamic_ncols=True)
+        accuracy = 0.0
+        for step in bar:
             metrics = trainer.update_sft(sft_batch(tokenizer, stream.next_batch()))
-            bar.set_postfix(nll=f"{metrics['sft/nll']:.3f}")
+            if step % w.eval_every == 0:
+                accuracy = float(trainer.greedy_match(probe).float().mean())
+            bar.set_postfix(nll=f"{metrics['sft/nll']:.3f}", acc=f"{accuracy:.3f}")
+            if accuracy >= w.target_accuracy:
+                break
+        bar.close()
         trainer.save_hf(str(out))
     finally:
         trainer.close()
         shutil.rmtree(init_dir, ignore_errors=True)
-    log.info("built-in model: %s (warmed up for %d steps)", out, w.steps)
+    log.info("built-in model: %s (%d warm-up steps, train accuracy %.3f)", out, step, accuracy)
     return str(out)

@@ -63,6 +63,9 @@ class TrainerGroup:
         parts = self._sharded("logprobs", batch, temperature=temperature)
         return torch.cat(parts, dim=0)
 
+    def greedy_match(self, batch: TrajectoryBatch) -> torch.Tensor:
+        return torch.cat(self._sharded("greedy_match", _padded(batch, self.world_size)))[: len(batch)]
+
     def update_policy(self, batch: TrajectoryBatch, **kwargs: Any) -> dict[str, float]:
         return _mean_metrics(self._sharded("update_policy", batch, **kwargs))
 
@@ -84,6 +87,15 @@ class TrainerGroup:
         finally:
             for w in self.workers:
                 ray.kill(w)
+
+
+def _padded(batch: TrajectoryBatch, world_size: int) -> TrajectoryBatch:
+    """Repeat the last rows so the batch splits evenly (for read-only calls)."""
+    extra = -len(batch) % world_size
+    if not extra:
+        return batch
+    index = torch.cat([torch.arange(len(batch)), torch.full((extra,), len(batch) - 1)])
+    return batch.select(index)
 
 
 def _mean_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:

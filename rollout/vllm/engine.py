@@ -29,8 +29,6 @@ class VLLMEngine:
 
     def __init__(self, cfg: VLLMEngineConfig):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        if cfg.device == "cpu":
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.kv_cache_gib))))
         from vllm import LLM
 
         start = time.perf_counter()

@@ -40,6 +40,11 @@ class FSDPEngineConfig:
     device: str = "cpu"
     backend: str = "gloo"
     threads: int = 1
+    lr_warmup_steps: int = 0
+
+
+# Metrics that are this micro-batch's share of the global loss: summed, not averaged.
+SUMMED_METRICS = frozenset({"actor/pg_loss"})
 
 
 def token_logprobs(logits_btv: torch.Tensor, input_ids_bt: torch.Tensor) -> torch.Tensor:
@@ -76,6 +81,12 @@ class FSDPEngine:
             betas=cfg.betas,
             weight_decay=cfg.weight_decay,
         )
+        warmup = max(cfg.lr_warmup_steps, 0)
+        # A fresh Adam moves every weight by ~lr on its first steps whatever the
+        # gradient's size; a linear warm-up keeps that from wrecking a tuned model.
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1))
+        )
         self.num_params = sum(p.numel() for p in model.parameters())
 
     # -- forward passes -------------------------------------------------------
@@ -99,6 +110,26 @@ class FSDPEngine:
             logp = self._forward_logp(mb, temperature).cpu()
             out[start : start + len(mb), : logp.shape[1]] = logp
         return out * batch.response_mask_bt
+
+    @torch.no_grad()
+    def greedy_match(self, batch: TrajectoryBatch) -> torch.Tensor:
+        """(b,) bool: every response token is the argmax given the tokens before it.
+
+        Equivalent to "greedy decoding reproduces the response", at the cost of one
+        forward pass; used to stop the built-in warm-up at a target accuracy.
+        """
+        self.model.eval()
+        out = []
+        for start in range(0, len(batch), self.cfg.micro_batch_size):
+            mb = batch.select(slice(start, start + self.cfg.micro_batch_size)).trim()
+            ids = mb.input_ids_bt.to(self.device)
+            logits = self.model(
+                input_ids=ids, attention_mask=mb.attention_mask_bt.to(self.device), use_cache=False
+            ).logits
+            hit_bt = logits[:, :-1].argmax(-1) == ids[:, 1:]
+            resp_bt = mb.response_mask_bt[:, 1:].to(self.device).bool()
+            out.append((hit_bt | ~resp_bt).all(dim=1).cpu())
+        return torch.cat(out)
 
     # -- updates --------------------------------------------------------------
     def _global_norm(self, batch: TrajectoryBatch, norm_const: float) -> LossNorm:
@@ -124,26 +155,34 @@ class FSDPEngine:
         norm = self._global_norm(batch, norm_const)
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
-        total_loss = 0.0
-        mbs = self._micro_batches(batch)
-        for mb in mbs:
+        loss_sum = 0.0
+        for mb in self._micro_batches(batch):
             logp = self._forward_logp(mb, temperature)
             loss, metrics = loss_fn(mb, logp, norm)
             # FSDP averages gradients over ranks; the loss is already a global
             # mean, so undo the average.
             (loss * self.world_size).backward()
-            total_loss += float(loss.detach())
+            loss_sum += float(loss.detach())
             weight = float(mb.response_mask_bt.sum())
             for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v) * weight
+                sums[k] = sums.get(k, 0.0) + float(v) * (1.0 if k in SUMMED_METRICS else weight)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
         self.optimizer.step()
-        tokens = max(float(batch.response_mask_bt.sum()), 1.0)
-        out = {k: v / tokens for k, v in sums.items()}
-        out["actor/loss"] = total_loss
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        # Same numbers on every rank: sums over the global batch.
+        keys = sorted(sums)
+        totals = torch.tensor([sums[k] for k in keys] + [loss_sum], dtype=torch.float64)
+        dist.all_reduce(totals)
+        out = {
+            k: totals[i].item() / (1.0 if k in SUMMED_METRICS else norm.global_tokens)
+            for i, k in enumerate(keys)
+        }
+        out["actor/loss"] = totals[-1].item()
         out["actor/grad_norm"] = float(grad_norm)
+        out["actor/lr"] = lr
         return out
 
     def update_policy(
