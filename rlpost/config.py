@@ -37,9 +37,9 @@ class PolicyLossSchema:
     clip_low: float = spec(0.2, ge=0, help="lower clip: ratio >= 1 - clip_low")
     clip_high: float = spec(0.2, ge=0, help="upper clip: ratio <= 1 + clip_high")
     clip_c: float | None = spec(None, help="dual-clip bound for negative advantages (null = off)")
-    agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = spec(
-        "token-mean", help="loss aggregation, normalised over the global batch"
-    )
+    agg: Literal[
+        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = spec("token-mean", help="loss aggregation, normalised over the global batch")
 
 
 @dataclass(frozen=True)
@@ -68,8 +68,12 @@ class ModelConfig:
         None, help="HF model directory or hub id; null builds the built-in tiny model"
     )
     preset: str = spec("tiny", help="built-in model size when path is null (tiny, micro)")
-    dtype: Literal["float32", "bfloat16", "float16"] = spec("float32", help="trainer and rollout dtype")
-    cache_dir: str | None = spec(None, help="where the built-in model is cached (null: ~/.cache/rlpost)")
+    dtype: Literal["float32", "bfloat16", "float16"] = spec(
+        "float32", help="trainer and rollout dtype"
+    )
+    cache_dir: str | None = spec(
+        None, help="where the built-in model is cached (null: ~/.cache/rlpost)"
+    )
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
 
 
@@ -90,8 +94,8 @@ class RolloutConfig:
 @dataclass(frozen=True)
 class TrainerConfig:
     name: Literal["fsdp"] = spec("fsdp", help="training engine")
-    total_steps: int = spec(60, ge=0, help="RL steps")
-    val_every: int = spec(10, ge=0, help="validate every N steps (0: only at start and end)")
+    total_steps: int = spec(200, ge=0, help="RL steps")
+    val_every: int = spec(20, ge=0, help="validate every N steps (0: only at start and end)")
     run_dir: str | None = spec(None, help="outputs directory (null: outputs/<time>-<algo>)")
     seed: int = spec(0, help="seed for data order, model init and sampling")
     logger: list[Literal["console", "jsonl", "wandb"]] = spec(
@@ -117,7 +121,9 @@ class DataConfig:
     val_files: list[str] = spec([], help="held-out JSONL or Parquet files")
     prompts_per_step: int = spec(16, ge=1, help="prompts per RL step (batch = this x rollout.n)")
     val_size: int = spec(200, ge=1, help="held-out prompts scored at each validation")
-    max_operand: int = spec(99, ge=1, help="built-in task: operands are drawn from [0, max_operand]")
+    max_operand: int = spec(
+        99, ge=1, help="built-in task: operands are drawn from [0, max_operand]"
+    )
     max_prompt_tokens: int = spec(64, ge=1, help="longer prompts are dropped and counted")
 
 
@@ -240,7 +246,7 @@ def compose_dict(overrides: list[str]) -> dict[str, Any]:
     raw = OmegaConf.to_container(merged, resolve=True)
     assert isinstance(raw, dict)
     raw.pop("hydra", None)
-    return raw
+    return {str(k): v for k, v in raw.items()}
 
 
 def compose(overrides: list[str] | None = None) -> Config:

@@ -18,6 +18,7 @@ import torch
 from algos import AdvantageConfig, PolicyLossConfig, compute_advantages
 from rlpost.config import Config
 from rlpost.data import PromptStream
+from rlpost.result import RunResult
 from rlpost.rewards import RewardScorer
 from rlpost.samples import encode_prompt, rollout_batch
 from rlpost.tracking import Tracker
@@ -25,13 +26,6 @@ from rlpost.workers.trainer_worker import TrainerGroup
 from rollout.base import GenerationRequest, GenerationResult, SamplingConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class RunResult:
-    run_dir: Path
-    history: list[dict[str, float]]
-    final_model: str | None
 
 
 class Controller:
@@ -53,7 +47,9 @@ class Controller:
         self.trainer, self.rollout, self.tokenizer = trainer, rollout, tokenizer
         self.scorer, self.tracker = scorer, tracker
         self.val_rows = val_rows
-        self.stream = PromptStream(train_rows, seed=cfg.trainer.seed, batch_size=cfg.data.prompts_per_step)
+        self.stream = PromptStream(
+            train_rows, seed=cfg.trainer.seed, batch_size=cfg.data.prompts_per_step
+        )
         self.malformed_rows = malformed_rows + self.stream.num_malformed
         a, p = cfg.algo.advantage, cfg.algo.policy_loss
         self.adv_cfg = AdvantageConfig(estimator=a.estimator, norm_by_std=a.norm_by_std, eps=a.eps)
@@ -93,6 +89,7 @@ class Controller:
         metrics.update(logprob_parity(batch))
         metrics["timing/logprob_s"] = time.perf_counter() - t0
 
+        assert batch.group_ids_b is not None
         batch.advantages_bt, _ = compute_advantages(
             self.adv_cfg,
             scores_b=batch.scores_b,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
 
@@ -13,12 +14,12 @@ class DeviceSpec:
     backend: str  # gloo, nccl or hccl
 
     @property
-    def ray_resource(self) -> dict[str, float]:
+    def ray_resource(self) -> dict[str, Any]:
         """Extra Ray resources a worker on this device asks for."""
         if self.kind == "cuda":
             return {"num_gpus": 1}
         if self.kind == "npu":
-            return {"resources": {"NPU": 1}}  # type: ignore[dict-item]
+            return {"resources": {"NPU": 1}}
         return {}
 
 
@@ -44,7 +45,9 @@ def resolve_device(name: str) -> DeviceSpec:
         else:
             name = "cpu"
     if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("trainer.device=cuda but no CUDA device is visible; use trainer.device=cpu")
+        raise RuntimeError(
+            "trainer.device=cuda but no CUDA device is visible; use trainer.device=cpu"
+        )
     if name == "npu" and not npu_available():
         raise RuntimeError("trainer.device=npu but torch_npu finds no NPU; use trainer.device=cpu")
     return DeviceSpec(kind=name, backend=BACKENDS[name])

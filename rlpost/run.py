@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Any
 from pathlib import Path
 
 import yaml
 
 from rlpost.config import Config, to_dict
 from rlpost.data import DataError, load_rows, validate_row
+from rlpost.result import RunResult
 from rlpost.rewards import RewardScorer, load_reward_fn
 from rlpost.schema import ConfigError
 
@@ -33,9 +35,11 @@ def load_data(cfg: Config) -> tuple[list[dict], list[dict], int]:
     if cfg.data.name == "arith":
         from rlpost.tasks.arith import ArithTask
 
-        task = ArithTask(seed=cfg.trainer.seed, max_operand=cfg.data.max_operand, num_val=cfg.data.val_size)
-        train = task.sft_rows() if cfg.algo.name == "sft" else task.train_rows()
-        return train, task.val_rows(), 0
+        task = ArithTask(
+            seed=cfg.trainer.seed, max_operand=cfg.data.max_operand, num_val=cfg.data.val_size
+        )
+        rows = task.sft_rows() if cfg.algo.name == "sft" else task.train_rows()
+        return rows, task.val_rows(), 0
     train: list[dict] = []
     val: list[dict] = []
     for path in cfg.data.train_files:
@@ -65,7 +69,7 @@ def check_model_path(cfg: Config) -> None:
         raise ConfigError([f"model.path={path!r}: no HF model (config.json) in that directory"])
 
 
-def train(cfg: Config) -> "RunResult":  # noqa: F821
+def train(cfg: Config) -> RunResult:
     """Run ``cfg`` to the end; returns the metric history and the final model's path."""
     import ray
     from transformers import AutoTokenizer
@@ -117,9 +121,13 @@ def train(cfg: Config) -> "RunResult":  # noqa: F821
             threads=t.threads,
             lr_warmup_steps=lr_warmup_steps,
         )
-        return TrainerGroup(engine_cfg, t.world_size, t.num_cpus_per_worker, t.threads, device.ray_resource)
+        return TrainerGroup(
+            engine_cfg, t.world_size, t.num_cpus_per_worker, t.threads, device.ray_resource
+        )
 
-    trainer = rollout = tracker = None
+    trainer: TrainerGroup | None = None
+    rollout: Any = None
+    tracker: Tracker | None = None
     try:
         model_path = cfg.model.path or builtin_model(cfg, make_trainer)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -157,5 +165,3 @@ def train(cfg: Config) -> "RunResult":  # noqa: F821
             ray.kill(rollout)
         if started_ray:
             ray.shutdown()
-
-

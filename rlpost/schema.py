@@ -61,7 +61,7 @@ def _coerce(value: Any, tp: Any, path: str, problems: list[str]) -> Any:
         if not isinstance(value, dict):
             problems.append(f"{path}: expected a mapping, got {value!r}")
             return None
-        return _build(tp, value, path, problems)
+        return _build(typing.cast(type, tp), value, path, problems)
     if origin in (Union, types.UnionType):
         args = get_args(tp)
         if value is None and type(None) in args:
@@ -142,8 +142,7 @@ def _build(cls: type[T], data: dict, path: str, problems: list[str]) -> T | None
         sub = f"{path}.{name}"
         if name not in data:
             has_default = (
-                f.default is not dataclasses.MISSING
-                or f.default_factory is not dataclasses.MISSING
+                f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
             )
             if not has_default:
                 problems.append(f"{sub}: required ({_type_name(hints[name])})")

@@ -41,7 +41,9 @@ class Tracker:
         postfix = {}
         if "reward/mean" in row:
             postfix["reward"] = f"{row['reward/mean']:.3f}"
-        last_val = next((h["val/accuracy"] for h in reversed(self.history) if "val/accuracy" in h), None)
+        last_val = next(
+            (h["val/accuracy"] for h in reversed(self.history) if "val/accuracy" in h), None
+        )
         if last_val is not None:
             postfix["val_acc"] = f"{last_val:.3f}"
         if "perf/tokens_per_s" in row:

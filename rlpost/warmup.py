@@ -75,7 +75,9 @@ def builtin_model(cfg: Config, make_trainer: Callable[[str, float, int], Any]) -
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(init_dir)
-    task = ArithTask(seed=cfg.trainer.seed, max_operand=cfg.data.max_operand, num_val=cfg.data.val_size)
+    task = ArithTask(
+        seed=cfg.trainer.seed, max_operand=cfg.data.max_operand, num_val=cfg.data.val_size
+    )
     rows = task.sft_rows()
     stream = PromptStream(rows, seed=cfg.trainer.seed, batch_size=w.batch_size)
     # Accuracy is probed on training prompts: the held-out set stays unseen.

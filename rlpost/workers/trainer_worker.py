@@ -39,9 +39,11 @@ class TrainerWorker:
 class TrainerGroup:
     """``world_size`` ranks; data-parallel calls split the batch into equal shards."""
 
-    def __init__(self, engine_cfg: Any, world_size: int, num_cpus: float, threads: int, device_opts: dict):
+    def __init__(
+        self, engine_cfg: Any, world_size: int, num_cpus: float, threads: int, device_opts: dict
+    ):
         cls = ray.remote(num_cpus=num_cpus, **device_opts)(TrainerWorker)
-        self.workers = [cls.remote(threads) for _ in range(world_size)]
+        self.workers: list[Any] = [cls.remote(threads) for _ in range(world_size)]
         self.world_size = world_size
         init_method = ray.get(self.workers[0].address.remote())
         sizes = ray.get(
@@ -64,7 +66,9 @@ class TrainerGroup:
         return torch.cat(parts, dim=0)
 
     def greedy_match(self, batch: TrajectoryBatch) -> torch.Tensor:
-        return torch.cat(self._sharded("greedy_match", _padded(batch, self.world_size)))[: len(batch)]
+        return torch.cat(self._sharded("greedy_match", _padded(batch, self.world_size)))[
+            : len(batch)
+        ]
 
     def update_policy(self, batch: TrajectoryBatch, **kwargs: Any) -> dict[str, float]:
         return _mean_metrics(self._sharded("update_policy", batch, **kwargs))

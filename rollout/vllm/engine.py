@@ -6,6 +6,7 @@ import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -33,7 +34,7 @@ class VLLMEngine:
 
         start = time.perf_counter()
         self.cfg = cfg
-        kwargs = dict(
+        kwargs: dict[str, Any] = dict(
             model=cfg.model_path,
             dtype=cfg.dtype,
             max_model_len=cfg.max_model_len,
@@ -77,7 +78,8 @@ class VLLMEngine:
             completions = []
             for c in out.outputs:
                 ids = list(c.token_ids)
-                lps = [step[tok].logprob for step, tok in zip(c.logprobs or [], ids)]
+                # logprobs=0 returns the sampled token's log-prob at every position.
+                lps = [step[tok].logprob for step, tok in zip(c.logprobs or [], ids) if step]
                 completions.append(
                     Completion(
                         token_ids=ids,
@@ -86,7 +88,9 @@ class VLLMEngine:
                         finish_reason="length" if c.finish_reason == "length" else "stop",
                     )
                 )
-            results.append(GenerationResult(prompt_ids=list(req.prompt_ids), completions=completions))
+            results.append(
+                GenerationResult(prompt_ids=list(req.prompt_ids), completions=completions)
+            )
         return results
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

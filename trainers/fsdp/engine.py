@@ -70,7 +70,7 @@ class FSDPEngine:
                 cfg.backend, init_method=init_method, rank=rank, world_size=world_size
             )
         model = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=DTYPES[cfg.dtype])
-        model.to(self.device)
+        model.to(self.device)  # type: ignore[arg-type]
         for layer in model.model.layers:
             fully_shard(layer)
         fully_shard(model)
@@ -166,9 +166,8 @@ class FSDPEngine:
             weight = float(mb.response_mask_bt.sum())
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + float(v) * (1.0 if k in SUMMED_METRICS else weight)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
+        norm_t = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        grad_norm = float(norm_t.full_tensor() if hasattr(norm_t, "full_tensor") else norm_t)
         self.optimizer.step()
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
@@ -182,7 +181,7 @@ class FSDPEngine:
         }
         out["actor/loss"] = totals[-1].item()
         out["actor/grad_norm"] = float(grad_norm)
-        out["actor/lr"] = lr
+        out["actor/lr"] = float(lr)
         return out
 
     def update_policy(
@@ -196,10 +195,12 @@ class FSDPEngine:
         norm_const: float = 1.0,
     ) -> dict[str, float]:
         """Clipped policy-gradient update on this rank's share; returns averaged metrics."""
-        assert batch.old_logp_bt is not None and batch.advantages_bt is not None
+        if batch.old_logp_bt is None or batch.advantages_bt is None:
+            raise ValueError("update_policy needs old_logp_bt and advantages_bt in the batch")
         policy_loss = POLICY_LOSSES[loss_cfg.name]
 
         def loss_fn(mb: TrajectoryBatch, logp: torch.Tensor, norm: LossNorm):
+            assert mb.old_logp_bt is not None and mb.advantages_bt is not None
             return policy_loss(
                 logp,
                 mb.old_logp_bt.to(logp.device),

@@ -1,0 +1,76 @@
+"""Bad user input stops the CLI before Ray starts: exit code 2, a message that
+names what to change, in seconds, with no Ray session and no run directory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+# Parsing plus the heavy imports (torch, transformers, ray) take ~5 s on two cores.
+FAST_S = 15.0
+
+REWARD_PY = "def score(completion, row):\n    return 0.0\n"
+
+
+def run_cli(args: list[str], tmp: Path) -> tuple[subprocess.CompletedProcess, float, Path]:
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rlpost-ray-", dir="/tmp"))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_TMPDIR"] = str(ray_tmp)
+    cmd = [sys.executable, "-m", "rlpost.main", *args]
+    cmd += [f"trainer.run_dir={tmp / 'run'}", f"model.cache_dir={tmp / 'cache'}"]
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        seconds = time.monotonic() - start
+        # Ray creates <RAY_TMPDIR>/ray/session_* as it starts (test_custom_data checks this).
+        ray_started = (ray_tmp / "ray").exists()
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert not ray_started, proc.stderr[-2000:]
+    return proc, seconds, tmp / "run"
+
+
+CASES = {
+    "missing_train_file": (
+        ["data=files", "data.train_files=[/nope.jsonl]", "data.val_files=[/nope2.jsonl]"],
+        ["/nope.jsonl", "no such file", "data path"],
+    ),
+    "missing_reward_file": (
+        ["reward=custom", "reward.fn=/nope.py:fn"],
+        ["/nope.py", "does not exist", "fix the path"],
+    ),
+    "missing_reward_function": (
+        ["reward=custom", "reward.fn={reward_py}:missing_function"],
+        # The message lists the functions the file does define.
+        ["missing_function", "has no attribute", "['score']"],
+    ),
+    "missing_model_dir": (
+        ["model.path=./does-not-exist"],
+        ["model.path='./does-not-exist'", "config.json"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_exits_2_before_ray_starts(case, tmp_path):
+    reward_py = tmp_path / "reward.py"
+    reward_py.write_text(REWARD_PY)
+    args, expected = CASES[case]
+    args = [a.format(reward_py=reward_py) for a in args]
+    proc, seconds, run_dir = run_cli(args, tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    error_lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert error_lines, proc.stderr[-2000:]
+    for text in expected:
+        assert text in proc.stderr, (text, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr
+    assert seconds < FAST_S, seconds
+    assert not run_dir.exists()  # nothing written: no config.yaml, no metrics
