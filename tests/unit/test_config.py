@@ -22,7 +22,7 @@ def _problems(overrides: list[str]) -> tuple[list[str], str]:
 def test_defaults_come_from_the_yaml_presets():
     cfg = compose([])
     # configs/trainer/fsdp.yaml, rollout/vllm.yaml, algo/grpo.yaml, data/arith.yaml
-    assert cfg.trainer.total_steps == 60
+    assert cfg.trainer.total_steps == 200
     assert cfg.trainer.logger == ["console", "jsonl"]
     assert cfg.trainer.betas == [0.9, 0.99]
     assert cfg.rollout.n == 8
