@@ -18,7 +18,13 @@ from algos.aggregation import AGGREGATIONS, aggregate, masked_mean
 from algos.config import AdvantageConfig, LossNorm, PolicyLossConfig
 from algos.entropy import entropy_from_logits
 from algos.filters import overlong_penalty, zero_std_groups
-from algos.kl import KL_KINDS, AdaptiveKLController, FixedKLController, kl_penalty
+from algos.kl import (
+    KL_KINDS,
+    AdaptiveKLController,
+    FixedKLController,
+    kl_penalty,
+    kl_reward_penalty,
+)
 from algos.policy_loss import (
     POLICY_LOSSES,
     build_policy_loss,
@@ -50,6 +56,7 @@ __all__ = [
     "grpo_advantage",
     "gspo_loss",
     "kl_penalty",
+    "kl_reward_penalty",
     "last_token_rewards",
     "masked_mean",
     "masked_whiten",

@@ -59,3 +59,30 @@ class AdaptiveKLController:
         ``n_steps`` is the number of samples (or steps) since the last update."""
         error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
         self.value *= 1.0 + error * n_steps / self.horizon
+
+
+def kl_reward_penalty(
+    scores_b: torch.Tensor,
+    logp_bt: torch.Tensor,
+    ref_logp_bt: torch.Tensor,
+    mask_bt: torch.Tensor,
+    coef: float,
+    kind: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """KL as a reward penalty (Ziegler et al. 2019; Ouyang et al. 2022, eq. 2).
+
+    Returns ``(token_rewards_bt, penalised_scores_b, kl_b)``: the score on each
+    sample's last response token minus ``coef * kl_t`` on every response token
+    (for token-level estimators such as GAE), the score minus ``coef * sum_t kl_t``
+    (for sample-level estimators such as GRPO), and the per-sample KL sum.
+    """
+    mask_bt = mask_bt.to(logp_bt.dtype)
+    kl_bt = kl_penalty(logp_bt, ref_logp_bt, kind) * mask_bt
+    kl_b = kl_bt.sum(dim=1)
+    last_bt = torch.zeros_like(mask_bt)
+    has_tokens_b = mask_bt.sum(dim=1) > 0
+    positions_t = torch.arange(mask_bt.shape[1], device=mask_bt.device)
+    last_b = (mask_bt * positions_t).argmax(dim=1)
+    last_bt[has_tokens_b, last_b[has_tokens_b]] = 1.0
+    token_rewards_bt = last_bt * scores_b.unsqueeze(1) - coef * kl_bt
+    return token_rewards_bt, scores_b - coef * kl_b, kl_b

@@ -30,7 +30,7 @@ SYSTEM = "Reverse the letters."
 
 def make_rows(num: int, rng: random.Random, seen: set[str]) -> list[dict]:
     """``num`` rows with distinct words of 2-5 lowercase letters not in ``seen``."""
-    rows = []
+    rows: list[dict] = []
     while len(rows) < num:
         word = "".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 5)))
         if word in seen:

@@ -24,31 +24,88 @@ def config_dir() -> Path:
     return Path(env) if env else Path(__file__).resolve().parents[1] / "configs"
 
 
+ALGO_PRESETS = (
+    "grpo", "dapo", "ppo", "gspo", "gdpo", "rloo", "reinforce_pp", "dr_grpo", "sft", "custom",
+)  # fmt: skip
+AGGREGATIONS = (
+    "token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
+KL_TYPES = ("k1", "k2", "k3", "abs")
+
+
 @dataclass(frozen=True)
 class AdvantageSchema:
-    estimator: str = spec("grpo", help="advantage estimator (registry name in algos)")
-    norm_by_std: bool = spec(True, help="divide by the group std (false: Dr.GRPO)")
-    eps: float = spec(1e-6, gt=0, help="added to the std")
+    estimator: str = spec(
+        "grpo",
+        help="grpo, rloo, reinforce_pp, reinforce_pp_baseline, gae, gdpo, or a registered name",
+    )
+    norm_by_std: bool = spec(True, help="grpo: divide by the group std (false: Dr.GRPO)")
+    eps: float = spec(1e-6, gt=0, help="added to standard deviations")
+    gamma: float = spec(1.0, ge=0, le=1, help="discount (gae, reinforce_pp)")
+    lam: float = spec(0.95, ge=0, le=1, help="GAE lambda")
 
 
 @dataclass(frozen=True)
 class PolicyLossSchema:
-    name: str = spec("ppo_clip", help="policy loss (registry name in algos)")
+    name: str = spec("ppo_clip", help="ppo_clip, gspo, or a registered name")
     clip_low: float = spec(0.2, ge=0, help="lower clip: ratio >= 1 - clip_low")
-    clip_high: float = spec(0.2, ge=0, help="upper clip: ratio <= 1 + clip_high")
+    clip_high: float = spec(0.2, ge=0, help="upper clip: ratio <= 1 + clip_high (DAPO: > clip_low)")
     clip_c: float | None = spec(None, help="dual-clip bound for negative advantages (null = off)")
-    agg: Literal[
-        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
-    ] = spec("token-mean", help="loss aggregation, normalised over the global batch")
+    agg: str = spec(
+        "token-mean", choices=AGGREGATIONS, help="loss aggregation over the global batch"
+    )
+
+
+@dataclass(frozen=True)
+class KLSchema:
+    loss_coef: float = spec(0.0, ge=0, help="KL-to-reference loss coefficient (0 = off)")
+    loss_type: str = spec("k3", choices=KL_TYPES, help="estimator in the loss")
+    reward_coef: float = spec(0.0, ge=0, help="KL penalty in the reward (0 = off)")
+    reward_type: str = spec("k1", choices=KL_TYPES, help="estimator in the reward")
+    adaptive: bool = spec(False, help="adapt reward_coef towards target (Ziegler et al. 2019)")
+    target: float = spec(0.1, gt=0, help="adaptive controller's target KL")
+    horizon: float = spec(10000.0, gt=0, help="adaptive controller's horizon (samples)")
+
+
+@dataclass(frozen=True)
+class DynamicSamplingSchema:
+    enabled: bool = spec(False, help="DAPO: drop groups whose rewards all agree, refill")
+    max_rounds: int = spec(
+        3, ge=1, help="generation rounds per step before training on what is kept"
+    )
+
+
+@dataclass(frozen=True)
+class OverlongSchema:
+    enabled: bool = spec(False, help="DAPO: penalise completions near rollout.max_tokens")
+    buffer: int = spec(4, ge=1, help="penalty ramps linearly over the last `buffer` tokens")
+    factor: float = spec(1.0, ge=0, help="scale of the penalty (-factor beyond the limit)")
 
 
 @dataclass(frozen=True)
 class AlgoConfig:
-    name: Literal["grpo", "sft"] = spec(help="algorithm preset")
+    name: str = spec(help="preset label", choices=ALGO_PRESETS)
     advantage: AdvantageSchema = field(default_factory=AdvantageSchema)
     policy_loss: PolicyLossSchema = field(default_factory=PolicyLossSchema)
+    kl: KLSchema = field(default_factory=KLSchema)
+    entropy_coef: float = spec(0.0, help="entropy bonus coefficient (entropy is always reported)")
+    dynamic_sampling: DynamicSamplingSchema = field(default_factory=DynamicSamplingSchema)
+    overlong: OverlongSchema = field(default_factory=OverlongSchema)
+    filter_truncated: bool = spec(False, help="DAPO: no loss on completions cut at max_tokens")
+    value_clip: float = spec(0.5, gt=0, help="PPO critic: clip of the value update")
     epochs: int = spec(1, ge=1, help="passes over each step's batch")
     mini_batches: int = spec(1, ge=1, help="optimizer steps per pass over the batch")
+
+    @property
+    def needs_critic(self) -> bool:
+        return self.advantage.estimator == "gae"
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl.loss_coef > 0 or self.kl.reward_coef > 0
 
 
 @dataclass(frozen=True)
@@ -112,6 +169,8 @@ class TrainerConfig:
     micro_batch_size: int = spec(64, ge=1, help="samples per forward/backward on each rank")
     threads: int = spec(1, ge=1, help="torch threads per process")
     save_final: bool = spec(True, help="write the final policy in HF format to run_dir/final")
+    critic_lr: float = spec(1e-4, gt=0, help="PPO critic learning rate")
+    critic_warmup: int = spec(0, ge=0, help="PPO: steps that train only the critic")
 
 
 @dataclass(frozen=True)
@@ -154,7 +213,26 @@ SCHEMAS: dict[str, type] = {
 
 
 def _cross_checks(cfg: Config) -> list[str]:
+    from algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+
     problems = []
+    a = cfg.algo
+    if a.advantage.estimator not in ADVANTAGE_ESTIMATORS:
+        problems.append(
+            f"algo.advantage.estimator={a.advantage.estimator!r}: expected one of "
+            f"{', '.join(sorted(ADVANTAGE_ESTIMATORS))}"
+        )
+    if a.policy_loss.name not in POLICY_LOSSES:
+        problems.append(
+            f"algo.policy_loss.name={a.policy_loss.name!r}: expected one of "
+            f"{', '.join(sorted(POLICY_LOSSES))}"
+        )
+    if a.advantage.estimator == "gdpo" and len(cfg.reward.weights) < 2:
+        problems.append("reward.weights: gdpo needs at least two named rewards with weights")
+    if a.overlong.enabled and a.overlong.buffer > cfg.rollout.max_tokens:
+        problems.append(
+            f"algo.overlong.buffer={a.overlong.buffer}: must be <= rollout.max_tokens={cfg.rollout.max_tokens}"
+        )
     if cfg.data.name == "files" and not cfg.data.train_files:
         problems.append("data.train_files: required when data.name=files")
     if cfg.data.name == "files" and not cfg.data.val_files:

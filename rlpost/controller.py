@@ -1,7 +1,9 @@
 """The RL loop: generate, score, log-probs, advantages, update, sync.
 
 The controller holds no tensor math; it moves data between the rollout
-replica, the reward functions, ``algos`` and the training worker group.
+replica, the reward functions, ``algos`` and the training worker groups
+(policy, and where the algorithm needs them a frozen reference policy and a
+critic).
 """
 
 from __future__ import annotations
@@ -15,7 +17,16 @@ from typing import Any
 import ray
 import torch
 
-from algos import AdvantageConfig, PolicyLossConfig, compute_advantages
+from algos import (
+    AdaptiveKLController,
+    AdvantageConfig,
+    FixedKLController,
+    PolicyLossConfig,
+    compute_advantages,
+    kl_reward_penalty,
+    overlong_penalty,
+    zero_std_groups,
+)
 from rlpost.config import Config
 from rlpost.data import PromptStream
 from rlpost.result import RunResult
@@ -24,8 +35,27 @@ from rlpost.samples import encode_prompt, rollout_batch
 from rlpost.tracking import Tracker
 from rlpost.workers.trainer_worker import TrainerGroup
 from rollout.base import GenerationRequest, GenerationResult, SamplingConfig
+from trainers.batch import TrajectoryBatch
+from trainers.fsdp import RegularizerConfig
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Workers:
+    policy: TrainerGroup
+    rollout: Any  # a RolloutWorker actor handle
+    reference: TrainerGroup | None = None
+    critic: TrainerGroup | None = None
+
+
+@dataclasses.dataclass
+class Rollouts:
+    """What one step generated: prompt rows, results (one per prompt) and scores."""
+
+    rows: list[dict]
+    results: list[GenerationResult]
+    scores: dict[str, torch.Tensor]
 
 
 class Controller:
@@ -33,9 +63,7 @@ class Controller:
         self,
         cfg: Config,
         run_dir: Path,
-        model_path: str,
-        trainer: TrainerGroup,
-        rollout: Any,
+        workers: Workers,
         tokenizer: Any,
         train_rows: list[dict],
         val_rows: list[dict],
@@ -43,81 +71,156 @@ class Controller:
         tracker: Tracker,
         malformed_rows: int,
     ):
-        self.cfg, self.run_dir, self.model_path = cfg, run_dir, model_path
-        self.trainer, self.rollout, self.tokenizer = trainer, rollout, tokenizer
-        self.scorer, self.tracker = scorer, tracker
+        self.cfg, self.run_dir, self.workers = cfg, run_dir, workers
+        self.tokenizer, self.scorer, self.tracker = tokenizer, scorer, tracker
         self.val_rows = val_rows
         self.stream = PromptStream(
             train_rows, seed=cfg.trainer.seed, batch_size=cfg.data.prompts_per_step
         )
         self.malformed_rows = malformed_rows + self.stream.num_malformed
-        a, p = cfg.algo.advantage, cfg.algo.policy_loss
-        self.adv_cfg = AdvantageConfig(estimator=a.estimator, norm_by_std=a.norm_by_std, eps=a.eps)
+        a = cfg.algo
+        self.adv_cfg = AdvantageConfig(
+            estimator=a.advantage.estimator,
+            norm_by_std=a.advantage.norm_by_std,
+            eps=a.advantage.eps,
+            gamma=a.advantage.gamma,
+            lam=a.advantage.lam,
+            reward_weights=tuple(cfg.reward.weights.items()),
+        )
+        p = a.policy_loss
         self.loss_cfg = PolicyLossConfig(
             name=p.name, clip_low=p.clip_low, clip_high=p.clip_high, clip_c=p.clip_c, agg=p.agg
+        )
+        self.reg = RegularizerConfig(
+            kl_coef=a.kl.loss_coef, kl_type=a.kl.loss_type, entropy_coef=a.entropy_coef
+        )
+        self.kl_ctl = (
+            AdaptiveKLController(a.kl.reward_coef, a.kl.target, a.kl.horizon)
+            if a.kl.adaptive
+            else FixedKLController(a.kl.reward_coef)
         )
         r = cfg.rollout
         self.sampling = SamplingConfig(
             n=r.n, temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens
         )
+        # Samples per step must split over ranks and mini-batches.
+        self.group_multiple = cfg.trainer.world_size * a.mini_batches
 
     # -- the loop ---------------------------------------------------------------
     def run(self) -> RunResult:
-        cfg = self.cfg.trainer
+        t = self.cfg.trainer
+        step_fn = self.sft_step if self.cfg.algo.name == "sft" else self.rl_step
         self.tracker.log(0, self.validate())
-        for step in range(1, cfg.total_steps + 1):
-            metrics = self.train_step(step)
-            due = cfg.val_every and step % cfg.val_every == 0
-            if due or step == cfg.total_steps:
+        for step in range(1, t.total_steps + 1):
+            metrics = step_fn(step)
+            if (t.val_every and step % t.val_every == 0) or step == t.total_steps:
                 metrics.update(self.validate())
             self.tracker.log(step, metrics)
-        final = None
-        if cfg.save_final:
-            final = self.trainer.save_hf(str(self.run_dir / "final"))
+        final = self.workers.policy.save_hf(str(self.run_dir / "final")) if t.save_final else None
         return RunResult(self.run_dir, self.tracker.history, final)
 
-    def train_step(self, step: int) -> dict[str, float]:
+    def rl_step(self, step: int) -> dict[str, float]:
         start = time.perf_counter()
-        rows = self.stream.next_batch()
-        results, t_gen = self.generate(rows, self.sampling, step)
-        batch = rollout_batch(results, self.tokenizer.pad_token_id)
-        scores, metrics = self.score(results, rows, repeat=self.sampling.n)
-        batch.scores_b = scores
+        rollouts, metrics = self.collect(step)
+        if not rollouts.rows:
+            metrics["timing/step_s"] = time.perf_counter() - start
+            return metrics  # every group agreed in every round: nothing to learn from
+        batch = rollout_batch(rollouts.results, self.tokenizer.pad_token_id)
+        batch.scores_b = rollouts.scores
+        if self.cfg.algo.filter_truncated:
+            metrics["response/filtered_truncated"] = self.filter_truncated(batch, rollouts.results)
 
         t0 = time.perf_counter()
-        batch.old_logp_bt = self.trainer.logprobs(batch, temperature=self.sampling.temperature)
-        metrics.update(logprob_parity(batch))
+        self.compute_logprobs(batch, metrics)
         metrics["timing/logprob_s"] = time.perf_counter() - t0
-
-        assert batch.group_ids_b is not None
-        batch.advantages_bt, _ = compute_advantages(
-            self.adv_cfg,
-            scores_b=batch.scores_b,
-            group_ids_b=batch.group_ids_b,
-            mask_bt=batch.response_mask_bt.float(),
-        )
-        metrics.update(
-            self.trainer.update_policy(
-                batch,
-                loss_cfg=self.loss_cfg,
-                temperature=self.sampling.temperature,
-                epochs=self.cfg.algo.epochs,
-                mini_batches=self.cfg.algo.mini_batches,
-                norm_const=float(self.sampling.max_tokens),
+        self.compute_advantages(batch, metrics)
+        if self.workers.critic is not None:
+            metrics.update(
+                self.workers.critic.update_critic(
+                    batch,
+                    value_clip=self.cfg.algo.value_clip,
+                    agg=self.loss_cfg.agg,
+                    epochs=self.cfg.algo.epochs,
+                    mini_batches=self.cfg.algo.mini_batches,
+                )
             )
-        )
-        metrics["timing/weight_sync_s"] = self.sync_weights()
-        metrics["timing/generate_s"] = t_gen
+        if step > self.cfg.trainer.critic_warmup or self.workers.critic is None:
+            metrics.update(
+                self.workers.policy.update_policy(
+                    batch,
+                    loss_cfg=self.loss_cfg,
+                    temperature=self.sampling.temperature,
+                    epochs=self.cfg.algo.epochs,
+                    mini_batches=self.cfg.algo.mini_batches,
+                    norm_const=float(self.sampling.max_tokens),
+                    reg=self.reg,
+                )
+            )
+            metrics["timing/weight_sync_s"] = self.sync_weights()
         metrics["timing/step_s"] = time.perf_counter() - start
         tokens = float(batch.response_mask_bt.sum())
         metrics["perf/tokens_per_s"] = tokens / metrics["timing/step_s"]
-        metrics["perf/gen_tokens_per_s"] = tokens / max(t_gen, 1e-9)
+        metrics["perf/gen_tokens_per_s"] = tokens / max(metrics["timing/generate_s"], 1e-9)
         metrics["response/length_mean"] = tokens / len(batch)
-        metrics["response/clip_ratio"] = _clip_ratio(results)
+        metrics["response/clip_ratio"] = _clip_ratio(rollouts.results)
         metrics["data/malformed_rows"] = float(self.malformed_rows)
         return metrics
 
+    def sft_step(self, step: int) -> dict[str, float]:
+        from rlpost.samples import sft_batch
+
+        start = time.perf_counter()
+        batch = sft_batch(self.tokenizer, self.stream.next_batch())
+        metrics = self.workers.policy.update_sft(batch)
+        metrics["timing/weight_sync_s"] = self.sync_weights()
+        metrics["timing/step_s"] = time.perf_counter() - start
+        metrics["perf/tokens_per_s"] = (
+            float(batch.attention_mask_bt.sum()) / metrics["timing/step_s"]
+        )
+        return metrics
+
     # -- the named steps ----------------------------------------------------------
+    def collect(self, step: int) -> tuple[Rollouts, dict[str, float]]:
+        """Generate and score one step's groups; with dynamic sampling (DAPO), drop
+        groups whose rewards all agree and generate more, up to ``max_rounds``."""
+        ds = self.cfg.algo.dynamic_sampling
+        want = self.cfg.data.prompts_per_step
+        rows: list[dict] = []
+        results: list[GenerationResult] = []
+        scores: list[dict[str, torch.Tensor]] = []
+        metrics: dict[str, float] = {}
+        gen_s, rounds, dropped = 0.0, 0, 0
+        while len(rows) < want and rounds < (ds.max_rounds if ds.enabled else 1):
+            rounds += 1
+            round_rows = self.stream.next_batch()
+            round_results, t_gen = self.generate(round_rows, self.sampling, step * 1000 + rounds)
+            gen_s += t_gen
+            round_scores, round_metrics = self.score(round_results, round_rows, self.sampling.n)
+            if self.cfg.algo.overlong.enabled:
+                round_metrics.update(self.shape_overlong(round_results, round_scores))
+            if rounds == 1:
+                metrics.update(round_metrics)
+            keep_g = torch.ones(len(round_rows), dtype=torch.bool)
+            if ds.enabled:
+                groups_b = torch.arange(len(round_rows)).repeat_interleave(self.sampling.n)
+                keep_g = zero_std_groups(round_scores["total"], groups_b)[:: self.sampling.n]
+                dropped += int((~keep_g).sum())
+            for g in torch.nonzero(keep_g).flatten().tolist():
+                rows.append(round_rows[g])
+                results.append(round_results[g])
+                sl = slice(g * self.sampling.n, (g + 1) * self.sampling.n)
+                scores.append({k: v[sl] for k, v in round_scores.items()})
+        keep = min(len(rows), want)
+        while keep and (keep * self.sampling.n) % self.group_multiple:
+            keep -= 1
+        merged = {k: torch.cat([s[k] for s in scores[:keep]]) for k in scores[0]} if keep else {}
+        metrics["timing/generate_s"] = gen_s
+        if ds.enabled:
+            metrics["dapo/dropped_groups"] = float(dropped)
+            metrics["dapo/gen_rounds"] = float(rounds)
+            metrics["dapo/kept_groups"] = float(keep)
+        return Rollouts(rows[:keep], results[:keep], merged), metrics
+
     def generate(
         self, rows: list[dict], sampling: SamplingConfig, seed: int | None
     ) -> tuple[list[GenerationResult], float]:
@@ -128,7 +231,7 @@ class Controller:
             GenerationRequest(prompt_ids=encode_prompt(self.tokenizer, row), sampling=sampling)
             for row in rows
         ]
-        results = ray.get(self.rollout.generate.remote(requests))
+        results = ray.get(self.workers.rollout.generate.remote(requests))
         return results, time.perf_counter() - start
 
     def score(
@@ -140,9 +243,61 @@ class Controller:
         scores = {k: torch.tensor(v, dtype=torch.float32) for k, v in named.items()}
         return scores, metrics
 
+    def shape_overlong(
+        self, results: list[GenerationResult], scores: dict[str, torch.Tensor]
+    ) -> dict[str, float]:
+        """DAPO's overlong reward shaping, added to the total score in place."""
+        ol = self.cfg.algo.overlong
+        lengths = torch.tensor([len(c.token_ids) for res in results for c in res.completions])
+        penalty = ol.factor * overlong_penalty(
+            lengths, max_len=self.sampling.max_tokens, buffer=ol.buffer
+        )
+        scores["total"] = scores["total"] + penalty
+        return {"reward/overlong_penalty_mean": float(penalty.mean())}
+
+    def filter_truncated(self, batch: TrajectoryBatch, results: list[GenerationResult]) -> float:
+        """No loss on completions that hit max_tokens (DAPO's overlong filtering)."""
+        truncated = torch.tensor(
+            [c.finish_reason == "length" for r in results for c in r.completions]
+        )
+        batch.response_mask_bt[truncated] = 0
+        return float(truncated.float().mean())
+
+    def compute_logprobs(self, batch: TrajectoryBatch, metrics: dict[str, float]) -> None:
+        w = self.workers
+        batch.old_logp_bt = w.policy.logprobs(batch, temperature=self.sampling.temperature)
+        metrics.update(logprob_parity(batch))
+        if w.reference is not None:
+            batch.ref_logp_bt = w.reference.logprobs(batch, temperature=self.sampling.temperature)
+        if w.critic is not None:
+            batch.old_values_bt = w.critic.values(batch)
+
+    def compute_advantages(self, batch: TrajectoryBatch, metrics: dict[str, float]) -> None:
+        assert batch.group_ids_b is not None and batch.old_logp_bt is not None
+        mask = batch.response_mask_bt.float()
+        scores = dict(batch.scores_b)
+        token_rewards = None
+        if self.cfg.algo.kl.reward_coef > 0:
+            assert batch.ref_logp_bt is not None
+            token_rewards, scores["total"], kl_b = kl_reward_penalty(
+                scores["total"], batch.old_logp_bt, batch.ref_logp_bt, mask,
+                self.kl_ctl.value, self.cfg.algo.kl.reward_type,
+            )  # fmt: skip
+            metrics["actor/reward_kl"] = float(kl_b.mean())
+            metrics["actor/kl_coef"] = self.kl_ctl.value
+            self.kl_ctl.update(float(kl_b.mean()), len(batch))
+        batch.advantages_bt, batch.returns_bt = compute_advantages(
+            self.adv_cfg,
+            scores_b=scores,
+            group_ids_b=batch.group_ids_b,
+            mask_bt=mask,
+            token_rewards_bt=token_rewards,
+            values_bt=batch.old_values_bt,
+        )
+
     def sync_weights(self) -> float:
         start = time.perf_counter()
-        ray.get(self.rollout.load_weights.remote(self.trainer.weights_ref()))
+        ray.get(self.workers.rollout.load_weights.remote(self.workers.policy.weights_ref()))
         return time.perf_counter() - start
 
     def validate(self) -> dict[str, float]:
@@ -160,8 +315,9 @@ class Controller:
         }
 
 
-def logprob_parity(batch) -> dict[str, float]:
+def logprob_parity(batch: TrajectoryBatch) -> dict[str, float]:
     """Trainer vs rollout log-probs of the sampled tokens: a broken weight sync shows here."""
+    assert batch.old_logp_bt is not None and batch.rollout_logp_bt is not None
     mask = batch.response_mask_bt.bool()
     diff = (batch.old_logp_bt - batch.rollout_logp_bt).abs()[mask]
     return {

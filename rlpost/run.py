@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -74,7 +74,7 @@ def train(cfg: Config) -> RunResult:
     import ray
     from transformers import AutoTokenizer
 
-    from rlpost.controller import Controller
+    from rlpost.controller import Controller, Workers
     from rlpost.device import resolve_device
     from rlpost.tracking import Tracker
     from rlpost.warmup import builtin_model
@@ -95,7 +95,9 @@ def train(cfg: Config) -> RunResult:
         if os.environ.get("RAY_ADDRESS"):
             ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
         else:
-            needed = cfg.trainer.world_size * cfg.trainer.num_cpus_per_worker + cfg.rollout.num_cpus
+            groups = 1 + cfg.algo.needs_reference + cfg.algo.needs_critic
+            needed = groups * cfg.trainer.world_size * cfg.trainer.num_cpus_per_worker
+            needed += cfg.rollout.num_cpus
             ray.init(
                 num_cpus=max(os.cpu_count() or 1, int(needed + 0.999)),
                 include_dashboard=False,
@@ -106,7 +108,15 @@ def train(cfg: Config) -> RunResult:
 
     t = cfg.trainer
 
-    def make_trainer(model_path: str, lr: float, lr_warmup_steps: int) -> TrainerGroup:
+    rollout: Any = None
+
+    def make_trainer(
+        model_path: str,
+        lr: float,
+        lr_warmup_steps: int,
+        kind: str = "policy",
+        trainable: bool = True,
+    ) -> TrainerGroup:
         engine_cfg = FSDPEngineConfig(
             model_path=model_path,
             dtype=cfg.model.dtype,
@@ -120,20 +130,28 @@ def train(cfg: Config) -> RunResult:
             backend=device.backend,
             threads=t.threads,
             lr_warmup_steps=lr_warmup_steps,
+            trainable=trainable,
         )
         return TrainerGroup(
-            engine_cfg, t.world_size, t.num_cpus_per_worker, t.threads, device.ray_resource
+            engine_cfg, t.world_size, t.num_cpus_per_worker, t.threads, device.ray_resource, kind
         )
 
-    trainer: TrainerGroup | None = None
-    rollout: Any = None
+    workers: list[Any] = []
     tracker: Tracker | None = None
     try:
         model_path = cfg.model.path or builtin_model(cfg, make_trainer)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        trainer = make_trainer(model_path, t.lr, t.lr_warmup_steps)
+        policy = make_trainer(model_path, t.lr, t.lr_warmup_steps)
+        workers.append(policy)
+        reference = critic = None
+        if cfg.algo.needs_reference:
+            reference = make_trainer(model_path, t.lr, 0, kind="policy", trainable=False)
+            workers.append(reference)
+        if cfg.algo.needs_critic:
+            critic = make_trainer(model_path, t.critic_lr, t.lr_warmup_steps, kind="critic")
+            workers.append(critic)
         r = cfg.rollout
         engine_cfg = VLLMEngineConfig(
             model_path=model_path,
@@ -150,7 +168,7 @@ def train(cfg: Config) -> RunResult:
         tracker = Tracker(run_dir, list(t.logger), t.total_steps, to_dict(cfg))
         scorer = RewardScorer(reward_fn, dict(cfg.reward.weights) or None)
         controller = Controller(
-            cfg, run_dir, model_path, trainer, rollout, tokenizer,
+            cfg, run_dir, Workers(policy, rollout, reference, critic), tokenizer,
             train_rows, val_rows, scorer, tracker, bad_rows,
         )  # fmt: skip
         result = controller.run()
@@ -159,8 +177,8 @@ def train(cfg: Config) -> RunResult:
     finally:
         if tracker is not None:
             tracker.close()
-        if trainer is not None:
-            trainer.close()
+        for group in workers:
+            group.close()
         if rollout is not None:
             ray.kill(rollout)
         if started_ray:

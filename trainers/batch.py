@@ -27,6 +27,8 @@ class TrajectoryBatch:
     old_logp_bt: torch.Tensor | None = None
     ref_logp_bt: torch.Tensor | None = None
     advantages_bt: torch.Tensor | None = None
+    returns_bt: torch.Tensor | None = None
+    old_values_bt: torch.Tensor | None = None
     scores_b: dict[str, torch.Tensor] = field(default_factory=dict)
     group_ids_b: torch.Tensor | None = None
 

@@ -26,10 +26,11 @@ class TrainerWorker:
             port = s.getsockname()[1]
         return f"tcp://{ip}:{port}"
 
-    def init_engine(self, cfg: Any, rank: int, world_size: int, init_method: str) -> int:
-        from trainers.fsdp import FSDPEngine
+    def init_engine(self, kind: str, cfg: Any, rank: int, world_size: int, init_method: str) -> int:
+        from trainers.fsdp import CriticEngine, FSDPEngine
 
-        self.engine = FSDPEngine(cfg, rank, world_size, init_method)
+        engines = {"policy": FSDPEngine, "critic": CriticEngine}
+        self.engine = engines[kind](cfg, rank, world_size, init_method)
         return self.engine.num_params
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -37,10 +38,17 @@ class TrainerWorker:
 
 
 class TrainerGroup:
-    """``world_size`` ranks; data-parallel calls split the batch into equal shards."""
+    """``world_size`` ranks of one engine kind (``policy`` or ``critic``); data-parallel
+    calls split the batch into equal shards."""
 
     def __init__(
-        self, engine_cfg: Any, world_size: int, num_cpus: float, threads: int, device_opts: dict
+        self,
+        engine_cfg: Any,
+        world_size: int,
+        num_cpus: float,
+        threads: int,
+        device_opts: dict,
+        kind: str = "policy",
     ):
         cls = ray.remote(num_cpus=num_cpus, **device_opts)(TrainerWorker)
         self.workers: list[Any] = [cls.remote(threads) for _ in range(world_size)]
@@ -48,7 +56,7 @@ class TrainerGroup:
         init_method = ray.get(self.workers[0].address.remote())
         sizes = ray.get(
             [
-                w.init_engine.remote(engine_cfg, rank, world_size, init_method)
+                w.init_engine.remote(kind, engine_cfg, rank, world_size, init_method)
                 for rank, w in enumerate(self.workers)
             ]
         )
@@ -72,6 +80,12 @@ class TrainerGroup:
 
     def update_policy(self, batch: TrajectoryBatch, **kwargs: Any) -> dict[str, float]:
         return _mean_metrics(self._sharded("update_policy", batch, **kwargs))
+
+    def values(self, batch: TrajectoryBatch) -> torch.Tensor:
+        return torch.cat(self._sharded("values", batch), dim=0)
+
+    def update_critic(self, batch: TrajectoryBatch, **kwargs: Any) -> dict[str, float]:
+        return _mean_metrics(self._sharded("update_critic", batch, **kwargs))
 
     def update_sft(self, batch: TrajectoryBatch) -> dict[str, float]:
         return _mean_metrics(self._sharded("update_sft", batch))

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,7 +105,7 @@ def cli_env(ray_tmp: Path, tmp: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Run:
+def run(tmp_path_factory) -> Iterator[Run]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 

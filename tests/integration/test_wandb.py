@@ -48,7 +48,7 @@ def read_wandb_history(path: Path) -> list[dict]:
             break  # zero padding at the end of the file
     rows = []
     for raw in records:
-        record = pb.Record()
+        record = pb.Record()  # type: ignore[attr-defined]
         record.ParseFromString(raw)
         if record.WhichOneof("record_type") == "history":
             items = record.history.item

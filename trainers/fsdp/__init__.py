@@ -1,3 +1,4 @@
-from trainers.fsdp.engine import FSDPEngine, FSDPEngineConfig
+from trainers.fsdp.critic import CriticEngine
+from trainers.fsdp.engine import FSDPEngine, FSDPEngineConfig, RegularizerConfig
 
-__all__ = ["FSDPEngine", "FSDPEngineConfig"]
+__all__ = ["CriticEngine", "FSDPEngine", "FSDPEngineConfig", "RegularizerConfig"]

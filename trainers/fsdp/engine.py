@@ -1,4 +1,4 @@
-"""FSDP2 training engine: log-probs, policy/SFT updates, HF-named weight export.
+"""FSDP2 policy engine: log-probs, policy/SFT updates, HF-named weight export.
 
 Legend: b = samples, t = tokens, v = vocab.
 
@@ -12,8 +12,8 @@ on how the batch was split over ranks and micro-batches.
 from __future__ import annotations
 
 import os
+import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,10 +21,26 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from algos import POLICY_LOSSES, LossNorm, PolicyLossConfig, sft_loss
+from algos import (
+    POLICY_LOSSES,
+    LossNorm,
+    PolicyLossConfig,
+    aggregate,
+    entropy_from_logits,
+    kl_penalty,
+    masked_mean,
+    sft_loss,
+)
 from trainers.batch import TrajectoryBatch
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from trainers.fsdp.common import (
+    DTYPES,
+    OptimConfig,
+    Updater,
+    init_distributed,
+    micro_batches,
+    run_epochs,
+    shard,
+)
 
 
 @dataclass(frozen=True)
@@ -41,10 +57,25 @@ class FSDPEngineConfig:
     backend: str = "gloo"
     threads: int = 1
     lr_warmup_steps: int = 0
+    trainable: bool = True  # False: a frozen reference policy (no optimizer state)
+
+    def optim(self) -> OptimConfig:
+        return OptimConfig(
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            betas=self.betas,
+            max_grad_norm=self.max_grad_norm,
+            lr_warmup_steps=self.lr_warmup_steps,
+        )
 
 
-# Metrics that are this micro-batch's share of the global loss: summed, not averaged.
-SUMMED_METRICS = frozenset({"actor/pg_loss"})
+@dataclass(frozen=True)
+class RegularizerConfig:
+    """KL-to-reference loss term and entropy bonus added to the policy loss."""
+
+    kl_coef: float = 0.0  # > 0 needs ref_logp_bt in the batch
+    kl_type: str = "k3"
+    entropy_coef: float = 0.0
 
 
 def token_logprobs(logits_btv: torch.Tensor, input_ids_bt: torch.Tensor) -> torch.Tensor:
@@ -56,59 +87,41 @@ def token_logprobs(logits_btv: torch.Tensor, input_ids_bt: torch.Tensor) -> torc
 
 class FSDPEngine:
     def __init__(self, cfg: FSDPEngineConfig, rank: int, world_size: int, init_method: str):
-        from torch.distributed.fsdp import fully_shard
         from transformers import AutoModelForCausalLM
 
         torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
-        if cfg.device == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        self.device = torch.device(cfg.device)
-        if not dist.is_initialized():
-            dist.init_process_group(
-                cfg.backend, init_method=init_method, rank=rank, world_size=world_size
-            )
+        self.device = init_distributed(cfg.device, cfg.backend, rank, world_size, init_method)
         model = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=DTYPES[cfg.dtype])
         model.to(self.device)  # type: ignore[arg-type]
-        for layer in model.model.layers:
-            fully_shard(layer)
-        fully_shard(model)
+        if not cfg.trainable:
+            model.requires_grad_(False)
+        shard(model, model.model.layers)
         self.model = model
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(),
-            lr=cfg.lr,
-            betas=cfg.betas,
-            weight_decay=cfg.weight_decay,
-        )
-        warmup = max(cfg.lr_warmup_steps, 0)
-        # A fresh Adam moves every weight by ~lr on its first steps whatever the
-        # gradient's size; a linear warm-up keeps that from wrecking a tuned model.
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1))
+        self.updater = (
+            Updater(model, cfg.optim(), world_size, cfg.micro_batch_size) if cfg.trainable else None
         )
         self.num_params = sum(p.numel() for p in model.parameters())
 
     # -- forward passes -------------------------------------------------------
-    def _forward_logp(self, mb: TrajectoryBatch, temperature: float) -> torch.Tensor:
+    def _logits(self, mb: TrajectoryBatch, temperature: float) -> torch.Tensor:
         ids = mb.input_ids_bt.to(self.device)
         mask = mb.attention_mask_bt.to(self.device)
         logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
-        return token_logprobs(logits / temperature, ids)
-
-    def _micro_batches(self, batch: TrajectoryBatch) -> list[TrajectoryBatch]:
-        size = self.cfg.micro_batch_size
-        return [batch.select(slice(i, i + size)).trim() for i in range(0, len(batch), size)]
+        return logits.float() / temperature
 
     @torch.no_grad()
     def logprobs(self, batch: TrajectoryBatch, temperature: float = 1.0) -> torch.Tensor:
-        """Log-probs (b, t) of this rank's batch under the current weights."""
+        """Log-probs (b, t) of this rank's batch under the current weights (0 off the response)."""
         self.model.eval()
         out = torch.zeros(batch.input_ids_bt.shape, dtype=torch.float32)
-        for start in range(0, len(batch), self.cfg.micro_batch_size):
-            mb = batch.select(slice(start, start + self.cfg.micro_batch_size)).trim()
-            logp = self._forward_logp(mb, temperature).cpu()
+        start = 0
+        for mb in micro_batches(batch, self.cfg.micro_batch_size):
+            ids = mb.input_ids_bt.to(self.device)
+            logp = token_logprobs(self._logits(mb, temperature), ids).cpu()
             out[start : start + len(mb), : logp.shape[1]] = logp
+            start += len(mb)
         return out * batch.response_mask_bt
 
     @torch.no_grad()
@@ -120,69 +133,18 @@ class FSDPEngine:
         """
         self.model.eval()
         out = []
-        for start in range(0, len(batch), self.cfg.micro_batch_size):
-            mb = batch.select(slice(start, start + self.cfg.micro_batch_size)).trim()
+        for mb in micro_batches(batch, self.cfg.micro_batch_size):
             ids = mb.input_ids_bt.to(self.device)
-            logits = self.model(
-                input_ids=ids, attention_mask=mb.attention_mask_bt.to(self.device), use_cache=False
-            ).logits
-            hit_bt = logits[:, :-1].argmax(-1) == ids[:, 1:]
+            hit_bt = self._logits(mb, 1.0)[:, :-1].argmax(-1) == ids[:, 1:]
             resp_bt = mb.response_mask_bt[:, 1:].to(self.device).bool()
             out.append((hit_bt | ~resp_bt).all(dim=1).cpu())
         return torch.cat(out)
 
     # -- updates --------------------------------------------------------------
-    def _global_norm(self, batch: TrajectoryBatch, norm_const: float) -> LossNorm:
-        counts = torch.tensor(
-            [float(batch.response_mask_bt.sum()), float(len(batch))], dtype=torch.float64
-        )
-        dist.all_reduce(counts)
-        return LossNorm(
-            global_tokens=max(counts[0].item(), 1.0),
-            global_samples=max(counts[1].item(), 1.0),
-            norm_const=norm_const,
-        )
-
-    def _step(
-        self,
-        batch: TrajectoryBatch,
-        loss_fn: Callable[[TrajectoryBatch, torch.Tensor, LossNorm], tuple[torch.Tensor, dict]],
-        temperature: float,
-        norm_const: float,
-    ) -> dict[str, float]:
-        """One optimizer step over ``batch`` (this rank's share), accumulating micro-batches."""
-        self.model.train()
-        norm = self._global_norm(batch, norm_const)
-        self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
-        loss_sum = 0.0
-        for mb in self._micro_batches(batch):
-            logp = self._forward_logp(mb, temperature)
-            loss, metrics = loss_fn(mb, logp, norm)
-            # FSDP averages gradients over ranks; the loss is already a global
-            # mean, so undo the average.
-            (loss * self.world_size).backward()
-            loss_sum += float(loss.detach())
-            weight = float(mb.response_mask_bt.sum())
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v) * (1.0 if k in SUMMED_METRICS else weight)
-        norm_t = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
-        grad_norm = float(norm_t.full_tensor() if hasattr(norm_t, "full_tensor") else norm_t)
-        self.optimizer.step()
-        lr = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
-        # Same numbers on every rank: sums over the global batch.
-        keys = sorted(sums)
-        totals = torch.tensor([sums[k] for k in keys] + [loss_sum], dtype=torch.float64)
-        dist.all_reduce(totals)
-        out = {
-            k: totals[i].item() / (1.0 if k in SUMMED_METRICS else norm.global_tokens)
-            for i, k in enumerate(keys)
-        }
-        out["actor/loss"] = totals[-1].item()
-        out["actor/grad_norm"] = float(grad_norm)
-        out["actor/lr"] = float(lr)
-        return out
+    def _updater(self) -> Updater:
+        if self.updater is None:
+            raise RuntimeError("this engine is a frozen reference policy; it cannot update")
+        return self.updater
 
     def update_policy(
         self,
@@ -193,44 +155,64 @@ class FSDPEngine:
         epochs: int = 1,
         mini_batches: int = 1,
         norm_const: float = 1.0,
+        reg: RegularizerConfig | None = None,
     ) -> dict[str, float]:
-        """Clipped policy-gradient update on this rank's share; returns averaged metrics."""
+        """Policy-gradient update on this rank's share; returns global metrics."""
         if batch.old_logp_bt is None or batch.advantages_bt is None:
             raise ValueError("update_policy needs old_logp_bt and advantages_bt in the batch")
+        reg = reg or RegularizerConfig()
+        if reg.kl_coef > 0 and batch.ref_logp_bt is None:
+            raise ValueError("a KL loss (kl_coef > 0) needs ref_logp_bt in the batch")
         policy_loss = POLICY_LOSSES[loss_cfg.name]
 
-        def loss_fn(mb: TrajectoryBatch, logp: torch.Tensor, norm: LossNorm):
+        def loss_fn(mb: TrajectoryBatch, norm: LossNorm):
             assert mb.old_logp_bt is not None and mb.advantages_bt is not None
-            return policy_loss(
+            ids = mb.input_ids_bt.to(self.device)
+            mask = mb.response_mask_bt.to(self.device).float()
+            logits = self._logits(mb, temperature)
+            logp = token_logprobs(logits, ids)
+            loss, metrics = policy_loss(
                 logp,
-                mb.old_logp_bt.to(logp.device),
-                mb.advantages_bt.to(logp.device),
-                mb.response_mask_bt.to(logp.device).float(),
+                mb.old_logp_bt.to(self.device),
+                mb.advantages_bt.to(self.device),
+                mask,
                 loss_cfg,
                 norm,
             )
+            with torch.set_grad_enabled(reg.entropy_coef != 0):
+                entropy = F.pad(entropy_from_logits(logits[:, :-1]), (1, 0))
+            metrics["actor/entropy"] = float(masked_mean(entropy.detach(), mask))
+            if reg.entropy_coef != 0:
+                loss = loss - reg.entropy_coef * aggregate(entropy, mask, loss_cfg.agg, norm)
+            if reg.kl_coef > 0:
+                assert mb.ref_logp_bt is not None
+                kl = kl_penalty(logp, mb.ref_logp_bt.to(self.device), reg.kl_type)
+                kl_loss = aggregate(kl, mask, loss_cfg.agg, norm)
+                loss = loss + reg.kl_coef * kl_loss
+                metrics["actor/kl_loss"] = float(kl_loss.detach())
+                metrics["actor/kl"] = float(masked_mean(kl.detach(), mask))
+            return loss, metrics
 
-        return self._run_epochs(batch, loss_fn, temperature, epochs, mini_batches, norm_const)
+        updater = self._updater()
+        start = time.perf_counter()
+        out = run_epochs(
+            lambda mini: updater.step(mini, loss_fn, norm_const, "actor"),
+            batch,
+            epochs,
+            mini_batches,
+        )
+        out["timing/update_s"] = time.perf_counter() - start
+        return out
 
     def update_sft(self, batch: TrajectoryBatch) -> dict[str, float]:
         """One supervised step: token-mean NLL of the response tokens."""
 
-        def loss_fn(mb: TrajectoryBatch, logp: torch.Tensor, norm: LossNorm):
-            return sft_loss(logp, mb.response_mask_bt.to(logp.device).float(), norm)
+        def loss_fn(mb: TrajectoryBatch, norm: LossNorm):
+            ids = mb.input_ids_bt.to(self.device)
+            logp = token_logprobs(self._logits(mb, 1.0), ids)
+            return sft_loss(logp, mb.response_mask_bt.to(self.device).float(), norm)
 
-        return self._run_epochs(batch, loss_fn, 1.0, 1, 1, 1.0)
-
-    def _run_epochs(self, batch, loss_fn, temperature, epochs, mini_batches, norm_const):
-        start = time.perf_counter()
-        history: list[dict[str, float]] = []
-        size = len(batch) // mini_batches
-        for _ in range(epochs):
-            for i in range(mini_batches):
-                mini = batch.select(slice(i * size, (i + 1) * size))
-                history.append(self._step(mini, loss_fn, temperature, norm_const))
-        out = {k: sum(h[k] for h in history) / len(history) for k in history[0]}
-        out["timing/update_s"] = time.perf_counter() - start
-        return out
+        return self._updater().step(batch, loss_fn, 1.0, "sft")
 
     # -- weights --------------------------------------------------------------
     def named_weights(self) -> list[tuple[str, torch.Tensor]] | None:
@@ -252,6 +234,7 @@ class FSDPEngine:
         assert weights is not None
         out = Path(out_dir)
         tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
         config = AutoConfig.from_pretrained(self.cfg.model_path)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
@@ -260,8 +243,6 @@ class FSDPEngine:
         model.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(tokenizer_dir or self.cfg.model_path).save_pretrained(tmp)
         if out.exists():
-            import shutil
-
             shutil.rmtree(out)
         os.replace(tmp, out)
         return str(out)

@@ -1,0 +1,125 @@
+"""FSDP2 critic engine for PPO: the policy's transformer with a scalar value head.
+
+Legend: b = samples, t = tokens, h = hidden size.
+
+Values are aligned like log-probs: ``values_bt[:, t]`` is V(state before token
+t), read from the hidden state at position t-1, so the value of each response
+token's state sits under that token's mask entry.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from algos import LossNorm, clipped_value_loss, explained_variance
+from trainers.batch import TrajectoryBatch
+from trainers.fsdp.common import (
+    DTYPES,
+    Updater,
+    init_distributed,
+    micro_batches,
+    run_epochs,
+    shard,
+)
+from trainers.fsdp.engine import FSDPEngineConfig
+
+
+class ValueModel(torch.nn.Module):
+    """A transformer body (from the policy checkpoint) and a zero-initialised value head."""
+
+    def __init__(self, body: torch.nn.Module, hidden_size: int):
+        super().__init__()
+        self.body = body
+        self.value_head = torch.nn.Linear(hidden_size, 1)
+        torch.nn.init.zeros_(self.value_head.weight)
+        torch.nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        h_bth = self.body(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+        ).last_hidden_state
+        v_bt = self.value_head(h_bth.float()).squeeze(-1)
+        return F.pad(v_bt[:, :-1], (1, 0))
+
+
+class CriticEngine:
+    def __init__(self, cfg: FSDPEngineConfig, rank: int, world_size: int, init_method: str):
+        from transformers import AutoModel
+
+        torch.set_num_threads(cfg.threads)
+        torch.manual_seed(cfg.seed)
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.device = init_distributed(cfg.device, cfg.backend, rank, world_size, init_method)
+        body = AutoModel.from_pretrained(cfg.model_path, dtype=DTYPES[cfg.dtype])
+        model = ValueModel(body, body.config.hidden_size).to(self.device)
+        shard(model, body.layers)
+        self.model = model
+        self.updater = Updater(model, cfg.optim(), world_size, cfg.micro_batch_size)
+        self.num_params = sum(p.numel() for p in model.parameters())
+
+    @torch.no_grad()
+    def values(self, batch: TrajectoryBatch) -> torch.Tensor:
+        """V (b, t) of this rank's batch, 0 off the response mask."""
+        self.model.eval()
+        out = torch.zeros(batch.input_ids_bt.shape, dtype=torch.float32)
+        start = 0
+        for mb in micro_batches(batch, self.cfg.micro_batch_size):
+            v = self.model(mb.input_ids_bt.to(self.device), mb.attention_mask_bt.to(self.device))
+            out[start : start + len(mb), : v.shape[1]] = v.cpu()
+            start += len(mb)
+        return out * batch.response_mask_bt
+
+    def update_critic(
+        self,
+        batch: TrajectoryBatch,
+        *,
+        value_clip: float,
+        agg: str,
+        epochs: int = 1,
+        mini_batches: int = 1,
+    ) -> dict[str, float]:
+        """Clipped value regression onto ``returns_bt`` (batch.old_values_bt are the
+        values at sampling time). Returns global metrics."""
+        if batch.returns_bt is None or batch.old_values_bt is None:
+            raise ValueError("update_critic needs returns_bt and old_values_bt in the batch")
+
+        def loss_fn(mb: TrajectoryBatch, norm: LossNorm):
+            assert mb.returns_bt is not None and mb.old_values_bt is not None
+            v = self.model(mb.input_ids_bt.to(self.device), mb.attention_mask_bt.to(self.device))
+            return clipped_value_loss(
+                v,
+                mb.old_values_bt.to(self.device),
+                mb.returns_bt.to(self.device),
+                mb.response_mask_bt.to(self.device).float(),
+                clip=value_clip,
+                agg=agg,
+                norm=norm,
+            )
+
+        start = time.perf_counter()
+        out = run_epochs(
+            lambda mini: self.updater.step(mini, loss_fn, 1.0, "critic"),
+            batch,
+            epochs,
+            mini_batches,
+        )
+        mask = batch.response_mask_bt.float()
+        out["critic/vf_explained_var"] = float(
+            explained_variance(batch.old_values_bt, batch.returns_bt, mask)
+        )
+        out["critic/values_mean"] = float(
+            (batch.old_values_bt * mask).sum() / mask.sum().clamp(min=1)
+        )
+        out["critic/returns_mean"] = float(
+            (batch.returns_bt * mask).sum() / mask.sum().clamp(min=1)
+        )
+        out["timing/critic_update_s"] = time.perf_counter() - start
+        return out
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
