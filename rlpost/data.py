@@ -33,7 +33,7 @@ def load_rows(path: str | Path) -> list[dict]:
             f"accepted: {', '.join(ACCEPTED_SUFFIXES)}"
         )
     if not path.is_file():
-        raise DataError(f"{path}: no such file; check the data path in the config")
+        raise DataError(f"{path}: no such file")
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 

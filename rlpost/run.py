@@ -13,7 +13,7 @@ import yaml
 from rlpost.config import Config, to_dict
 from rlpost.data import DataError, load_rows, validate_row
 from rlpost.result import RunResult
-from rlpost.rewards import RewardScorer, load_reward_fn
+from rlpost.rewards import RewardError, RewardScorer, load_reward_fn
 from rlpost.schema import ConfigError
 
 log = logging.getLogger(__name__)
@@ -42,10 +42,18 @@ def load_data(cfg: Config) -> tuple[list[dict], list[dict], int]:
         return rows, task.val_rows(), 0
     train: list[dict] = []
     val: list[dict] = []
-    for path in cfg.data.train_files:
-        train.extend(load_rows(path))
-    for path in cfg.data.val_files:
-        val.extend(load_rows(path))
+    problems = []
+    for key, paths, out in (
+        ("train_files", cfg.data.train_files, train),
+        ("val_files", cfg.data.val_files, val),
+    ):
+        for path in paths:
+            try:
+                out.extend(load_rows(path))
+            except DataError as exc:
+                problems.append(f"data.{key}: {exc}")
+    if problems:
+        raise DataError("\n  ".join(problems))
     bad = sum(validate_row(r) is not None for r in val)
     val = [r for r in val if validate_row(r) is None][: cfg.data.val_size]
     if not val:
@@ -69,8 +77,53 @@ def check_model_path(cfg: Config) -> None:
         raise ConfigError([f"model.path={path!r}: no HF model (config.json) in that directory"])
 
 
+def drop_long_prompts(rows: list[dict], tokenizer: Any, limit: int) -> tuple[list[dict], int]:
+    """Rows whose templated prompt fits ``data.max_prompt_tokens``, and how many did not."""
+    from rlpost.data import validate_row
+    from rlpost.samples import encode_prompt
+
+    kept = [
+        r for r in rows if validate_row(r) is not None or len(encode_prompt(tokenizer, r)) <= limit
+    ]
+    dropped = len(rows) - len(kept)
+    if dropped:
+        log.warning("dropped %d prompts longer than data.max_prompt_tokens=%d", dropped, limit)
+    if not kept:
+        raise DataError(f"every prompt is longer than data.max_prompt_tokens={limit}; raise it")
+    return kept, dropped
+
+
+def preflight(cfg: Config) -> tuple[Any, list[dict], list[dict], int]:
+    """Every check of user input (model path, reward, data), reported together.
+
+    Returns the reward function, train rows, held-out rows and the count of
+    malformed rows dropped.
+    """
+    problems: list[str] = []
+    reward_fn: Any = None
+    rows: tuple[list[dict], list[dict], int] = ([], [], 0)
+    try:
+        check_model_path(cfg)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    try:
+        reward_fn = load_reward_fn(cfg.reward.fn)
+    except RewardError as exc:
+        problems.append(f"reward.fn: {exc}")
+    try:
+        rows = load_data(cfg)
+    except DataError as exc:
+        problems.append(str(exc))
+    if problems:
+        raise ConfigError(problems)
+    return (reward_fn, *rows)
+
+
 def train(cfg: Config) -> RunResult:
     """Run ``cfg`` to the end; returns the metric history and the final model's path."""
+    # Everything that can fail on user input fails here, before Ray starts.
+    reward_fn, train_rows, val_rows, bad_rows = preflight(cfg)
+
     import ray
     from transformers import AutoTokenizer
 
@@ -83,10 +136,6 @@ def train(cfg: Config) -> RunResult:
     from rollout.vllm import VLLMEngineConfig
     from trainers.fsdp import FSDPEngineConfig
 
-    # Everything that can fail on user input fails here, before Ray starts.
-    check_model_path(cfg)
-    reward_fn = load_reward_fn(cfg.reward.fn)
-    train_rows, val_rows, bad_rows = load_data(cfg)
     device = resolve_device(cfg.trainer.device)
     run_dir = make_run_dir(cfg)
 
@@ -143,6 +192,11 @@ def train(cfg: Config) -> RunResult:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
+        if cfg.data.name == "files":  # the built-in task's prompts are short by construction
+            limit = cfg.data.max_prompt_tokens
+            train_rows, too_long = drop_long_prompts(train_rows, tokenizer, limit)
+            val_rows, too_long_val = drop_long_prompts(val_rows, tokenizer, limit)
+            bad_rows += too_long + too_long_val
         policy = make_trainer(model_path, t.lr, t.lr_warmup_steps)
         workers.append(policy)
         reference = critic = None

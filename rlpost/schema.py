@@ -145,7 +145,9 @@ def _build(cls: type[T], data: dict, path: str, problems: list[str]) -> T | None
                 f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
             )
             if not has_default:
-                problems.append(f"{sub}: required ({_type_name(hints[name])})")
+                choices = f.metadata.get("choices")
+                accepts = f", one of {', '.join(map(str, choices))}" if choices else ""
+                problems.append(f"{sub}: required ({_type_name(hints[name])}{accepts})")
             continue
         value = _coerce(data[name], hints[name], sub, problems)
         _check(value, f.metadata, sub, problems)

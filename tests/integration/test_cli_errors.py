@@ -41,7 +41,12 @@ def run_cli(args: list[str], tmp: Path) -> tuple[subprocess.CompletedProcess, fl
 CASES = {
     "missing_train_file": (
         ["data=files", "data.train_files=[/nope.jsonl]", "data.val_files=[/nope2.jsonl]"],
-        ["/nope.jsonl", "no such file", "data path"],
+        # Both files are reported in one message.
+        ["/nope.jsonl", "no such file", "data.train_files", "/nope2.jsonl", "data.val_files"],
+    ),
+    "several_problems_at_once": (
+        ["model.path=./does-not-exist", "reward=custom", "reward.fn=/nope.py:fn"],
+        ["model.path='./does-not-exist'", "reward.fn:", "/nope.py"],
     ),
     "missing_reward_file": (
         ["reward=custom", "reward.fn=/nope.py:fn"],

@@ -100,9 +100,15 @@ def test_unknown_top_level_group_is_reported():
 
 
 def test_unknown_preset_lists_the_available_ones():
+    from rlpost.config import config_dir
+
     problems, message = _problems(["algo=nope"])
-    assert problems == ["algo=nope: no such preset; available: grpo, sft"]
-    assert "grpo, sft" in message
+    presets = sorted(p.stem for p in (config_dir() / "algo").glob("*.yaml"))
+    assert {"grpo", "dapo", "ppo", "gspo", "gdpo", "rloo", "reinforce_pp", "dr_grpo", "sft"} <= set(
+        presets
+    )
+    assert problems == [f"algo=nope: no such preset; available: {', '.join(presets)}"]
+    assert "dapo, dr_grpo" in message
 
 
 def test_files_data_without_files_reports_both_missing_keys():
@@ -169,7 +175,8 @@ def test_malformed_override_is_named():
 def test_required_field_without_default():
     # one line for the one missing key, and nothing from the dataclass constructor
     _, problems = validate(AlgoConfig, {}, "algo")
-    assert problems == ["algo.name: required (one of 'grpo', 'sft')"]
+    assert len(problems) == 1
+    assert problems[0].startswith("algo.name: required (str, one of grpo, dapo, ppo")
 
 
 def test_missing_group_in_a_raw_dict():
@@ -221,3 +228,17 @@ def test_cli_module_entry_point():
     )
     assert help_proc.returncode == 0
     assert "usage: python -m rlpost.main" in help_proc.stdout
+
+
+def test_readme_documents_every_key():
+    # The README's key table is generated from the schema; regenerate it with
+    # rlpost.config.keys_markdown() when a key changes.
+    import re
+    from pathlib import Path
+
+    from rlpost.config import keys_markdown
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = re.search(r"<!-- keys:start -->\n(.*)\n<!-- keys:end -->", readme, re.S)
+    assert table is not None
+    assert table.group(1) == keys_markdown()
