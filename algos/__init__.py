@@ -17,7 +17,7 @@ from algos.advantages import (
 from algos.aggregation import AGGREGATIONS, aggregate, masked_mean
 from algos.config import AdvantageConfig, LossNorm, PolicyLossConfig
 from algos.entropy import entropy_from_logits
-from algos.filters import overlong_penalty, zero_std_groups
+from algos.filters import overlong_penalty, truncated_is_weight, zero_std_groups
 from algos.kl import (
     KL_KINDS,
     AdaptiveKLController,
@@ -68,5 +68,6 @@ __all__ = [
     "reinforce_pp_baseline_advantage",
     "rloo_advantage",
     "sft_loss",
+    "truncated_is_weight",
     "zero_std_groups",
 ]

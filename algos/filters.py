@@ -39,3 +39,23 @@ def zero_std_groups(scores_b: torch.Tensor, group_ids_b: torch.Tensor | Sequence
     max_g = max_g.scatter_reduce(0, idx_b, scores_b, reduce="amax")
     min_g = min_g.scatter_reduce(0, idx_b, scores_b, reduce="amin")
     return (max_g > min_g)[idx_b]
+
+
+def truncated_is_weight(
+    old_logp_bt: torch.Tensor, rollout_logp_bt: torch.Tensor, mask_bt: torch.Tensor, cap: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Truncated importance weight w_t = min(pi_old / pi_rollout, C) per token (TIS;
+    Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+    Training"), correcting for samples drawn by a stale or numerically different
+    rollout policy. Zero off the mask. Returns the weights and their metrics.
+    """
+    mask_bt = mask_bt.to(old_logp_bt.dtype)
+    log_w_bt = (old_logp_bt - rollout_logp_bt).clamp(max=20.0)
+    raw_bt = torch.exp(log_w_bt)
+    w_bt = raw_bt.clamp(max=cap) * mask_bt
+    n = mask_bt.sum().clamp(min=1)
+    metrics = {
+        "rollout/is_weight_mean": float(w_bt.sum() / n),
+        "rollout/is_capped_frac": float(((raw_bt > cap).to(mask_bt.dtype) * mask_bt).sum() / n),
+    }
+    return w_bt, metrics

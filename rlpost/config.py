@@ -96,6 +96,9 @@ class AlgoConfig:
     overlong: OverlongSchema = field(default_factory=OverlongSchema)
     filter_truncated: bool = spec(False, help="DAPO: no loss on completions cut at max_tokens")
     value_clip: float = spec(0.5, gt=0, help="PPO critic: clip of the value update")
+    rollout_is_cap: float | None = spec(
+        2.0, help="cap C of the truncated importance weight min(pi_old/pi_rollout, C); null = off"
+    )
     epochs: int = spec(1, ge=1, help="passes over each step's batch")
     mini_batches: int = spec(1, ge=1, help="optimizer steps per pass over the batch")
 
@@ -120,6 +123,16 @@ class WarmupConfig:
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    rank: int = spec(0, ge=0, help="LoRA rank (0 = off: full fine-tuning)")
+    alpha: float = spec(16.0, gt=0, help="LoRA scaling numerator: the update is (alpha / rank) B A")
+    dropout: float = spec(0.0, ge=0, le=1, help="dropout on the LoRA input")
+    target_modules: str | list[str] = spec(
+        "all-linear", help="'all-linear' (every linear layer but lm_head) or module names"
+    )
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     path: str | None = spec(
         None, help="HF model directory or hub id; null builds the built-in tiny model"
@@ -132,6 +145,16 @@ class ModelConfig:
         None, help="where the built-in model is cached (null: ~/.cache/rlpost)"
     )
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    gradient_checkpointing: bool = spec(
+        False, help="recompute activations in the backward pass (less memory, ~30% slower)"
+    )
+    param_offload: bool = spec(
+        False, help="FSDP2 CPU offload of parameters, gradients and the optimizer step"
+    )
+    optimizer_offload: bool = spec(
+        False, help="optimizer state on CPU; FSDP2 offers it only with param_offload"
+    )
 
 
 @dataclass(frozen=True)
@@ -161,6 +184,17 @@ class TrainerConfig:
     world_size: int = spec(1, ge=1, help="FSDP ranks of the training worker group")
     device: Literal["auto", "cpu", "cuda", "npu"] = spec("auto", help="training device")
     num_cpus_per_worker: float = spec(1.0, gt=0, help="Ray CPUs per training rank")
+    placement: Literal["colocated", "separate"] = spec(
+        "colocated",
+        help="colocated: one Ray placement group for trainer ranks and rollout; separate: one per role",
+    )
+    placement_strategy: Literal["pack", "spread", "strict_pack", "strict_spread"] = spec(
+        "pack",
+        help="pack: few nodes, spilling onto more when one is not enough; spread: even; strict_*: no fallback",
+    )
+    placement_timeout_s: float = spec(
+        300.0, gt=0, help="seconds to wait for the cluster to fit the placement groups"
+    )
     lr: float = spec(1e-4, gt=0, help="AdamW learning rate")
     lr_warmup_steps: int = spec(10, ge=0, help="linear learning-rate warm-up steps")
     weight_decay: float = spec(0.0, ge=0, help="AdamW weight decay")
@@ -168,9 +202,26 @@ class TrainerConfig:
     max_grad_norm: float = spec(1.0, gt=0, help="gradient clipping norm")
     micro_batch_size: int = spec(64, ge=1, help="samples per forward/backward on each rank")
     threads: int = spec(1, ge=1, help="torch threads per process")
+    async_mode: Literal["sync", "one_step_off"] = spec(
+        "sync", help="one_step_off: generate the next batch while training on this one"
+    )
     save_final: bool = spec(True, help="write the final policy in HF format to run_dir/final")
     critic_lr: float = spec(1e-4, gt=0, help="PPO critic learning rate")
     critic_warmup: int = spec(0, ge=0, help="PPO: steps that train only the critic")
+    save_every: int = spec(0, ge=0, help="checkpoint every N steps (0 = never)")
+    keep_last: int = spec(2, ge=1, help="checkpoints kept in run_dir/checkpoints")
+    resume: str = spec(
+        "auto", help="auto (latest checkpoint in run_dir, if any), none, or a checkpoint path"
+    )
+    micro_batch_tokens: int = spec(
+        0, ge=0, help="token budget per micro-batch (0 = micro_batch_size samples)"
+    )
+    packing: bool = spec(
+        False, help="pack each micro-batch into one row without padding (same result)"
+    )
+    mixed_precision: Literal["none", "bf16"] = spec(
+        "none", help="bf16 compute with fp32 master weights and reductions (GPU)"
+    )
 
 
 @dataclass(frozen=True)
@@ -237,6 +288,11 @@ def _cross_checks(cfg: Config) -> list[str]:
         problems.append("data.train_files: required when data.name=files")
     if cfg.data.name == "files" and not cfg.data.val_files:
         problems.append("data.val_files: required when data.name=files")
+    if cfg.model.optimizer_offload and not cfg.model.param_offload:
+        problems.append(
+            "model.optimizer_offload=true: FSDP2 offloads optimizer state together with the "
+            "parameters; set model.param_offload=true as well"
+        )
     if len(cfg.trainer.betas) != 2:
         problems.append(f"trainer.betas={cfg.trainer.betas}: expected two numbers")
     samples = cfg.data.prompts_per_step * cfg.rollout.n

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from algos import (
     compute_advantages,
     kl_reward_penalty,
     overlong_penalty,
+    truncated_is_weight,
     zero_std_groups,
 )
 from rlpost.config import Config
@@ -47,6 +49,16 @@ class Workers:
     rollout: Any  # a RolloutWorker actor handle
     reference: TrainerGroup | None = None
     critic: TrainerGroup | None = None
+
+
+@dataclasses.dataclass
+class Pending:
+    """A generation in flight: the step it is for, its prompt rows, the result reference."""
+
+    step: int
+    rows: list[dict]
+    ref: Any
+    start: float
 
 
 @dataclasses.dataclass
@@ -109,19 +121,59 @@ class Controller:
     # -- the loop ---------------------------------------------------------------
     def run(self) -> RunResult:
         t = self.cfg.trainer
-        step_fn = self.sft_step if self.cfg.algo.name == "sft" else self.rl_step
         self.tracker.log(0, self.validate())
-        for step in range(1, t.total_steps + 1):
-            metrics = step_fn(step)
+        one_step_off = t.async_mode == "one_step_off" and self.cfg.algo.name != "sft"
+        steps: Iterator[dict[str, float]]
+        if self.cfg.algo.name == "sft":
+            steps = (self.sft_step(step) for step in range(1, t.total_steps + 1))
+        elif one_step_off:
+            steps = self.one_step_off_steps(t.total_steps)
+        else:
+            steps = (self.rl_step(step, self.collect(step)) for step in range(1, t.total_steps + 1))
+        for step, metrics in enumerate(steps, start=1):
             if (t.val_every and step % t.val_every == 0) or step == t.total_steps:
+                if one_step_off and step < t.total_steps:
+                    # The replica still has the previous weights; this load queues
+                    # behind the generation in flight.
+                    self.sync_weights()
                 metrics.update(self.validate())
             self.tracker.log(step, metrics)
         final = self.workers.policy.save_hf(str(self.run_dir / "final")) if t.save_final else None
         return RunResult(self.run_dir, self.tracker.history, final)
 
-    def rl_step(self, step: int) -> dict[str, float]:
+    def one_step_off_steps(self, total: int) -> Iterator[dict[str, float]]:
+        """Generation of step k+1 overlaps the update of step k.
+
+        The batch trained at step k was sampled with the weights the trainer had
+        before step k-1's update: exactly one update stale (``rollout/staleness``).
+        This generator is the only loop that decides when to stop; the rollout
+        side is a single request in flight, joined here.
+        """
+        pending = self.launch(1)
+        for step in range(1, total + 1):
+            wait_start = time.perf_counter()
+            rollouts, metrics = self.finish(pending)
+            metrics["timing/generate_wait_s"] = time.perf_counter() - wait_start
+            metrics["rollout/staleness"] = float(step > 1)
+            if step > 1:
+                # The replica is idle now: give it the last update before it samples again.
+                metrics["timing/weight_sync_s"] = self.sync_weights()
+            next_pending = self.launch(step + 1) if step < total else None
+            metrics = self.rl_step(step, (rollouts, metrics), sync=False)
+            gen_s = metrics["timing/generate_s"]
+            metrics["perf/overlap_frac"] = 1.0 - metrics["timing/generate_wait_s"] / max(
+                gen_s, 1e-9
+            )
+            if next_pending is None:
+                metrics["timing/weight_sync_s"] = self.sync_weights()
+            pending = next_pending  # type: ignore[assignment]
+            yield metrics
+
+    def rl_step(
+        self, step: int, collected: tuple[Rollouts, dict[str, float]], sync: bool = True
+    ) -> dict[str, float]:
         start = time.perf_counter()
-        rollouts, metrics = self.collect(step)
+        rollouts, metrics = collected
         if not rollouts.rows:
             metrics["timing/step_s"] = time.perf_counter() - start
             return metrics  # every group agreed in every round: nothing to learn from
@@ -156,7 +208,8 @@ class Controller:
                     reg=self.reg,
                 )
             )
-            metrics["timing/weight_sync_s"] = self.sync_weights()
+            if sync:
+                metrics["timing/weight_sync_s"] = self.sync_weights()
         metrics["timing/step_s"] = time.perf_counter() - start
         tokens = float(batch.response_mask_bt.sum())
         metrics["perf/tokens_per_s"] = tokens / metrics["timing/step_s"]
@@ -181,8 +234,18 @@ class Controller:
 
     # -- the named steps ----------------------------------------------------------
     def collect(self, step: int) -> tuple[Rollouts, dict[str, float]]:
-        """Generate and score one step's groups; with dynamic sampling (DAPO), drop
-        groups whose rewards all agree and generate more, up to ``max_rounds``."""
+        return self.finish(self.launch(step))
+
+    def launch(self, step: int) -> Pending:
+        """Start generating one step's prompts; returns at once."""
+        rows = self.stream.next_batch()
+        return Pending(
+            step, rows, self.request(rows, self.sampling, step * 1000), time.perf_counter()
+        )
+
+    def finish(self, pending: Pending) -> tuple[Rollouts, dict[str, float]]:
+        """Wait for ``pending`` and score it; with dynamic sampling (DAPO), drop groups
+        whose rewards all agree and generate more, up to ``max_rounds`` rounds."""
         ds = self.cfg.algo.dynamic_sampling
         want = self.cfg.data.prompts_per_step
         rows: list[dict] = []
@@ -190,11 +253,12 @@ class Controller:
         scores: list[dict[str, torch.Tensor]] = []
         metrics: dict[str, float] = {}
         gen_s, rounds, dropped = 0.0, 0, 0
-        while len(rows) < want and rounds < (ds.max_rounds if ds.enabled else 1):
+        round_pending: Pending | None = pending
+        while round_pending is not None:
             rounds += 1
-            round_rows = self.stream.next_batch()
-            round_results, t_gen = self.generate(round_rows, self.sampling, step * 1000 + rounds)
-            gen_s += t_gen
+            round_rows = round_pending.rows
+            round_results = ray.get(round_pending.ref)
+            gen_s += time.perf_counter() - round_pending.start
             round_scores, round_metrics = self.score(round_results, round_rows, self.sampling.n)
             if self.cfg.algo.overlong.enabled:
                 round_metrics.update(self.shape_overlong(round_results, round_scores))
@@ -210,6 +274,13 @@ class Controller:
                 results.append(round_results[g])
                 sl = slice(g * self.sampling.n, (g + 1) * self.sampling.n)
                 scores.append({k: v[sl] for k, v in round_scores.items()})
+            round_pending = None
+            if ds.enabled and len(rows) < want and rounds < ds.max_rounds:
+                more = self.stream.next_batch()
+                seed = pending.step * 1000 + rounds
+                round_pending = Pending(
+                    pending.step, more, self.request(more, self.sampling, seed), time.perf_counter()
+                )
         keep = min(len(rows), want)
         while keep and (keep * self.sampling.n) % self.group_multiple:
             keep -= 1
@@ -221,17 +292,21 @@ class Controller:
             metrics["dapo/kept_groups"] = float(keep)
         return Rollouts(rows[:keep], results[:keep], merged), metrics
 
-    def generate(
-        self, rows: list[dict], sampling: SamplingConfig, seed: int | None
-    ) -> tuple[list[GenerationResult], float]:
-        start = time.perf_counter()
+    def request(self, rows: list[dict], sampling: SamplingConfig, seed: int | None) -> Any:
+        """Send ``rows`` to the rollout; returns a reference to the results."""
         if seed is not None:
             sampling = dataclasses.replace(sampling, seed=self.cfg.trainer.seed * 100_003 + seed)
         requests = [
             GenerationRequest(prompt_ids=encode_prompt(self.tokenizer, row), sampling=sampling)
             for row in rows
         ]
-        results = ray.get(self.workers.rollout.generate.remote(requests))
+        return self.workers.rollout.generate.remote(requests)
+
+    def generate(
+        self, rows: list[dict], sampling: SamplingConfig, seed: int | None
+    ) -> tuple[list[GenerationResult], float]:
+        start = time.perf_counter()
+        results = ray.get(self.request(rows, sampling, seed))
         return results, time.perf_counter() - start
 
     def score(
@@ -294,6 +369,14 @@ class Controller:
             token_rewards_bt=token_rewards,
             values_bt=batch.old_values_bt,
         )
+        cap = self.cfg.algo.rollout_is_cap
+        if cap is not None and batch.rollout_logp_bt is not None:
+            # Scaling A_t by w_t > 0 scales that token's clipped PPO term by w_t.
+            is_w, is_metrics = truncated_is_weight(
+                batch.old_logp_bt, batch.rollout_logp_bt, mask, cap
+            )
+            batch.advantages_bt = batch.advantages_bt * is_w
+            metrics.update(is_metrics)
 
     def sync_weights(self) -> float:
         start = time.perf_counter()

@@ -1,0 +1,39 @@
+"""Every algorithm preset runs on the built-in task and learns (real CLI, fixed seed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.cli import run_cli
+
+pytest.importorskip("vllm")
+
+STEPS = 30
+PRESETS = {
+    "dapo": [],
+    "ppo": [],
+    "gspo": [],
+    "gdpo": ["reward=arith_multi"],
+    "rloo": [],
+    "reinforce_pp": [],
+    "dr_grpo": [],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", sorted(PRESETS))
+def test_preset_learns(algo, tmp_path, model_cache):
+    args = [f"algo={algo}", *PRESETS[algo], f"trainer.total_steps={STEPS}", "trainer.val_every=0"]
+    history = run_cli(args, tmp_path / "run", model_cache)
+    val = [h["val/accuracy"] for h in history if "val/accuracy" in h]
+    assert len(val) == 2
+    # Seed 0 starts at 0.33 held-out accuracy; each preset lifts it by at least 0.15.
+    assert val[-1] - val[0] >= 0.15, val
+    rewards = [h["reward/mean"] for h in history if "reward/mean" in h]
+    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5, rewards
+    last = history[-1]
+    if algo == "ppo":
+        assert "critic/vf_loss" in last and "actor/reward_kl" in last
+    if algo == "dapo":
+        assert all("dapo/dropped_groups" in h for h in history[1:])
+        assert all(h["dapo/kept_groups"] == 32 for h in history[1:])
