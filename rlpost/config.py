@@ -159,7 +159,9 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    name: Literal["vllm"] = spec("vllm", help="generation engine")
+    name: Literal["vllm", "hf"] = spec(
+        "vllm", help="generation engine (hf: transformers generate, the portable reference)"
+    )
     n: int = spec(8, ge=1, help="samples per prompt (the group size)")
     max_tokens: int = spec(8, ge=1, help="maximum tokens per completion")
     temperature: float = spec(1.0, ge=0, help="sampling temperature for training rollouts")
@@ -168,7 +170,13 @@ class RolloutConfig:
     kv_cache_gib: float = spec(0.25, gt=0, help="KV cache memory per replica (CPU)")
     gpu_memory_utilization: float = spec(0.5, gt=0, le=1, help="vLLM memory share on GPU")
     enforce_eager: bool = spec(True, help="disable graph capture (faster start, slower decode)")
-    num_cpus: float = spec(1.0, gt=0, help="Ray CPUs reserved by the rollout actor")
+    num_cpus: float = spec(1.0, gt=0, help="Ray CPUs reserved by each rollout replica")
+    replicas: int = spec(1, ge=1, help="rollout replicas behind the router")
+    block_size: int | None = spec(
+        None,
+        ge=1,
+        help="KV-cache block in tokens; the prefix cache reuses whole blocks (null: vLLM's default, 128 on CPU)",
+    )
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import ray
 import torch
 
 from algos import (
@@ -33,6 +32,7 @@ from rlpost.config import Config
 from rlpost.data import PromptStream
 from rlpost.result import RunResult
 from rlpost.rewards import RewardScorer
+from rlpost.rollout_group import PendingGeneration, RolloutGroup
 from rlpost.samples import encode_prompt, rollout_batch
 from rlpost.tracking import Tracker
 from rlpost.workers.trainer_worker import TrainerGroup
@@ -46,18 +46,18 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass
 class Workers:
     policy: TrainerGroup
-    rollout: Any  # a RolloutWorker actor handle
+    rollout: RolloutGroup
     reference: TrainerGroup | None = None
     critic: TrainerGroup | None = None
 
 
 @dataclasses.dataclass
 class Pending:
-    """A generation in flight: the step it is for, its prompt rows, the result reference."""
+    """A generation in flight: the step it is for, its prompt rows, the pending results."""
 
     step: int
     rows: list[dict]
-    ref: Any
+    ref: PendingGeneration
     start: float
 
 
@@ -217,6 +217,7 @@ class Controller:
         metrics["response/length_mean"] = tokens / len(batch)
         metrics["response/clip_ratio"] = _clip_ratio(rollouts.results)
         metrics["data/malformed_rows"] = float(self.malformed_rows)
+        metrics.update(self.workers.rollout.stats())
         return metrics
 
     def sft_step(self, step: int) -> dict[str, float]:
@@ -257,7 +258,7 @@ class Controller:
         while round_pending is not None:
             rounds += 1
             round_rows = round_pending.rows
-            round_results = ray.get(round_pending.ref)
+            round_results = round_pending.ref.result()
             gen_s += time.perf_counter() - round_pending.start
             round_scores, round_metrics = self.score(round_results, round_rows, self.sampling.n)
             if self.cfg.algo.overlong.enabled:
@@ -300,13 +301,13 @@ class Controller:
             GenerationRequest(prompt_ids=encode_prompt(self.tokenizer, row), sampling=sampling)
             for row in rows
         ]
-        return self.workers.rollout.generate.remote(requests)
+        return self.workers.rollout.generate_async(requests)
 
     def generate(
         self, rows: list[dict], sampling: SamplingConfig, seed: int | None
     ) -> tuple[list[GenerationResult], float]:
         start = time.perf_counter()
-        results = ray.get(self.request(rows, sampling, seed))
+        results = self.request(rows, sampling, seed).result()
         return results, time.perf_counter() - start
 
     def score(
@@ -380,7 +381,7 @@ class Controller:
 
     def sync_weights(self) -> float:
         start = time.perf_counter()
-        ray.get(self.workers.rollout.load_weights.remote(self.workers.policy.weights_ref()))
+        self.workers.rollout.load_weights(self.workers.policy.weights_ref())
         return time.perf_counter() - start
 
     def validate(self) -> dict[str, float]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -129,31 +128,19 @@ def train(cfg: Config) -> RunResult:
 
     from rlpost.controller import Controller, Workers
     from rlpost.device import resolve_device
+    from rlpost.placement import start
+    from rlpost.rollout_group import RolloutGroup, engine_config
     from rlpost.tracking import Tracker
     from rlpost.warmup import builtin_model
-    from rlpost.workers.rollout_worker import RolloutWorker
     from rlpost.workers.trainer_worker import TrainerGroup
-    from rollout.vllm import VLLMEngineConfig
     from trainers.fsdp import FSDPEngineConfig
 
     device = resolve_device(cfg.trainer.device)
     run_dir = make_run_dir(cfg)
 
-    started_ray = False
-    if not ray.is_initialized():
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
-        else:
-            groups = 1 + cfg.algo.needs_reference + cfg.algo.needs_critic
-            needed = groups * cfg.trainer.world_size * cfg.trainer.num_cpus_per_worker
-            needed += cfg.rollout.num_cpus
-            ray.init(
-                num_cpus=max(os.cpu_count() or 1, int(needed + 0.999)),
-                include_dashboard=False,
-                log_to_driver=True,
-                logging_level=logging.WARNING,
-            )
-        started_ray = True
+    # Joins RAY_ADDRESS's cluster (a Ray job) or starts a local Ray; reserves
+    # one placement-group bundle per worker (trainer.placement).
+    started_ray, placement = start(cfg, device.ray_resource)
 
     t = cfg.trainer
 
@@ -165,6 +152,7 @@ def train(cfg: Config) -> RunResult:
         lr_warmup_steps: int,
         kind: str = "policy",
         trainable: bool = True,
+        role: str = "policy",
     ) -> TrainerGroup:
         engine_cfg = FSDPEngineConfig(
             model_path=model_path,
@@ -182,12 +170,14 @@ def train(cfg: Config) -> RunResult:
             trainable=trainable,
         )
         return TrainerGroup(
-            engine_cfg, t.world_size, t.num_cpus_per_worker, t.threads, device.ray_resource, kind
-        )
+            engine_cfg, t.world_size, t.num_cpus_per_worker, t.threads, device.ray_resource, kind,
+            scheduling=placement.scheduling(role),
+        )  # fmt: skip
 
     workers: list[Any] = []
     tracker: Tracker | None = None
     try:
+        placement.save(run_dir)
         model_path = cfg.model.path or builtin_model(cfg, make_trainer)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         if tokenizer.pad_token_id is None:
@@ -201,24 +191,25 @@ def train(cfg: Config) -> RunResult:
         workers.append(policy)
         reference = critic = None
         if cfg.algo.needs_reference:
-            reference = make_trainer(model_path, t.lr, 0, kind="policy", trainable=False)
+            reference = make_trainer(
+                model_path, t.lr, 0, kind="policy", trainable=False, role="reference"
+            )
             workers.append(reference)
         if cfg.algo.needs_critic:
-            critic = make_trainer(model_path, t.critic_lr, t.lr_warmup_steps, kind="critic")
+            critic = make_trainer(
+                model_path, t.critic_lr, t.lr_warmup_steps, kind="critic", role="critic"
+            )
             workers.append(critic)
         r = cfg.rollout
-        engine_cfg = VLLMEngineConfig(
-            model_path=model_path,
-            dtype=cfg.model.dtype,
-            max_model_len=r.max_model_len,
-            kv_cache_gib=r.kv_cache_gib,
-            gpu_memory_utilization=r.gpu_memory_utilization,
-            enforce_eager=r.enforce_eager,
-            seed=t.seed,
-            device=device.kind,
+        rollout = RolloutGroup(
+            engine_config(cfg, model_path, device.kind),
+            replicas=r.replicas,
+            num_cpus=r.num_cpus,
+            threads=t.threads,
+            device_opts=device.ray_resource,
+            engine=r.name,
+            scheduling=placement.scheduling("rollout"),
         )
-        actor = ray.remote(num_cpus=r.num_cpus, **device.ray_resource)(RolloutWorker)
-        rollout = actor.remote(engine_cfg, t.threads)
         tracker = Tracker(run_dir, list(t.logger), t.total_steps, to_dict(cfg))
         scorer = RewardScorer(reward_fn, dict(cfg.reward.weights) or None)
         controller = Controller(
@@ -234,6 +225,7 @@ def train(cfg: Config) -> RunResult:
         for group in workers:
             group.close()
         if rollout is not None:
-            ray.kill(rollout)
+            rollout.close()
+        placement.remove()
         if started_ray:
             ray.shutdown()

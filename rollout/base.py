@@ -1,7 +1,9 @@
 """What every rollout engine takes and returns.
 
 An engine is any object with ``generate``, ``load_weights``, ``stats`` (see
-``RolloutEngine``); a Ray actor in ``rlpost/workers`` wraps one.
+``RolloutEngine``); the async form (``AsyncRolloutEngine``) adds
+``agenerate`` for one request and ``aload_weights``, which a Ray actor in
+``rlpost/workers`` awaits so requests from many callers interleave.
 """
 
 from __future__ import annotations
@@ -49,3 +51,15 @@ class RolloutEngine(Protocol):
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
 
     def stats(self) -> dict[str, float]: ...
+
+    def reset_prefix_cache(self) -> None: ...
+
+
+class AsyncRolloutEngine(RolloutEngine, Protocol):
+    async def agenerate(self, request: GenerationRequest) -> GenerationResult:
+        """One request; concurrent calls share the engine (continuous batching)."""
+        ...
+
+    async def aload_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load weights once the requests in flight finish; new ones wait meanwhile."""
+        ...

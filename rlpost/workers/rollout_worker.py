@@ -1,32 +1,66 @@
-"""Ray shell around one rollout engine (a replica)."""
+"""Ray shell around one rollout engine (a replica).
+
+An asyncio actor: every ``generate`` / ``generate_one`` call awaits the
+engine's ``agenerate``, so calls from several callers (or one caller's
+concurrent calls) are served by the same running batch.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import os
+import time
+from collections import deque
 from typing import Any
 
 import torch
 
+from rollout.base import GenerationRequest, GenerationResult
+
+
+def prompt_hash(prompt_ids: list[int]) -> str:
+    """A short stable digest of a prompt's token ids."""
+    data = b"".join(i.to_bytes(4, "little") for i in prompt_ids)
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
+
 
 class RolloutWorker:
-    def __init__(self, engine_cfg: Any, threads: int):
+    # Most recent requests remembered for ``served()``.
+    SERVED_LOG = 100_000
+
+    def __init__(self, engine_cfg: Any, threads: int, engine: str = "vllm"):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # vLLM's per-reload INFO/WARNING lines drown the progress bar.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         torch.set_num_threads(threads)
-        from rollout.vllm import VLLMEngine
+        from rollout.registry import build_engine
 
-        self.engine = VLLMEngine(engine_cfg)
+        self.engine = build_engine(engine, engine_cfg)
+        self._served: deque[tuple[str | None, str]] = deque(maxlen=self.SERVED_LOG)
 
-    def generate(self, requests: list) -> list:
-        return self.engine.generate(requests)
+    def ready(self) -> bool:
+        return True
 
-    def load_weights(self, named_tensors: list) -> float:
-        import time
+    async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        return list(await asyncio.gather(*(self.generate_one(r) for r in requests)))
 
+    async def generate_one(self, request: GenerationRequest) -> GenerationResult:
+        self._served.append((request.session_id, prompt_hash(request.prompt_ids)))
+        return await self.engine.agenerate(request)
+
+    async def load_weights(self, named_tensors: list) -> float:
+        """Seconds until the new weights are in, including waiting for requests in flight."""
         start = time.perf_counter()
-        self.engine.load_weights(named_tensors)
+        await self.engine.aload_weights(named_tensors)
         return time.perf_counter() - start
 
     def stats(self) -> dict[str, float]:
         return self.engine.stats()
+
+    def reset_prefix_cache(self) -> None:
+        self.engine.reset_prefix_cache()
+
+    def served(self) -> list[tuple[str | None, str]]:
+        """``(session_id, prompt_hash)`` of each request received, oldest first."""
+        return list(self._served)

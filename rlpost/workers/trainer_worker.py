@@ -39,7 +39,11 @@ class TrainerWorker:
 
 class TrainerGroup:
     """``world_size`` ranks of one engine kind (``policy`` or ``critic``); data-parallel
-    calls split the batch into equal shards."""
+    calls split the batch into equal shards.
+
+    ``scheduling`` (one Ray scheduling strategy per rank, e.g. a placement-group
+    bundle from ``rlpost.placement``) says where each rank runs; None lets Ray choose.
+    """
 
     def __init__(
         self,
@@ -49,9 +53,14 @@ class TrainerGroup:
         threads: int,
         device_opts: dict,
         kind: str = "policy",
+        scheduling: list[Any] | None = None,
     ):
         cls = ray.remote(num_cpus=num_cpus, **device_opts)(TrainerWorker)
-        self.workers: list[Any] = [cls.remote(threads) for _ in range(world_size)]
+        where = scheduling or [None] * world_size
+        assert len(where) == world_size, "one scheduling strategy per rank"
+        self.workers: list[Any] = [
+            cls.options(scheduling_strategy=s).remote(threads) for s in where
+        ]
         self.world_size = world_size
         init_method = ray.get(self.workers[0].address.remote())
         sizes = ray.get(

@@ -1,7 +1,22 @@
-"""A vLLM engine behind the rollout interface (runs in-process on CPU)."""
+"""A vLLM engine behind the rollout interface, in-process, sync and async.
+
+Built on vLLM V1's ``LLMEngine`` (``add_request`` / ``step``) run in this
+process. ``generate`` steps the engine until a batch is done; ``agenerate``
+adds one request and awaits it while a single asyncio task steps the engine,
+so requests from many sessions arriving at different times share every
+forward pass (continuous batching) and reuse each other's cached prefixes.
+
+Why not ``vllm.v1.engine.async_llm.AsyncLLM``: in vLLM 0.32 it always runs
+the engine core in a separate process (it refuses asyncio without
+multiprocessing) and, on CPU, a further executor process; it took 19 s to
+start the micro test model against 2 s in-process, and a Ray actor per
+replica would carry two more processes on a two-core machine.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import os
 import time
 from collections.abc import Iterable
@@ -23,14 +38,58 @@ class VLLMEngineConfig:
     enforce_eager: bool = True
     seed: int = 0
     device: str = "cpu"
+    # Tokens per KV-cache block; prefix caching reuses whole blocks only.
+    # None: vLLM's default (128 on CPU, 16 on GPU).
+    block_size: int | None = None
+    # LoRA adapter serving (rollout.lora_sync=adapter): the adapter's rank, 0 = off.
+    lora: int = 0
+
+
+class _PrefixCacheCounter:
+    """Totals of vLLM's per-step prefix-cache stats (prompt tokens looked up / found cached).
+
+    Handed to vLLM as a per-engine stat logger (the factory returns this one
+    object), so the totals belong to this engine even with several in a process.
+    """
+
+    def __init__(self) -> None:
+        self.queries = 0
+        self.hits = 0
+
+    def record(
+        self,
+        scheduler_stats: Any,
+        iteration_stats: Any,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
+        stats = getattr(scheduler_stats, "prefix_cache_stats", None)
+        if stats is not None:
+            self.queries += stats.queries
+            self.hits += stats.hits
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+    def log(self) -> None:
+        pass
+
+    def record_sleep_state(self, is_awake: int, level: int) -> None:
+        pass
 
 
 class VLLMEngine:
-    """Wraps ``vllm.LLM``; returns token ids, text and per-token sampling log-probs."""
+    """One vLLM replica: token ids, text and per-token sampling log-probs.
+
+    Log-probs are of the processed distribution (after temperature), the one
+    the trainer recomputes. Prefix caching is on; ``stats()`` reports its
+    hit rate (cached prompt tokens / prompt tokens looked up).
+    """
 
     def __init__(self, cfg: VLLMEngineConfig):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        from vllm import LLM
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
 
         start = time.perf_counter()
         self.cfg = cfg
@@ -44,61 +103,205 @@ class VLLMEngine:
             # Log-probs after temperature, as the trainer computes them.
             logprobs_mode="processed_logprobs",
             worker_extension_cls="rollout.vllm.worker_ext.WeightSyncExtension",
+            disable_log_stats=False,  # the prefix-cache counter needs scheduler stats
         )
+        if cfg.block_size is not None:
+            kwargs["block_size"] = cfg.block_size
         if cfg.device == "cpu":
             kwargs["kv_cache_memory_bytes"] = int(cfg.kv_cache_gib * 2**30)
         else:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
-        self.llm = LLM(**kwargs)
-        self.tokenizer = self.llm.get_tokenizer()
+        self._cache = _PrefixCacheCounter()
+        if cfg.lora:
+            kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=_lora_slot(cfg.lora))
+        self._lora_request: Any = None  # set by load_lora_adapter
+        self._lora_dir: str | None = None
+        self._lora_version = 0
+        counter: Any = lambda vllm_config, engine_index=0: self._cache  # noqa: E731
+        self.engine = LLMEngine.from_engine_args(EngineArgs(**kwargs), stat_loggers=[counter])
+        self.tokenizer = self.engine.get_tokenizer()
+        self._ids = itertools.count()
+        self._done: dict[str, Any] = {}  # finished outputs of sync requests
+        self._waiting: dict[str, asyncio.Future] = {}  # async requests
+        self._stepper: asyncio.Task | None = None
+        self._open = asyncio.Event()  # cleared while weights load
+        self._open.set()
         self._requests = 0
         self._weight_loads = 0
         self.start_s = time.perf_counter() - start
 
-    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
+    # -- sync path ---------------------------------------------------------
 
-        prompts = [TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests]
-        params = [
-            SamplingParams(
-                n=r.sampling.n,
-                temperature=r.sampling.temperature,
-                top_p=r.sampling.top_p,
-                max_tokens=r.sampling.max_tokens,
-                seed=r.sampling.seed,
-                logprobs=0,
-            )
-            for r in requests
-        ]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        self._requests += len(requests)
-        results = []
-        for req, out in zip(requests, outputs):
-            completions = []
-            for c in out.outputs:
-                ids = list(c.token_ids)
-                # logprobs=0 returns the sampled token's log-prob at every position.
-                lps = [step[tok].logprob for step, tok in zip(c.logprobs or [], ids) if step]
-                completions.append(
-                    Completion(
-                        token_ids=ids,
-                        logprobs=lps,
-                        text=c.text,
-                        finish_reason="length" if c.finish_reason == "length" else "stop",
-                    )
-                )
-            results.append(
-                GenerationResult(prompt_ids=list(req.prompt_ids), completions=completions)
-            )
-        return results
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Generate a batch and return results in input order (blocks)."""
+        ids = [self._add(r) for r in requests]
+        pending = set(ids)
+        while pending:
+            self._step()
+            pending -= self._done.keys()
+        return [_result(r, self._done.pop(i)) for r, i in zip(requests, ids)]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load new weights in place; call with no request in flight."""
+        if self.engine.has_unfinished_requests():
+            raise RuntimeError("load_weights with requests in flight; use aload_weights")
         weights = [(name, t.detach().to("cpu").contiguous()) for name, t in named_tensors]
-        self.llm.collective_rpc("rlpost_load_weights", args=(weights,))
+        self.engine.collective_rpc("rlpost_load_weights", args=(weights,))
         # Cached prefixes were computed by the old weights.
-        self.llm.reset_prefix_cache()
+        self.engine.reset_prefix_cache()
+        self._weight_loads += 1
+
+    def reset_prefix_cache(self) -> None:
+        """Forget cached prefixes (the hit-rate counters keep their totals)."""
+        if not self.engine.reset_prefix_cache():
+            raise RuntimeError("prefix cache not reset: requests are in flight")
+
+    # -- async path --------------------------------------------------------
+
+    async def agenerate(self, request: GenerationRequest) -> GenerationResult:
+        """Generate one request, sharing forward passes with all others in flight."""
+        await self._open.wait()
+        rid = self._add(request)
+        future = asyncio.get_running_loop().create_future()
+        self._waiting[rid] = future
+        if self._stepper is None or self._stepper.done():
+            self._stepper = asyncio.create_task(self._step_loop())
+        return _result(request, await future)
+
+    async def aload_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Pause new requests, let those in flight finish, load, resume."""
+        self._open.clear()
+        try:
+            while self._stepper is not None and not self._stepper.done():
+                await asyncio.shield(self._stepper)
+            self.load_weights(named_tensors)
+        finally:
+            self._open.set()
+
+    async def _step_loop(self) -> None:
+        try:
+            while self._waiting:
+                self._step()
+                # Let newly arrived requests join before the next step.
+                await asyncio.sleep(0)
+        except Exception as e:  # hand the engine's error to every waiting request
+            for future in self._waiting.values():
+                if not future.done():
+                    future.set_exception(e)
+            self._waiting.clear()
+            raise
+
+    # -- shared ------------------------------------------------------------
+
+    def _add(self, request: GenerationRequest) -> str:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        s = request.sampling
+        params = SamplingParams(
+            n=s.n,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            max_tokens=s.max_tokens,
+            seed=s.seed,
+            logprobs=0,
+            # One output per request, holding all n samples, once every sample is done.
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        rid = str(next(self._ids))
+        self.engine.add_request(
+            rid,
+            TokensPrompt(prompt_token_ids=request.prompt_ids),
+            params,
+            lora_request=self._lora_request,
+        )
+        self._requests += 1
+        return rid
+
+    def _step(self) -> None:
+        for out in self.engine.step():
+            if not out.finished:
+                continue
+            future = self._waiting.pop(out.request_id, None)
+            if future is None:
+                self._done[out.request_id] = out
+            elif not future.done():
+                future.set_result(out)
+
+    # -- LoRA adapter sync (rollout.lora_sync=adapter) ---------------------------
+    def load_lora_adapter(self, adapter: str | tuple[dict[str, torch.Tensor], dict] | None) -> None:
+        """Serve every later request with this LoRA adapter on top of the base weights.
+
+        ``adapter`` is a PEFT adapter directory, or ``(tensors, adapter_config)`` as
+        ``FSDPEngine.adapter_weights()`` returns them (written to a private temp dir,
+        since vLLM loads adapters from disk). Each call replaces the previous adapter;
+        ``None`` goes back to the base weights alone.
+        """
+        import json
+        import tempfile
+
+        from vllm.lora.request import LoRARequest
+
+        if not self.cfg.lora:
+            raise ValueError("load_lora_adapter needs VLLMEngineConfig(lora=RANK > 0)")
+        if adapter is None:
+            self._lora_request = None
+            self.engine.reset_prefix_cache()
+            return
+        if isinstance(adapter, str):
+            path = adapter
+        else:
+            from safetensors.torch import save_file
+
+            tensors, config = adapter
+            if self._lora_dir is None:
+                self._lora_dir = tempfile.mkdtemp(prefix="rlpost-lora-")
+            path = os.path.join(self._lora_dir, f"v{self._lora_version + 1}")
+            os.makedirs(path)
+            save_file(
+                {k: v.detach().cpu().contiguous() for k, v in tensors.items()},
+                os.path.join(path, "adapter_model.safetensors"),
+            )
+            with open(os.path.join(path, "adapter_config.json"), "w") as f:
+                json.dump(config, f)
+        self._lora_version += 1
+        # A new name and id per version: vLLM caches adapters by id.
+        self._lora_request = LoRARequest(f"policy-v{self._lora_version}", self._lora_version, path)
+        self.engine.reset_prefix_cache()
         self._weight_loads += 1
 
     def stats(self) -> dict[str, float]:
-        return {"requests": float(self._requests), "weight_loads": float(self._weight_loads)}
+        queries, hits = self._cache.queries, self._cache.hits
+        return {
+            "requests": float(self._requests),
+            "weight_loads": float(self._weight_loads),
+            "prefix_cache_queries": float(queries),
+            "prefix_cache_hits": float(hits),
+            "prefix_cache_hit_rate": hits / queries if queries else 0.0,
+        }
+
+
+def _result(request: GenerationRequest, out: Any) -> GenerationResult:
+    completions = []
+    for c in out.outputs:
+        ids = list(c.token_ids)
+        # logprobs=0 returns the sampled token's log-prob at every position.
+        lps = [step[tok].logprob for step, tok in zip(c.logprobs or [], ids) if step]
+        completions.append(
+            Completion(
+                token_ids=ids,
+                logprobs=lps,
+                text=c.text,
+                finish_reason="length" if c.finish_reason == "length" else "stop",
+            )
+        )
+    return GenerationResult(prompt_ids=list(request.prompt_ids), completions=completions)
+
+
+def _lora_slot(rank: int) -> int:
+    """The smallest rank vLLM allocates (1, 8, 16, ...) that holds ``rank``."""
+    for slot in (1, 8, 16, 32, 64, 128, 256, 320, 512):
+        if rank <= slot:
+            return slot
+    raise ValueError(f"LoRA rank {rank} is above vLLM's largest (512)")

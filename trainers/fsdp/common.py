@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from algos import LossNorm
 from trainers.batch import TrajectoryBatch
@@ -42,17 +43,93 @@ def init_distributed(device: str, backend: str, rank: int, world_size: int, init
     return torch.device(device)
 
 
-def shard(model: torch.nn.Module, layers: torch.nn.ModuleList) -> None:
-    """FSDP2: one shard group per transformer layer, then the rest of the model."""
-    from torch.distributed.fsdp import fully_shard
+def shard(
+    model: torch.nn.Module,
+    layers: torch.nn.ModuleList,
+    *,
+    offload: bool = False,
+    mixed_precision: str = "none",
+) -> None:
+    """FSDP2: one shard group per transformer layer, then the rest of the model.
 
+    ``offload`` keeps the sharded parameters, their gradients and so the
+    optimizer step and state on the CPU (``CPUOffloadPolicy``); each layer's
+    parameters are copied to the device for its forward and backward.
+    ``mixed_precision="bf16"`` computes in bf16 and reduces gradients in fp32
+    while the sharded master weights and the optimizer stay fp32.
+    """
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    kwargs: dict = {}
+    if offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    if mixed_precision == "bf16":
+        kwargs["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+        )
+    elif mixed_precision != "none":
+        raise ValueError(f"mixed_precision={mixed_precision!r}: expected 'none' or 'bf16'")
     for layer in layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
 
 
-def micro_batches(batch: TrajectoryBatch, size: int) -> list[TrajectoryBatch]:
-    return [batch.select(slice(i, i + size)).trim() for i in range(0, len(batch), size)]
+def row_lengths(batch: TrajectoryBatch) -> list[int]:
+    """Tokens per row (right padding: the attention mask is a prefix of ones)."""
+    return [int(n) for n in batch.attention_mask_bt.sum(dim=1).tolist()]
+
+
+def micro_batches(
+    batch: TrajectoryBatch, size: int, tokens: int = 0, packed: bool = False
+) -> list[TrajectoryBatch]:
+    """Consecutive groups of rows, in order, each trimmed of all-padding columns.
+
+    ``tokens == 0``: groups of ``size`` rows. ``tokens > 0``: greedy groups whose
+    cost stays within ``tokens``, where the cost is what the forward pass
+    processes: the sum of row lengths when ``packed``, rows x longest row
+    otherwise. A row longer than the budget gets a group of its own.
+    """
+    if tokens <= 0:
+        return [batch.select(slice(i, i + size)).trim() for i in range(0, len(batch), size)]
+    groups: list[TrajectoryBatch] = []
+    start, longest, total = 0, 0, 0
+    for i, n in enumerate(row_lengths(batch)):
+        rows = i - start + 1
+        cost = total + n if packed else rows * max(longest, n)
+        if i > start and cost > tokens:
+            groups.append(batch.select(slice(start, i)).trim())
+            start, longest, total = i, 0, 0
+        longest, total = max(longest, n), total + n
+    groups.append(batch.select(slice(start, len(batch))).trim())
+    return groups
+
+
+def pack(mb: TrajectoryBatch) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Concatenate the rows' tokens into one (1, sum of lengths) row without padding.
+
+    Returns ``(ids_1T, position_ids_1T, lengths)``; positions restart at 0 for
+    each sample. With no attention mask, transformers reads the restarts as
+    sample boundaries and masks attention block-diagonally (causal within a
+    sample, nothing across samples); the packing tests check that log-probs
+    and gradients equal the padded path's.
+    """
+    lengths = row_lengths(mb)
+    ids = torch.cat([mb.input_ids_bt[i, :n] for i, n in enumerate(lengths)])
+    pos = torch.cat([torch.arange(n) for n in lengths])
+    return ids[None], pos[None], lengths
+
+
+def unpack(values_1T: torch.Tensor, lengths: list[int], width: int) -> torch.Tensor:
+    """Inverse of ``pack`` for per-token values: (1, T) -> (b, width), 0 in padding.
+
+    Position 0 of each row is set to 0: in the packed row it holds a
+    prediction from the previous sample's last token.
+    """
+    rows = []
+    for chunk in torch.split(values_1T[0], lengths):
+        row = F.pad(chunk[1:], (1, width - len(chunk)))
+        rows.append(row)
+    return torch.stack(rows)
 
 
 def global_norm(batch: TrajectoryBatch, norm_const: float) -> LossNorm:
@@ -71,9 +148,15 @@ def global_norm(batch: TrajectoryBatch, norm_const: float) -> LossNorm:
 class Updater:
     """AdamW with linear LR warm-up and gradient clipping, one step per call."""
 
-    def __init__(self, model: torch.nn.Module, cfg: OptimConfig, world_size: int, micro_size: int):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cfg: OptimConfig,
+        world_size: int,
+        split: Callable[[TrajectoryBatch], list[TrajectoryBatch]],
+    ):
         self.model, self.cfg = model, cfg
-        self.world_size, self.micro_size = world_size, micro_size
+        self.world_size, self.split = world_size, split
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
             lr=cfg.lr,
@@ -98,7 +181,7 @@ class Updater:
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
         loss_sum = 0.0
-        for mb in micro_batches(batch, self.micro_size):
+        for mb in self.split(batch):
             loss, metrics = loss_fn(mb, norm)
             # FSDP averages gradients over ranks; the loss is already a global
             # mean, so undo the average.

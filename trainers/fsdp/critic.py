@@ -54,12 +54,21 @@ class CriticEngine:
         torch.manual_seed(cfg.seed)
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.device = init_distributed(cfg.device, cfg.backend, rank, world_size, init_method)
+        cfg.check()
         body = AutoModel.from_pretrained(cfg.model_path, dtype=DTYPES[cfg.dtype])
+        if cfg.gradient_checkpointing:
+            body.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
         model = ValueModel(body, body.config.hidden_size).to(self.device)
-        shard(model, body.layers)
+        shard(model, body.layers, offload=cfg.param_offload, mixed_precision=cfg.mixed_precision)
         self.model = model
-        self.updater = Updater(model, cfg.optim(), world_size, cfg.micro_batch_size)
+        # The critic always runs padded; a token budget still shapes its micro-batches.
+        self.updater = Updater(model, cfg.optim(), world_size, self._micro_batches)
         self.num_params = sum(p.numel() for p in model.parameters())
+
+    def _micro_batches(self, batch: TrajectoryBatch) -> list[TrajectoryBatch]:
+        return micro_batches(batch, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens)
 
     @torch.no_grad()
     def values(self, batch: TrajectoryBatch) -> torch.Tensor:
@@ -67,7 +76,7 @@ class CriticEngine:
         self.model.eval()
         out = torch.zeros(batch.input_ids_bt.shape, dtype=torch.float32)
         start = 0
-        for mb in micro_batches(batch, self.cfg.micro_batch_size):
+        for mb in self._micro_batches(batch):
             v = self.model(mb.input_ids_bt.to(self.device), mb.attention_mask_bt.to(self.device))
             out[start : start + len(mb), : v.shape[1]] = v.cpu()
             start += len(mb)
@@ -119,6 +128,23 @@ class CriticEngine:
         )
         out["timing/critic_update_s"] = time.perf_counter() - start
         return out
+
+    def save_checkpoint(self, path: str) -> str:
+        """Sharded model, optimizer, LR schedule and RNG states, atomically. Collective."""
+        from trainers.fsdp.state import save_engine
+
+        u = self.updater
+        save_engine(
+            path, self.model, u.optimizer, u.scheduler, self.cfg, self.rank, self.world_size, False
+        )
+        return str(path)
+
+    def load_checkpoint(self, path: str) -> None:
+        from trainers.fsdp.state import load_engine
+
+        load_engine(
+            path, self.model, self.updater.optimizer, self.updater.scheduler, self.rank, False
+        )
 
     def close(self) -> None:
         if dist.is_initialized():

@@ -14,7 +14,9 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -38,8 +40,19 @@ from trainers.fsdp.common import (
     Updater,
     init_distributed,
     micro_batches,
+    pack,
     run_epochs,
     shard,
+    unpack,
+)
+from trainers.fsdp.lora import (
+    LoraSettings,
+    adapter_config,
+    adapter_tensors,
+    apply_lora,
+    decoder_layers,
+    merged_hf_weights,
+    save_adapter,
 )
 
 
@@ -58,6 +71,27 @@ class FSDPEngineConfig:
     threads: int = 1
     lr_warmup_steps: int = 0
     trainable: bool = True  # False: a frozen reference policy (no optimizer state)
+    lora: LoraSettings = field(default_factory=LoraSettings)  # rank 0: full fine-tuning
+    gradient_checkpointing: bool = False  # recompute layer activations in backward
+    param_offload: bool = False  # FSDP2 CPUOffloadPolicy: params, grads, optimizer on CPU
+    optimizer_offload: bool = False  # only together with param_offload (FSDP2 offers no other)
+    micro_batch_tokens: int = 0  # > 0: micro-batches by token budget, not micro_batch_size
+    packing: bool = False  # one unpadded row per micro-batch, positions restart per sample
+    mixed_precision: str = "none"  # "bf16": bf16 compute, fp32 master weights and reduction
+
+    def check(self) -> None:
+        """Raise on settings that cannot work together, saying what to change."""
+        if self.optimizer_offload and not self.param_offload:
+            raise ValueError(
+                "optimizer_offload=True: FSDP2 offloads the optimizer state together with the "
+                "parameters (CPUOffloadPolicy); set param_offload=True as well"
+            )
+        if self.mixed_precision not in ("none", "bf16"):
+            raise ValueError(f"mixed_precision={self.mixed_precision!r}: expected none or bf16")
+        if self.mixed_precision == "bf16" and self.dtype != "float32":
+            raise ValueError(
+                "mixed_precision=bf16 keeps fp32 master weights: load the model with dtype=float32"
+            )
 
     def optim(self) -> OptimConfig:
         return OptimConfig(
@@ -89,20 +123,39 @@ class FSDPEngine:
     def __init__(self, cfg: FSDPEngineConfig, rank: int, world_size: int, init_method: str):
         from transformers import AutoModelForCausalLM
 
+        cfg.check()
         torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.device = init_distributed(cfg.device, cfg.backend, rank, world_size, init_method)
         model = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=DTYPES[cfg.dtype])
         model.to(self.device)  # type: ignore[arg-type]
+        if cfg.gradient_checkpointing:
+            # Non-reentrant checkpointing needs no input that requires grad,
+            # which matters under LoRA where the embeddings are frozen.
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        if cfg.lora.enabled:
+            model = apply_lora(model, cfg.lora, cfg.model_path)
         if not cfg.trainable:
             model.requires_grad_(False)
-        shard(model, model.model.layers)
+        shard(
+            model,
+            decoder_layers(model),
+            offload=cfg.param_offload,
+            mixed_precision=cfg.mixed_precision,
+        )
         self.model = model
         self.updater = (
-            Updater(model, cfg.optim(), world_size, cfg.micro_batch_size) if cfg.trainable else None
+            Updater(model, cfg.optim(), world_size, self._micro_batches) if cfg.trainable else None
         )
         self.num_params = sum(p.numel() for p in model.parameters())
+        self.num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+    def _micro_batches(self, batch: TrajectoryBatch) -> list[TrajectoryBatch]:
+        c = self.cfg
+        return micro_batches(batch, c.micro_batch_size, c.micro_batch_tokens, c.packing)
 
     # -- forward passes -------------------------------------------------------
     def _logits(self, mb: TrajectoryBatch, temperature: float) -> torch.Tensor:
@@ -111,18 +164,69 @@ class FSDPEngine:
         logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
         return logits.float() / temperature
 
+    def _token_stats(
+        self, mb: TrajectoryBatch, temperature: float, entropy_grad: bool | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (b, t) of ``mb``'s tokens and, unless ``entropy_grad`` is None, the
+        entropy (b, t) of each position's predictive distribution (with grad if True).
+
+        Packed (``cfg.packing``): one forward pass over the concatenated samples,
+        no padding tokens; values are scattered back to the padded layout.
+        """
+        if not self.cfg.packing:
+            ids = mb.input_ids_bt.to(self.device)
+            logits = self._logits(mb, temperature)
+            logp = token_logprobs(logits, ids)
+            entropy = None
+            if entropy_grad is not None:
+                with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                    entropy = F.pad(entropy_from_logits(logits[:, :-1]), (1, 0))
+            return logp, entropy
+        ids_1T, pos_1T, lengths = pack(mb)
+        ids_1T, pos_1T = ids_1T.to(self.device), pos_1T.to(self.device)
+        logits = self.model(input_ids=ids_1T, position_ids=pos_1T, use_cache=False).logits
+        logits = logits.float() / temperature
+        width = mb.input_ids_bt.shape[1]
+        logp = unpack(token_logprobs(logits, ids_1T), lengths, width)
+        entropy = None
+        if entropy_grad is not None:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                ent_1T = F.pad(entropy_from_logits(logits[:, :-1]), (1, 0))
+                entropy = unpack(ent_1T, lengths, width)
+        return logp, entropy
+
+    @contextmanager
+    def _adapter_off(self, disable: bool) -> Iterator[None]:
+        if not disable:
+            yield
+            return
+        if not self.cfg.lora.enabled:
+            raise ValueError("disable_adapter=True needs a LoRA engine (lora.rank > 0)")
+        with self.model.disable_adapter():  # type: ignore[operator]
+            yield
+
     @torch.no_grad()
-    def logprobs(self, batch: TrajectoryBatch, temperature: float = 1.0) -> torch.Tensor:
-        """Log-probs (b, t) of this rank's batch under the current weights (0 off the response)."""
+    def logprobs(
+        self, batch: TrajectoryBatch, temperature: float = 1.0, disable_adapter: bool = False
+    ) -> torch.Tensor:
+        """Log-probs (b, t) of this rank's batch under the current weights (0 off the response).
+
+        ``disable_adapter=True`` (LoRA only) scores with the base model, i.e. the
+        frozen reference policy of a KL term, without a second copy of the model.
+        """
         self.model.eval()
         out = torch.zeros(batch.input_ids_bt.shape, dtype=torch.float32)
         start = 0
-        for mb in micro_batches(batch, self.cfg.micro_batch_size):
-            ids = mb.input_ids_bt.to(self.device)
-            logp = token_logprobs(self._logits(mb, temperature), ids).cpu()
-            out[start : start + len(mb), : logp.shape[1]] = logp
-            start += len(mb)
+        with self._adapter_off(disable_adapter):
+            for mb in self._micro_batches(batch):
+                logp = self._token_stats(mb, temperature, None)[0].cpu()
+                out[start : start + len(mb), : logp.shape[1]] = logp
+                start += len(mb)
         return out * batch.response_mask_bt
+
+    def ref_logprobs(self, batch: TrajectoryBatch, temperature: float = 1.0) -> torch.Tensor:
+        """Reference-policy log-probs of a LoRA engine: the base model, adapter disabled."""
+        return self.logprobs(batch, temperature, disable_adapter=True)
 
     @torch.no_grad()
     def greedy_match(self, batch: TrajectoryBatch) -> torch.Tensor:
@@ -167,10 +271,9 @@ class FSDPEngine:
 
         def loss_fn(mb: TrajectoryBatch, norm: LossNorm):
             assert mb.old_logp_bt is not None and mb.advantages_bt is not None
-            ids = mb.input_ids_bt.to(self.device)
             mask = mb.response_mask_bt.to(self.device).float()
-            logits = self._logits(mb, temperature)
-            logp = token_logprobs(logits, ids)
+            logp, entropy = self._token_stats(mb, temperature, reg.entropy_coef != 0)
+            assert entropy is not None
             loss, metrics = policy_loss(
                 logp,
                 mb.old_logp_bt.to(self.device),
@@ -179,8 +282,6 @@ class FSDPEngine:
                 loss_cfg,
                 norm,
             )
-            with torch.set_grad_enabled(reg.entropy_coef != 0):
-                entropy = F.pad(entropy_from_logits(logits[:, :-1]), (1, 0))
             metrics["actor/entropy"] = float(masked_mean(entropy.detach(), mask))
             if reg.entropy_coef != 0:
                 loss = loss - reg.entropy_coef * aggregate(entropy, mask, loss_cfg.agg, norm)
@@ -208,21 +309,83 @@ class FSDPEngine:
         """One supervised step: token-mean NLL of the response tokens."""
 
         def loss_fn(mb: TrajectoryBatch, norm: LossNorm):
-            ids = mb.input_ids_bt.to(self.device)
-            logp = token_logprobs(self._logits(mb, 1.0), ids)
+            logp = self._token_stats(mb, 1.0, None)[0]
             return sft_loss(logp, mb.response_mask_bt.to(self.device).float(), norm)
 
         return self._updater().step(batch, loss_fn, 1.0, "sft")
 
     # -- weights --------------------------------------------------------------
-    def named_weights(self) -> list[tuple[str, torch.Tensor]] | None:
-        """Full HF-named weights on rank 0 (None elsewhere). Collective: call on every rank."""
-        out = []
+    def _full_state(self) -> dict[str, torch.Tensor] | None:
+        """Every tensor of the (possibly PEFT-wrapped) model, gathered on rank 0. Collective."""
+        out = {}
         for name, tensor in self.model.state_dict().items():
             full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
             if self.rank == 0:
-                out.append((name, full.detach().cpu()))
+                out[name] = full.detach().cpu()
         return out if self.rank == 0 else None
+
+    def named_weights(self, merged: bool = True) -> list[tuple[str, torch.Tensor]] | None:
+        """Full HF-named weights on rank 0 (None elsewhere). Collective: call on every rank.
+
+        Under LoRA the adapter is folded in (``W + alpha/r * B A``) and the names are
+        the base model's, so an engine without LoRA support loads them as they are
+        (``rollout.lora_sync=merged``). ``merged=False`` is refused under LoRA: the
+        unmerged view is ``adapter_weights``.
+        """
+        state = self._full_state()
+        if self.cfg.lora.enabled and not merged:
+            raise ValueError("named_weights(merged=False) under LoRA: use adapter_weights()")
+        if state is None:
+            return None
+        if self.cfg.lora.enabled:
+            state = merged_hf_weights(state, self.cfg.lora)
+        return list(state.items())
+
+    def adapter_weights(self) -> tuple[dict[str, torch.Tensor], dict] | None:
+        """The LoRA adapter on rank 0 as ``(tensors, peft_config)`` (None elsewhere).
+
+        Tensor names are PEFT's on-disk names (``...q_proj.lora_A.weight``) and
+        ``peft_config`` is the ``adapter_config.json`` content, so a rollout engine
+        with LoRA support (``rollout.lora_sync=adapter``) can write and load it.
+        Collective: call on every rank.
+        """
+        if not self.cfg.lora.enabled:
+            raise ValueError("adapter_weights() needs a LoRA engine (lora.rank > 0)")
+        state = self._full_state()
+        if state is None:
+            return None
+        return adapter_tensors(state), adapter_config(self.model)
+
+    def save_adapter(self, out_dir: str) -> str | None:
+        """Write the adapter as a PEFT directory on rank 0 (vLLM's ``LoRARequest`` path)."""
+        got = self.adapter_weights()
+        if got is None:
+            return None
+        return str(save_adapter(out_dir, *got))
+
+    # -- checkpoints ------------------------------------------------------------
+    def save_checkpoint(self, path: str) -> str:
+        """Write sharded model (the adapter only, under LoRA), optimizer, LR schedule and
+        RNG states to ``path``, atomically. Collective: call on every rank."""
+        from trainers.fsdp.state import save_engine
+
+        opt = self.updater.optimizer if self.updater else None
+        sched = self.updater.scheduler if self.updater else None
+        frozen_base = self.cfg.lora.enabled
+        save_engine(path, self.model, opt, sched, self.cfg, self.rank, self.world_size, frozen_base)
+        return str(path)
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restore ``save_checkpoint``'s state into this freshly built engine. Collective.
+
+        The engine must be built with the same model path and LoRA settings; the
+        world size may differ (DCP reshards; RNG states then come from rank 0).
+        """
+        from trainers.fsdp.state import load_engine
+
+        opt = self.updater.optimizer if self.updater else None
+        sched = self.updater.scheduler if self.updater else None
+        load_engine(path, self.model, opt, sched, self.rank, self.cfg.lora.enabled)
 
     def save_hf(self, out_dir: str, tokenizer_dir: str | None = None) -> str | None:
         """Write the policy as an HF model directory (atomically, rank 0). Collective."""

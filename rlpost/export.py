@@ -1,0 +1,90 @@
+"""Export a training checkpoint as a Hugging Face model directory (LoRA merged).
+
+    python -m rlpost.export CHECKPOINT OUT_DIR
+
+CHECKPOINT is a run checkpoint (``run_dir/checkpoints/step_N``, whose
+``policy/`` is used) or an engine checkpoint directory. The result loads with
+``AutoModelForCausalLM.from_pretrained`` and with vLLM; the tokenizer is
+copied from the base model the run trained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+
+def engine_dir(checkpoint: str | Path) -> Path:
+    path = Path(checkpoint)
+    if (path / "policy" / "engine.json").exists():
+        return path / "policy"
+    if (path / "engine.json").exists():
+        return path
+    raise FileNotFoundError(
+        f"{checkpoint}: no engine checkpoint here (expected engine.json or policy/engine.json)"
+    )
+
+
+def export(checkpoint: str | Path, out_dir: str | Path) -> Path:
+    """Write the checkpoint's policy to ``out_dir`` as an HF model, atomically."""
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainers.fsdp.common import DTYPES
+    from trainers.fsdp.lora import LoraSettings, apply_lora
+    from trainers.fsdp.state import read_meta
+
+    src = engine_dir(checkpoint)
+    meta = read_meta(src)
+    cfg = meta["config"]
+    base = cfg["model_path"]
+    lora_raw = dict(cfg["lora"])
+    if isinstance(lora_raw["target_modules"], list):
+        lora_raw["target_modules"] = tuple(lora_raw["target_modules"])
+    lora = LoraSettings(**lora_raw)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=DTYPES[cfg["dtype"]])
+    if lora.enabled:
+        model = apply_lora(model, lora, base)
+    state = model.state_dict()
+    if meta["frozen_base"]:  # the checkpoint holds the adapter; the base comes from `base`
+        state = {k: v for k, v in state.items() if ".lora_A." in k or ".lora_B." in k}
+    # No process group: DCP reads every shard into these tensors, in place.
+    dcp.load({"model": state}, checkpoint_id=str(src / "state"))
+    if lora.enabled:
+        model = model.merge_and_unload()  # type: ignore[operator]
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        tmp.chmod(0o755)
+        model.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(base).save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rlpost.export", description=__doc__)
+    parser.add_argument("checkpoint", help="run_dir/checkpoints/step_N or an engine checkpoint")
+    parser.add_argument("out_dir", help="where to write the HF model directory")
+    args = parser.parse_args(argv)
+    try:
+        path = export(args.checkpoint, args.out_dir)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""Rollout engines by name (``rollout.name``): each entry an engine class and its config."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from rollout.base import AsyncRolloutEngine
+
+# name -> "module:EngineClass"; imported on use so each backend stays optional.
+ENGINES: dict[str, str] = {
+    "vllm": "rollout.vllm.engine:VLLMEngine",
+    "hf": "rollout.hf.engine:HFEngine",
+}
+
+
+def build_engine(name: str, cfg: Any) -> AsyncRolloutEngine:
+    """The engine ``name`` built from its config (``VLLMEngineConfig``, ``HFEngineConfig``)."""
+    if name not in ENGINES:
+        raise KeyError(f"unknown rollout engine {name!r}; choose one of {sorted(ENGINES)}")
+    module, cls = ENGINES[name].split(":")
+    return getattr(importlib.import_module(module), cls)(cfg)

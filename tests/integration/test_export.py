@@ -1,0 +1,96 @@
+"""``python -m rlpost.export``: a checkpoint (LoRA or full) becomes an HF model that
+transformers and real vLLM load and that reproduces the trainer."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from engine_utils import advantages, engine, free_port, hf_logprobs, make_batch, spawn
+
+from algos import PolicyLossConfig
+from rlpost.checkpoint import CheckpointManager
+from rlpost.tiny import build_tiny_model
+from trainers.fsdp.lora import LoraSettings
+
+VARIANTS = {"full": {}, "lora": {"lora": LoraSettings(rank=8, alpha=16.0)}}
+
+
+def _train_and_save(rank: int, model_dir: str, port: int, variant: str, run_dir: str, out: str):
+    eng = engine(model_dir, rank, 1, port, lr=5e-2, micro_batch_size=8, **VARIANTS[variant])
+    batch = make_batch()
+    batch.advantages_bt = advantages(batch)
+    for _ in range(3):
+        batch.old_logp_bt = eng.logprobs(batch)
+        eng.update_policy(batch, PolicyLossConfig())
+    manager = CheckpointManager(run_dir, keep_last=1)
+    manager.atomic_write(3, lambda tmp: eng.save_checkpoint(str(tmp / "policy")))
+    torch.save({"logp": eng.logprobs(make_batch(seed=5))}, out)
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return str(build_tiny_model("micro", tmp_path_factory.mktemp("exp") / "m", 0, init_std=0.3))
+
+
+def _export(model_dir: str, tmp: Path, variant: str) -> tuple[Path, torch.Tensor]:
+    run_dir = tmp / "run"
+    spawn(_train_and_save, (model_dir, free_port(), variant, str(run_dir), str(tmp / "t.pt")))
+    step = CheckpointManager(run_dir, 1).latest()
+    assert step is not None
+    out = tmp / "hf"
+    cmd = [sys.executable, "-m", "rlpost.export", str(step), str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return out, torch.load(tmp / "t.pt")["logp"]
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_export_loads_in_transformers_and_matches_the_trainer(variant, model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out, trainer_logp = _export(model_dir, tmp_path, variant)
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    # plain HF names: no peft prefixes, no adapter tensors
+    assert not any("lora" in k or "base_layer" in k for k in model.state_dict())
+    batch = make_batch(seed=5)
+    # merged, W + (alpha/r) B A is rounded to fp32 once; the trainer adds the two
+    # branches' outputs instead: log-probs of ~-5 then differ by a few 1e-6 relative
+    torch.testing.assert_close(hf_logprobs(model, batch), trainer_logp, rtol=0, atol=1e-4)
+    base = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    assert (hf_logprobs(base, batch) - trainer_logp).abs().max() > 1e-2  # it trained
+    assert AutoTokenizer.from_pretrained(out).eos_token == "<|end|>"
+
+
+def test_export_cli_names_a_missing_checkpoint(tmp_path):
+    cmd = [sys.executable, "-m", "rlpost.export", str(tmp_path / "nope"), str(tmp_path / "o")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "no engine checkpoint" in proc.stderr
+
+
+def test_exported_lora_model_generates_in_vllm_like_transformers(model_dir, tmp_path):
+    pytest.importorskip("vllm")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rollout.base import GenerationRequest, SamplingConfig
+    from rollout.vllm import VLLMEngine, VLLMEngineConfig
+
+    out, _ = _export(model_dir, tmp_path, "lora")
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    prompts = [tokenizer.encode(p) for p in ("12+7=", "hello", "99+1=")]
+    threads = torch.get_num_threads()
+    llm = VLLMEngine(VLLMEngineConfig(model_path=str(out), kv_cache_gib=0.0625))
+    torch.set_num_threads(threads)
+    greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=8)
+    results = llm.generate([GenerationRequest(p, greedy) for p in prompts])
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    for prompt, res in zip(prompts, results):
+        ids = model.generate(
+            torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None
+        )[0, len(prompt) :].tolist()
+        got = res.completions[0].token_ids
+        assert got == ids[: len(got)] and len(got) >= 1

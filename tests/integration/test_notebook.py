@@ -1,0 +1,96 @@
+"""The notebook API: ``compose`` + ``train`` in one process, and ``examples/quickstart.ipynb``.
+
+Both use a tiny random model (``model.path``) so they neither depend on nor
+build the cached built-in model; the notebook's own default is the built-in one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("vllm")
+
+from rlpost.tiny import build_tiny_model  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+NOTEBOOK = REPO / "examples" / "quickstart.ipynb"
+
+
+def small_run(model: Path, run_dir: Path | None, steps: int) -> list[str]:
+    out = [
+        "algo=grpo", f"model.path={model}", f"trainer.total_steps={steps}",
+        "trainer.val_every=1", "data.prompts_per_step=4", "rollout.n=2", "data.val_size=8",
+        "rollout.kv_cache_gib=0.0625",
+    ]  # fmt: skip
+    return out + ([f"trainer.run_dir={run_dir}"] if run_dir else [])
+
+
+def test_train_twice_in_one_process(tmp_path: Path):
+    """A second ``train`` in the same process works: the first left no Ray behind."""
+    import ray
+
+    from rlpost import compose, train
+
+    model = build_tiny_model("micro", tmp_path / "model", seed=0)
+    cwd = os.getcwd()
+    assert not ray.is_initialized()
+    results = []
+    for i, steps in enumerate((1, 2)):
+        cfg = compose(small_run(model, tmp_path / f"run{i}", steps))
+        results.append(train(cfg))
+        assert os.getcwd() == cwd
+        assert not ray.is_initialized()  # it started Ray, so it stopped it
+    for (i, result), steps in zip(enumerate(results), (1, 2)):
+        assert result.run_dir == tmp_path / f"run{i}"
+        assert [h["step"] for h in result.history] == list(range(steps + 1))
+        assert all("val/accuracy" in h for h in result.history)
+        assert Path(result.final_model, "config.json").exists()
+    # The second run's replica followed its own trainer, not a leftover one.
+    assert results[1].history[-1]["rollout/logprob_abs_diff_max"] < 1e-3
+
+
+def test_quickstart_notebook_runs_end_to_end(tmp_path: Path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    model = build_tiny_model("micro", tmp_path / "model", seed=0)
+    # As papermill does: a cell after the one tagged "parameters" overrides them.
+    index = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+    extra = small_run(model, None, 2)[2:]  # the notebook sets algo and the step count itself
+    nb.cells.insert(index + 1, nbformat.v4.new_code_cell(f"STEPS = 2\nOVERRIDES = {extra!r}"))
+    env_before = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"  # the kernel inherits it: no progress bars in outputs
+    try:
+        client = nbclient.NotebookClient(
+            nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+        )
+        client.execute()
+    finally:
+        if env_before is None:
+            os.environ.pop("TQDM_DISABLE")
+        else:
+            os.environ["TQDM_DISABLE"] = env_before
+
+    def text(cell) -> str:
+        return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    # The run wrote under the notebook's directory (the default run_dir is relative).
+    train_cell = next(c for c in code if "result = train(cfg)" in c.source)
+    final = re.search(r"final model: (\S+)", text(train_cell))
+    assert final and Path(final.group(1)).is_relative_to(tmp_path)
+    assert (Path(final.group(1)) / "config.json").exists()
+    plot_cell = next(c for c in code if "plt.show()" in c.source)
+    assert any("image/png" in o.get("data", {}) for o in plot_cell.outputs)
+    acc_cell = next(c for c in code if "val/accuracy:" in c.source)
+    match = re.search(r"val/accuracy: ([0-9.]+) at step 0 -> ([0-9.]+) at step 2", text(acc_cell))
+    assert match and all(0.0 <= float(g) <= 1.0 for g in match.groups()), text(acc_cell)
+    sample_cell = next(c for c in code if "model.generate" in c.source)
+    lines = text(sample_cell).splitlines()
+    assert [line.split("=")[0] for line in lines] == ["12+34", "57+8", "99+99", "40+21"]

@@ -1,0 +1,134 @@
+"""Memory and speed switches change nothing numerically: packed sequences, token-budget
+micro-batches, gradient checkpointing and CPU offload give the padded fixed-count
+path's log-probs and gradients.
+
+Shapes: b = samples, t = tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_utils import advantages, engine, free_port, full_grads, make_batch, spawn
+
+from algos import PolicyLossConfig
+from rlpost.tiny import build_tiny_model
+from trainers.fsdp.common import micro_batches, pack, unpack
+from trainers.fsdp.engine import RegularizerConfig
+from trainers.fsdp.lora import LoraSettings
+
+# name -> engine settings; "padded" (8 rows in one padded micro-batch) is the reference
+VARIANTS = {
+    "padded": dict(micro_batch_size=8),
+    "packed": dict(micro_batch_size=8, packing=True),
+    "packed_micro": dict(micro_batch_size=3, packing=True),
+    "tokens_padded": dict(micro_batch_tokens=20),
+    "tokens_packed": dict(micro_batch_tokens=20, packing=True),
+    "checkpointing": dict(micro_batch_size=3, gradient_checkpointing=True),
+    "offload": dict(micro_batch_size=3, param_offload=True, optimizer_offload=True),
+    "lora_padded": dict(micro_batch_size=8, lora=LoraSettings(rank=4)),
+    "lora_packed_ckpt": dict(
+        micro_batch_size=3, packing=True, gradient_checkpointing=True, lora=LoraSettings(rank=4)
+    ),
+}
+REG = RegularizerConfig(entropy_coef=0.01)  # the entropy path is packed too
+
+
+def _worker(rank: int, model_dir: str, port: int, out: str) -> None:
+    """Every variant in one process (they share its process group): log-probs and the
+    gradients of one update step, with the parameters seen before it."""
+    results = {}
+    for name, kw in VARIANTS.items():
+        eng = engine(model_dir, rank, 1, port, lr=1e-4, **kw)
+        batch = make_batch()
+        batch.advantages_bt = advantages(batch)
+        # B = 0 at init would give lora_A no gradient: nudge B so both get one
+        for n, p in eng.model.named_parameters():
+            if ".lora_B." in n:
+                with torch.no_grad():
+                    p.fill_(0.01)
+        batch.old_logp_bt = eng.logprobs(batch)
+        metrics = eng.update_policy(batch, PolicyLossConfig(), reg=REG)
+        results[name] = {"logp": batch.old_logp_bt, "grads": full_grads(eng.model), "m": metrics}
+        del eng
+    torch.save(results, out)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return str(build_tiny_model("micro", tmp_path_factory.mktemp("pack") / "m", 0, init_std=0.3))
+
+
+@pytest.fixture(scope="module")
+def results(model_dir, tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("pack_run") / "out.pt"
+    spawn(_worker, (model_dir, free_port(), str(out)))
+    return torch.load(out, weights_only=False)
+
+
+def test_token_budget_groups_rows_greedily():
+    # row lengths 7, 7, 9, 7, 9, 6, 13, 4 (prompt + response of LENGTHS)
+    batch = make_batch()
+    # padded cost = rows x longest: 7,14 | 27>20 -> [0,1]; 9,18 | 27 -> [2,3];
+    # 9,18 | 39 -> [4,5]; 13 | 26 -> [6]; [7]
+    assert [len(mb) for mb in micro_batches(batch, 8, tokens=20)] == [2, 2, 2, 1, 1]
+    # packed cost = sum of lengths: 7,14 | 23 -> [0,1]; 9,16 | 25 -> [2,3];
+    # 9,15 | 28 -> [4,5]; 13,17 -> [6,7]
+    assert [len(mb) for mb in micro_batches(batch, 8, tokens=20, packed=True)] == [2, 2, 2, 2]
+    # a row over the budget gets its own group instead of failing
+    assert [len(mb) for mb in micro_batches(batch, 8, tokens=5, packed=True)] == [1] * 8
+
+
+def test_pack_has_no_padding_and_restarts_positions():
+    batch = make_batch(lengths=[(1, 2), (2, 3)])  # lengths 3 and 5
+    ids_1T, pos_1T, lengths = pack(batch)
+    assert lengths == [3, 5]
+    assert pos_1T.tolist() == [[0, 1, 2, 0, 1, 2, 3, 4]]
+    assert ids_1T[0, 3:].tolist() == batch.input_ids_bt[1].tolist()
+    # unpack zeroes each row's first position (a prediction across the boundary)
+    vals_1T = torch.arange(1.0, 9.0)[None]
+    assert unpack(vals_1T, lengths, 6).tolist() == [[0, 2, 3, 0, 0, 0], [0, 5, 6, 7, 8, 0]]
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v not in ("padded", "lora_padded")])
+def test_variant_matches_the_padded_path(variant, results):
+    ref = results["lora_padded" if variant.startswith("lora") else "padded"]
+    got = results[variant]
+    mask = make_batch().response_mask_bt.bool()
+    torch.testing.assert_close(got["logp"][mask], ref["logp"][mask], rtol=0, atol=1e-5)
+    assert got["grads"].keys() == ref["grads"].keys() and ref["grads"]
+    for name, g in ref["grads"].items():
+        torch.testing.assert_close(got["grads"][name], g, rtol=1e-5, atol=1e-6, msg=name)
+    for key in ("actor/loss", "actor/entropy", "actor/grad_norm"):
+        assert got["m"][key] == pytest.approx(ref["m"][key], rel=1e-5), key
+    # not vacuous: the step has gradients of a real size
+    assert ref["m"]["actor/grad_norm"] > 1e-3
+
+
+def _bf16_worker(rank: int, model_dir: str, port: int, out: str) -> None:
+    eng = engine(model_dir, rank, 1, port, device="cuda", backend="nccl", mixed_precision="bf16")
+    batch = make_batch()
+    batch.advantages_bt = advantages(batch)
+    batch.old_logp_bt = eng.logprobs(batch)
+    metrics = eng.update_policy(batch, PolicyLossConfig())
+    dtypes = {p.dtype for p in eng.model.parameters()}
+    torch.save({"logp": batch.old_logp_bt, "m": metrics, "dtypes": dtypes}, out)
+    eng.close()
+
+
+@pytest.mark.gpu
+def test_bf16_mixed_precision_keeps_fp32_master_weights(model_dir, tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from engine_utils import hf_logprobs
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "bf16.pt"
+    spawn(_bf16_worker, (model_dir, free_port(), str(out)))
+    got = torch.load(out, weights_only=False)
+    assert got["dtypes"] == {torch.float32}
+    ref = hf_logprobs(AutoModelForCausalLM.from_pretrained(model_dir).eval(), make_batch())
+    mask = make_batch().response_mask_bt.bool()
+    err = (got["logp"][mask] - ref[mask]).abs().max()
+    assert 0 < err < 0.1  # bf16 rounding, not a different model
+    assert torch.isfinite(torch.tensor(got["m"]["actor/grad_norm"]))

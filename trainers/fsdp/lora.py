@@ -1,0 +1,131 @@
+"""LoRA through PEFT: wrapping, and the two weight views a rollout engine needs.
+
+Legend: o = output features, i = input features, r = LoRA rank.
+
+A PEFT-wrapped model names its tensors ``base_model.model.<hf name>`` and
+splits each adapted linear layer into ``<layer>.base_layer.weight`` and
+``<layer>.lora_{A,B}.<adapter>.weight``. ``merged_hf_weights`` folds the
+adapter into the base weights under the plain HF names (what an engine
+without LoRA loads); ``adapter_tensors`` returns the adapter alone under the
+names PEFT writes to ``adapter_model.safetensors`` (what vLLM's LoRA loads).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+PEFT_PREFIX = "base_model.model."
+ADAPTER = "default"
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    rank: int = 0  # 0: no adapter, full fine-tuning
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: str | tuple[str, ...] = "all-linear"
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    @property
+    def scaling(self) -> float:
+        """PEFT's scale of the update: W + (alpha / r) B A."""
+        return self.alpha / self.rank
+
+    def peft_config(self, base_model_path: str | None = None):
+        from peft import LoraConfig
+
+        targets = self.target_modules
+        return LoraConfig(
+            r=self.rank,
+            lora_alpha=self.alpha,  # type: ignore[arg-type]
+            lora_dropout=self.dropout,
+            target_modules=targets if isinstance(targets, str) else list(targets),
+            task_type="CAUSAL_LM",
+            base_model_name_or_path=base_model_path,
+        )
+
+
+def apply_lora(model: torch.nn.Module, lora: LoraSettings, base_model_path: str):
+    """Wrap ``model`` in a PEFT LoRA model; only ``lora_A``/``lora_B`` require grad."""
+    from peft import get_peft_model
+
+    peft_model = get_peft_model(model, lora.peft_config(base_model_path))  # type: ignore[arg-type]
+    trainable = [n for n, p in peft_model.named_parameters() if p.requires_grad]
+    bad = [n for n in trainable if ".lora_A." not in n and ".lora_B." not in n]
+    if bad or not trainable:
+        raise RuntimeError(f"LoRA left non-adapter parameters trainable: {bad[:5]}")
+    return peft_model
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The transformer blocks (one FSDP2 shard group each), under a PEFT wrapper or not."""
+    inner = model.base_model.model if hasattr(model, "peft_config") else model  # type: ignore[union-attr]
+    return inner.model.layers  # type: ignore[union-attr,return-value]
+
+
+def _is_adapter(name: str) -> bool:
+    return ".lora_A." in name or ".lora_B." in name
+
+
+def merged_hf_weights(
+    state: dict[str, torch.Tensor], lora: LoraSettings
+) -> dict[str, torch.Tensor]:
+    """HF-named weights with ``W + scaling * B @ A`` folded in (full tensors in, full out).
+
+    The product is formed in float32, as PEFT's own merge does for low
+    precisions, and cast back to the base weight's dtype.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if not _is_adapter(name):
+            out[name.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")] = tensor
+    suffix_a = f".lora_A.{ADAPTER}.weight"
+    for name, a_ri in state.items():
+        if not name.endswith(suffix_a):
+            continue
+        module = name[: -len(suffix_a)]
+        b_or = state[f"{module}.lora_B.{ADAPTER}.weight"]
+        hf = module.removeprefix(PEFT_PREFIX) + ".weight"
+        w_oi = out[hf]
+        delta_oi = lora.scaling * (b_or.float() @ a_ri.float())
+        out[hf] = (w_oi.float() + delta_oi).to(w_oi.dtype)
+    return out
+
+
+def adapter_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapter alone, named as in PEFT's ``adapter_model.safetensors``."""
+    return {
+        name.replace(f".{ADAPTER}.", "."): tensor
+        for name, tensor in state.items()
+        if _is_adapter(name)
+    }
+
+
+def adapter_config(peft_model: torch.nn.Module) -> dict:
+    """``adapter_config.json`` content of a live PEFT model, JSON-safe.
+
+    Taken from the wrapped model, so ``all-linear`` is already resolved to the
+    module names it matched (what vLLM needs to place the adapter).
+    """
+    config = peft_model.peft_config[ADAPTER].to_dict()  # type: ignore[index,operator,union-attr]
+    return {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
+
+
+def save_adapter(out_dir: str | Path, tensors: dict[str, torch.Tensor], config: dict) -> Path:
+    """Write a PEFT adapter directory (``adapter_config.json`` + safetensors)."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(
+        {k: v.contiguous() for k, v in tensors.items()}, str(out / "adapter_model.safetensors")
+    )
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=1))
+    return out
