@@ -383,6 +383,7 @@ def trl_worker(spec_path: str) -> None:
     mod_spec = importlib.util.spec_from_file_location("arith", spec["arith_py"])
     assert mod_spec is not None and mod_spec.loader is not None
     arith = importlib.util.module_from_spec(mod_spec)
+    sys.modules["arith"] = arith  # dataclasses look their module up there
     mod_spec.loader.exec_module(arith)
 
     samples = spec["prompts"] * spec["n"]
@@ -498,49 +499,39 @@ def raw_worker(spec_path: str) -> None:
 
 
 def raw_generate(spec: dict, s: Setup) -> tuple[dict[str, Any], dict[str, list]]:
-    """Median seconds to generate each batch with a bare in-process vLLM engine.
+    """Median seconds to generate each batch with a bare in-process ``vllm.LLM``.
 
     The engine has rlpost's replica settings (rollout/vllm/engine.py,
     configs/rollout/vllm.yaml) and asks for the sampled tokens' log-probs, as
     an RL step needs. Returns the timings and, per batch, the last batch's
     ``(prompt + completion ids, prompt length)`` for the raw training step.
     """
-    from vllm import SamplingParams
-    from vllm.engine.arg_utils import EngineArgs
+    from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
-    from vllm.v1.engine.llm_engine import LLMEngine
 
-    engine = LLMEngine.from_engine_args(
-        EngineArgs(
-            model=spec["model"],
-            dtype="float32",
-            max_model_len=256,
-            enforce_eager=True,
-            seed=SEED,
-            enable_prefix_caching=True,
-            logprobs_mode="processed_logprobs",
-            kv_cache_memory_bytes=int(0.25 * 2**30),
-        )
+    llm = LLM(
+        model=spec["model"],
+        dtype="float32",
+        max_model_len=256,
+        enforce_eager=True,
+        seed=SEED,
+        enable_prefix_caching=True,
+        logprobs_mode="processed_logprobs",
+        kv_cache_memory_bytes=int(0.25 * 2**30),
     )
-    next_id = iter(range(10**9))
 
     def generate(prompt_ids: list[list[int]], n: int, seed: int) -> tuple[float, list]:
         params = SamplingParams(
             n=n, temperature=s.temperature, top_p=1.0, max_tokens=s.max_tokens, seed=seed,
             logprobs=0,
         )  # fmt: skip
+        prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
         start = time.perf_counter()
-        for ids in prompt_ids:
-            engine.add_request(str(next(next_id)), TokensPrompt(prompt_token_ids=ids), params)
-        done = {}
-        while engine.has_unfinished_requests():
-            for o in engine.step():
-                if o.finished:
-                    done[o.request_id] = o
+        outs = llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - start
-        outs = sorted(done.values(), key=lambda o: int(o.request_id))
         seqs = [(list(o.prompt_token_ids) + list(c.token_ids), len(o.prompt_token_ids))
                 for o in outs for c in o.outputs]  # fmt: skip
+        assert len(seqs) == n * len(prompt_ids), (len(seqs), n, len(prompt_ids))
         return elapsed, seqs
 
     results: dict[str, Any] = {}

@@ -159,6 +159,9 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
+    lora_sync: Literal["merged", "adapter"] = spec(
+        "merged", help="with model.lora: send merged weights, or the adapter itself (vLLM LoRA)"
+    )
     name: Literal["vllm", "hf"] = spec(
         "vllm", help="generation engine (hf: transformers generate, the portable reference)"
     )
@@ -288,6 +291,11 @@ def _cross_checks(cfg: Config) -> list[str]:
         )
     if a.advantage.estimator == "gdpo" and len(cfg.reward.weights) < 2:
         problems.append("reward.weights: gdpo needs at least two named rewards with weights")
+    if cfg.rollout.lora_sync == "adapter" and cfg.rollout.name != "vllm":
+        problems.append(
+            f"rollout.lora_sync=adapter: rollout.name={cfg.rollout.name} serves no LoRA adapters; "
+            "use rollout.lora_sync=merged"
+        )
     if a.overlong.enabled and a.overlong.buffer > cfg.rollout.max_tokens:
         problems.append(
             f"algo.overlong.buffer={a.overlong.buffer}: must be <= rollout.max_tokens={cfg.rollout.max_tokens}"

@@ -345,6 +345,8 @@ class Controller:
         metrics.update(logprob_parity(batch))
         if w.reference is not None:
             batch.ref_logp_bt = w.reference.logprobs(batch, temperature=self.sampling.temperature)
+        elif self.cfg.algo.needs_reference:  # LoRA: the base model is the reference
+            batch.ref_logp_bt = w.policy.ref_logprobs(batch, temperature=self.sampling.temperature)
         if w.critic is not None:
             batch.old_values_bt = w.critic.values(batch)
 
@@ -381,7 +383,10 @@ class Controller:
 
     def sync_weights(self) -> float:
         start = time.perf_counter()
-        self.workers.rollout.load_weights(self.workers.policy.weights_ref())
+        if self.cfg.model.lora.rank and self.cfg.rollout.lora_sync == "adapter":
+            self.workers.rollout.load_lora_adapter(self.workers.policy.adapter_ref())
+        else:
+            self.workers.rollout.load_weights(self.workers.policy.weights_ref())
         return time.perf_counter() - start
 
     def validate(self) -> dict[str, float]:

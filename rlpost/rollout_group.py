@@ -144,6 +144,19 @@ class RolloutGroup:
         ray.get([w.load_weights.remote(ref) for w in self.workers])
         return time.perf_counter() - start
 
+    def load_lora_adapter(self, adapter: Any) -> float:
+        """Serve later requests with this LoRA adapter (``rollout.lora_sync=adapter``).
+
+        ``adapter``: an ObjectRef to ``(tensors, peft_config)`` as the trainer's
+        ``adapter_weights()`` returns them; every replica fetches the one copy.
+        """
+        import time
+
+        start = time.perf_counter()
+        ref = adapter if isinstance(adapter, ray.ObjectRef) else ray.put(adapter)
+        ray.get([w.load_lora_adapter.remote(ref) for w in self.workers])
+        return time.perf_counter() - start
+
     def check_health(self, timeout_s: float = 10.0) -> list[bool]:
         """Ping every replica; mark each healthy or not by whether it answers."""
         refs = [w.ready.remote() for w in self.workers]
@@ -215,4 +228,5 @@ def engine_config(cfg: Any, model_path: str, device_kind: str) -> Any:
         seed=cfg.trainer.seed,
         device=device_kind,
         block_size=r.block_size,
+        lora=cfg.model.lora.rank if r.lora_sync == "adapter" else 0,
     )

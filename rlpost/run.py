@@ -133,7 +133,7 @@ def train(cfg: Config) -> RunResult:
     from rlpost.tracking import Tracker
     from rlpost.warmup import builtin_model
     from rlpost.workers.trainer_worker import TrainerGroup
-    from trainers.fsdp import FSDPEngineConfig
+    from trainers.fsdp import FSDPEngineConfig, LoraSettings
 
     device = resolve_device(cfg.trainer.device)
     run_dir = make_run_dir(cfg)
@@ -145,6 +145,18 @@ def train(cfg: Config) -> RunResult:
     t = cfg.trainer
 
     rollout: Any = None
+
+    m = cfg.model
+    lora = LoraSettings(
+        rank=m.lora.rank,
+        alpha=m.lora.alpha,
+        dropout=m.lora.dropout,
+        target_modules=(
+            m.lora.target_modules
+            if isinstance(m.lora.target_modules, str)
+            else tuple(m.lora.target_modules)
+        ),
+    )
 
     def make_trainer(
         model_path: str,
@@ -168,6 +180,13 @@ def train(cfg: Config) -> RunResult:
             threads=t.threads,
             lr_warmup_steps=lr_warmup_steps,
             trainable=trainable,
+            lora=lora if role == "policy" else LoraSettings(),
+            gradient_checkpointing=m.gradient_checkpointing,
+            param_offload=m.param_offload,
+            optimizer_offload=m.optimizer_offload,
+            micro_batch_tokens=t.micro_batch_tokens,
+            packing=t.packing and kind == "policy",
+            mixed_precision=t.mixed_precision,
         )
         return TrainerGroup(
             engine_cfg, t.world_size, t.num_cpus_per_worker, t.threads, device.ray_resource, kind,
@@ -190,7 +209,8 @@ def train(cfg: Config) -> RunResult:
         policy = make_trainer(model_path, t.lr, t.lr_warmup_steps)
         workers.append(policy)
         reference = critic = None
-        if cfg.algo.needs_reference:
+        # Under LoRA the reference is the policy with its adapter disabled: no copy.
+        if cfg.algo.needs_reference and not lora.enabled:
             reference = make_trainer(
                 model_path, t.lr, 0, kind="policy", trainable=False, role="reference"
             )

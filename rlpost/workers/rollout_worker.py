@@ -55,6 +55,17 @@ class RolloutWorker:
         await self.engine.aload_weights(named_tensors)
         return time.perf_counter() - start
 
+    async def load_lora_adapter(self, adapter: Any) -> float:
+        """Seconds to swap in a new LoRA adapter, after the requests in flight finish."""
+        start = time.perf_counter()
+        load = getattr(self.engine, "aload_lora_adapter", None)
+        if load is None:
+            raise ValueError(
+                "rollout.lora_sync=adapter needs an engine with LoRA (rollout.name=vllm)"
+            )
+        await load(adapter)
+        return time.perf_counter() - start
+
     def stats(self) -> dict[str, float]:
         return self.engine.stats()
 

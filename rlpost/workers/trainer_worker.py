@@ -99,6 +99,16 @@ class TrainerGroup:
     def update_sft(self, batch: TrajectoryBatch) -> dict[str, float]:
         return _mean_metrics(self._sharded("update_sft", batch))
 
+    def ref_logprobs(self, batch: TrajectoryBatch, temperature: float) -> torch.Tensor:
+        """Reference log-probs of a LoRA policy: the same model with the adapter disabled."""
+        return torch.cat(self._sharded("ref_logprobs", batch, temperature=temperature), dim=0)
+
+    def adapter_ref(self) -> ray.ObjectRef:
+        """An object-store reference to rank 0's LoRA adapter ``(tensors, peft_config)``."""
+        refs = [w.call.remote("adapter_weights") for w in self.workers]
+        ray.get(refs[1:])
+        return refs[0]
+
     def weights_ref(self) -> ray.ObjectRef:
         """An object-store reference to rank 0's full weights (one copy, fetched by replicas)."""
         refs = [w.call.remote("named_weights") for w in self.workers]

@@ -178,6 +178,16 @@ class VLLMEngine:
         finally:
             self._open.set()
 
+    async def aload_lora_adapter(self, adapter: Any) -> None:
+        """Pause new requests, let those in flight finish, swap the adapter, resume."""
+        self._open.clear()
+        try:
+            while self._stepper is not None and not self._stepper.done():
+                await asyncio.shield(self._stepper)
+            self.load_lora_adapter(adapter)
+        finally:
+            self._open.set()
+
     async def _step_loop(self) -> None:
         try:
             while self._waiting:
