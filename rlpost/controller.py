@@ -28,6 +28,12 @@ from algos import (
     truncated_is_weight,
     zero_std_groups,
 )
+from rlpost.checkpoint import (
+    CheckpointManager,
+    load_driver_state,
+    resolve_resume,
+    save_driver_state,
+)
 from rlpost.config import Config
 from rlpost.data import PromptStream
 from rlpost.result import RunResult
@@ -86,6 +92,7 @@ class Controller:
         self.cfg, self.run_dir, self.workers = cfg, run_dir, workers
         self.tokenizer, self.scorer, self.tracker = tokenizer, scorer, tracker
         self.val_rows = val_rows
+        self.ckpt = CheckpointManager(run_dir, cfg.trainer.keep_last)
         self.stream = PromptStream(
             train_rows, seed=cfg.trainer.seed, batch_size=cfg.data.prompts_per_step
         )
@@ -121,16 +128,19 @@ class Controller:
     # -- the loop ---------------------------------------------------------------
     def run(self) -> RunResult:
         t = self.cfg.trainer
-        self.tracker.log(0, self.validate())
+        first = self.restore() + 1
+        if first == 1:
+            self.tracker.log(0, self.validate())
         one_step_off = t.async_mode == "one_step_off" and self.cfg.algo.name != "sft"
         steps: Iterator[dict[str, float]]
+        todo = range(first, t.total_steps + 1)
         if self.cfg.algo.name == "sft":
-            steps = (self.sft_step(step) for step in range(1, t.total_steps + 1))
+            steps = (self.sft_step(step) for step in todo)
         elif one_step_off:
-            steps = self.one_step_off_steps(t.total_steps)
+            steps = self.one_step_off_steps(first, t.total_steps)
         else:
-            steps = (self.rl_step(step, self.collect(step)) for step in range(1, t.total_steps + 1))
-        for step, metrics in enumerate(steps, start=1):
+            steps = (self.rl_step(step, self.collect(step)) for step in todo)
+        for step, metrics in zip(todo, steps):
             if (t.val_every and step % t.val_every == 0) or step == t.total_steps:
                 if one_step_off and step < t.total_steps:
                     # The replica still has the previous weights; this load queues
@@ -138,10 +148,12 @@ class Controller:
                     self.sync_weights()
                 metrics.update(self.validate())
             self.tracker.log(step, metrics)
+            if t.save_every and (step % t.save_every == 0 or step == t.total_steps):
+                self.save_checkpoint(step)
         final = self.workers.policy.save_hf(str(self.run_dir / "final")) if t.save_final else None
         return RunResult(self.run_dir, self.tracker.history, final)
 
-    def one_step_off_steps(self, total: int) -> Iterator[dict[str, float]]:
+    def one_step_off_steps(self, first: int, total: int) -> Iterator[dict[str, float]]:
         """Generation of step k+1 overlaps the update of step k.
 
         The batch trained at step k was sampled with the weights the trainer had
@@ -149,8 +161,8 @@ class Controller:
         This generator is the only loop that decides when to stop; the rollout
         side is a single request in flight, joined here.
         """
-        pending = self.launch(1)
-        for step in range(1, total + 1):
+        pending = self.launch(first)
+        for step in range(first, total + 1):
             wait_start = time.perf_counter()
             rollouts, metrics = self.finish(pending)
             metrics["timing/generate_wait_s"] = time.perf_counter() - wait_start
@@ -232,6 +244,47 @@ class Controller:
             float(batch.attention_mask_bt.sum()) / metrics["timing/step_s"]
         )
         return metrics
+
+    # -- checkpoints ----------------------------------------------------------------
+    def save_checkpoint(self, step: int) -> None:
+        """Engines, data position, KL coefficient and RNG, atomically (run_dir/checkpoints).
+
+        In one_step_off mode the next step's generation runs with the weights of
+        the previous step; a resumed run regenerates it with the same seed from
+        the checkpoint's weights, so exact resume holds for ``sync`` mode.
+        """
+        w = self.workers
+
+        def write(tmp: Path) -> None:
+            w.policy.save_checkpoint(str(tmp / "policy"))
+            if w.critic is not None:
+                w.critic.save_checkpoint(str(tmp / "critic"))
+            state = {"step": step, "stream": self.stream.state_dict(), "kl_coef": self.kl_ctl.value}
+            save_driver_state(tmp, state)
+
+        start = time.perf_counter()
+        self.ckpt.atomic_write(step, write)
+        self.ckpt.prune()
+        log.info("checkpoint of step %d written in %.1f s", step, time.perf_counter() - start)
+
+    def restore(self) -> int:
+        """Load ``trainer.resume``'s checkpoint, if any; returns its step (0 if none)."""
+        t = self.cfg.trainer
+        path = resolve_resume(t.resume, self.run_dir, t.keep_last)
+        if path is None:
+            self.tracker.truncate(-1)  # a fresh run in a used directory starts a new log
+            return 0
+        w = self.workers
+        w.policy.load_checkpoint(str(path / "policy"))
+        if w.critic is not None:
+            w.critic.load_checkpoint(str(path / "critic"))
+        state = load_driver_state(path)
+        self.stream.load_state_dict(state["stream"])
+        self.kl_ctl.value = state["kl_coef"]
+        self.sync_weights()
+        self.tracker.truncate(state["step"])
+        log.info("resumed from %s (step %d)", path, state["step"])
+        return int(state["step"])
 
     # -- the named steps ----------------------------------------------------------
     def collect(self, step: int) -> tuple[Rollouts, dict[str, float]]:

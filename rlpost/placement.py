@@ -72,12 +72,13 @@ def connect(cfg: Config) -> bool:
         return False
     address = os.environ.get("RAY_ADDRESS")
     if address:
-        if cfg.trainer.run_dir is None or not Path(cfg.trainer.run_dir).is_absolute():
+        run_dir = cfg.trainer.run_dir or "outputs/<time>-<algo>"
+        if not Path(run_dir).is_absolute():
             log.warning(
                 "trainer.run_dir=%s is relative to %s; a Ray job runs in a temporary copy of "
                 "its working directory: pass an absolute path (on a shared filesystem when "
                 "trainer ranks run on other nodes)",
-                cfg.trainer.run_dir,
+                run_dir,
                 os.getcwd(),
             )
         ray.init(address=address, log_to_driver=True)

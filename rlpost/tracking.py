@@ -55,6 +55,21 @@ class Tracker:
                 + (f" reward/mean={row['reward/mean']:.3f}" if "reward/mean" in row else "")
             )
 
+    def truncate(self, step: int) -> None:
+        """Forget rows after ``step`` (a resumed run redoes them), in memory and on disk."""
+        path = self.run_dir / "metrics.jsonl"
+        if path.exists():
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            self.history = [r for r in rows if r["step"] <= step]
+        else:
+            self.history = [r for r in self.history if r["step"] <= step]
+        if self._jsonl:
+            self._jsonl.close()
+            path.write_text("".join(json.dumps(r) + "\n" for r in self.history))
+            self._jsonl = open(path, "a")
+        self.bar.n = step
+        self.bar.refresh()
+
     def plot(self) -> Path | None:
         import matplotlib
 

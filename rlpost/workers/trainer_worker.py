@@ -115,6 +115,12 @@ class TrainerGroup:
         ray.get(refs[1:])
         return refs[0]
 
+    def save_checkpoint(self, path: str) -> None:
+        self._each("save_checkpoint", path)
+
+    def load_checkpoint(self, path: str) -> None:
+        self._each("load_checkpoint", path)
+
     def save_hf(self, out_dir: str) -> str:
         return self._each("save_hf", out_dir)[0]
 

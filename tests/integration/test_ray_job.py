@@ -61,8 +61,9 @@ def test_job_trains_on_an_existing_cluster(tmp_path: Path):
             time.sleep(1)
         logs = client.get_job_logs(job)
         assert status == JobStatus.SUCCEEDED, logs[-4000:] + head.logs()
+        head_node = client.get_job_info(job).driver_node_id
 
-    # The job's driver joined the cluster (no second Ray) and its progress is in the job log.
+    # The job's progress and closing line are in the job's log.
     assert "done: val/accuracy" in logs
     assert f"run dir {run_dir}" in logs
     history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -71,6 +72,8 @@ def test_job_trains_on_an_existing_cluster(tmp_path: Path):
     assert len(val) == STEPS + 1 and all(0.0 <= v <= 1.0 for v in val)
     # The replica sampled from the trainer's weights (weight sync worked inside the job).
     assert max(h["rollout/logprob_abs_diff_max"] for h in history[1:]) < 1e-3
+    # Its workers ran on the cluster's (only) node, not on a Ray of the job's own.
     placement = json.loads((run_dir / "placement.json").read_text())
     assert set(placement["roles"]) == {"policy", "rollout"}
+    assert set(placement["nodes"]) == {head_node}
     assert (run_dir / "final" / "config.json").exists()

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Dr. GRPO: no division by the group std, constant loss divisor.
+# On the built-in arithmetic task with the built-in tiny model, on the CPU
+# (configs/algo/dr_grpo.yaml). Extra key=value arguments are appended, e.g.
+#   bash examples/run_dr_grpo.sh trainer.total_steps=20
+# PYTHON=... picks the interpreter (default: the install script's .venv).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+exec "${PYTHON:-.venv/bin/python}" -m rlpost.main algo=dr_grpo "$@"
