@@ -58,12 +58,31 @@ def load_data(cfg: Config) -> tuple[list[dict], list[dict], int]:
     if not val:
         raise DataError(f"no valid held-out rows in {cfg.data.val_files}")
     if cfg.algo.name == "sft":
-        missing = [i for i, r in enumerate(train) if "response" not in r]
+        train = [sft_row(r) for r in train]
+        val = [sft_row(r) for r in val]
+        missing = [i for i, r in enumerate(train) if "response" not in r and "messages" not in r]
         if missing:
             raise DataError(
-                f"algo=sft needs a 'response' field in every training row; rows {missing[:5]} lack it"
+                "algo=sft needs 'messages' (a chat with assistant turns) or 'prompt' and "
+                f"'response' in every training row; rows {missing[:5]} have neither"
             )
     return train, val, bad
+
+
+def sft_row(row: dict) -> dict:
+    """A chat row (``messages``) also gets a ``prompt``: the conversation before its
+    last assistant turn, which is what validation asks the model to continue."""
+    messages = row.get("messages") if isinstance(row, dict) else None
+    if not isinstance(messages, list) or "prompt" in row:
+        return row
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
+    if not last:
+        return row
+    return {
+        **row,
+        "prompt": messages[:last],
+        "answer": row.get("answer", messages[last]["content"]),
+    }
 
 
 def check_model_path(cfg: Config) -> None:

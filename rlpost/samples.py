@@ -40,13 +40,63 @@ def rollout_batch(results: list[GenerationResult], pad_id: int) -> TrajectoryBat
     )
 
 
+def _tokens(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def conversation_tokens(tokenizer: Any, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """Token ids of a chat and a mask that is 1 on every assistant turn's content and
+    end-of-turn tokens (what the model must learn to say) and 0 elsewhere.
+
+    Each turn's tokens are the difference between the templated conversation up
+    to that turn and up to the turn before, so the chat template decides the
+    layout; this assumes the template renders a conversation's prefix as a prefix.
+    """
+    ids: list[int] = []
+    mask: list[int] = []
+    for i, message in enumerate(messages):
+        before = _tokens(tokenizer, _render(tokenizer, messages[:i], False)) if i else []
+        upto = _tokens(tokenizer, _render(tokenizer, messages[: i + 1], False))
+        if message["role"] == "assistant":
+            header = _tokens(tokenizer, _render(tokenizer, messages[:i], True))
+            ids += header[len(before) :]
+            mask += [0] * (len(header) - len(before))
+            ids += upto[len(header) :]
+            mask += [1] * (len(upto) - len(header))
+        else:
+            ids += upto[len(before) :]
+            mask += [0] * (len(upto) - len(before))
+    return ids, mask
+
+
+def _render(tokenizer: Any, messages: list[dict], generation_prompt: bool) -> str:
+    if not messages:
+        return (
+            tokenizer.apply_chat_template([], tokenize=False, add_generation_prompt=True)
+            if generation_prompt
+            else ""
+        )
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=generation_prompt
+    )
+
+
 def sft_batch(tokenizer: Any, rows: list[dict]) -> TrajectoryBatch:
-    """Prompt + ``response`` + end token, loss on the response tokens only."""
+    """Supervised targets, loss on what the assistant says only.
+
+    A row holds either ``messages`` (a whole, possibly multi-turn, conversation:
+    every assistant turn is a target) or a ``prompt`` and a ``response`` (the
+    response and the end token are the target).
+    """
     ids, resp = [], []
     for row in rows:
+        if "messages" in row:
+            seq, mask = conversation_tokens(tokenizer, row["messages"])
+            ids.append(seq)
+            resp.append(mask)
+            continue
         prompt = encode_prompt(tokenizer, row)
-        target = tokenizer(row["response"], add_special_tokens=False)["input_ids"]
-        target = list(target) + [tokenizer.eos_token_id]
+        target = _tokens(tokenizer, row["response"]) + [tokenizer.eos_token_id]
         ids.append(prompt + target)
         resp.append([0] * len(prompt) + [1] * len(target))
     return TrajectoryBatch(

@@ -71,12 +71,13 @@ class Tracker:
         self.bar.refresh()
 
     def plot(self) -> Path | None:
-        import matplotlib
+        # A figure of its own (no pyplot): the notebook's plotting backend stays as it is.
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(7, 4))
+        fig = Figure(figsize=(7, 4))
+        FigureCanvasAgg(fig)
+        ax = fig.subplots()
         for key, style in (("reward/mean", "-"), ("val/accuracy", "o-")):
             pts = [(h["step"], h[key]) for h in self.history if key in h]
             if pts:
@@ -89,7 +90,6 @@ class Tracker:
         path = self.run_dir / "curves.png"
         fig.tight_layout()
         fig.savefig(path, dpi=100)
-        plt.close(fig)
         return path
 
     def close(self) -> None:
