@@ -158,12 +158,36 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class PDConfig:
+    enabled: bool = spec(
+        False,
+        help="prefill/decode disaggregation: prefill replicas hand the prompt's KV to decode replicas",
+    )
+    prefill_replicas: int = spec(1, ge=1, help="KV producers: compute each prompt's KV cache")
+    decode_replicas: int = spec(
+        1, ge=1, help="KV consumers: load that KV and sample; sessions stick to one by hashing"
+    )
+    connector: str = spec(
+        "ExampleConnector",
+        help="vLLM KV connector: ExampleConnector (files in shared_dir, CPU), NixlConnector, MooncakeConnector, ...",
+    )
+    shared_dir: str | None = spec(
+        None,
+        help="ExampleConnector's KV directory, on a filesystem every replica sees (null: a temp dir, one node)",
+    )
+    transfer_backend: Literal["mooncake", "nixl"] = spec(
+        "mooncake", help="rollout.name=sglang: --disaggregation-transfer-backend"
+    )
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
     lora_sync: Literal["merged", "adapter"] = spec(
         "merged", help="with model.lora: send merged weights, or the adapter itself (vLLM LoRA)"
     )
-    name: Literal["vllm", "hf"] = spec(
-        "vllm", help="generation engine (hf: transformers generate, the portable reference)"
+    name: Literal["vllm", "hf", "sglang"] = spec(
+        "vllm",
+        help="generation engine (hf: transformers generate, the portable reference; sglang: CUDA only)",
     )
     n: int = spec(8, ge=1, help="samples per prompt (the group size)")
     max_tokens: int = spec(8, ge=1, help="maximum tokens per completion")
@@ -174,12 +198,15 @@ class RolloutConfig:
     gpu_memory_utilization: float = spec(0.5, gt=0, le=1, help="vLLM memory share on GPU")
     enforce_eager: bool = spec(True, help="disable graph capture (faster start, slower decode)")
     num_cpus: float = spec(1.0, gt=0, help="Ray CPUs reserved by each rollout replica")
-    replicas: int = spec(1, ge=1, help="rollout replicas behind the router")
+    replicas: int = spec(
+        1, ge=1, help="rollout replicas behind the router (with pd.enabled: prefill + decode)"
+    )
     block_size: int | None = spec(
         None,
         ge=1,
         help="KV-cache block in tokens; the prefix cache reuses whole blocks (null: vLLM's default, 128 on CPU)",
     )
+    pd: PDConfig = field(default_factory=PDConfig)
 
 
 @dataclass(frozen=True)
@@ -296,6 +323,19 @@ def _cross_checks(cfg: Config) -> list[str]:
             f"rollout.lora_sync=adapter: rollout.name={cfg.rollout.name} serves no LoRA adapters; "
             "use rollout.lora_sync=merged"
         )
+    pd = cfg.rollout.pd
+    if pd.enabled:
+        total = pd.prefill_replicas + pd.decode_replicas
+        if cfg.rollout.replicas not in (1, total):
+            problems.append(
+                f"rollout.replicas={cfg.rollout.replicas}: with rollout.pd.enabled=true the "
+                f"replicas are rollout.pd.prefill_replicas + rollout.pd.decode_replicas = {total}; "
+                "leave rollout.replicas unset or set it to that sum"
+            )
+        if cfg.rollout.name == "hf":
+            problems.append(
+                "rollout.pd.enabled=true: rollout.name=hf has no KV transfer; use vllm or sglang"
+            )
     if a.overlong.enabled and a.overlong.buffer > cfg.rollout.max_tokens:
         problems.append(
             f"algo.overlong.buffer={a.overlong.buffer}: must be <= rollout.max_tokens={cfg.rollout.max_tokens}"
@@ -349,6 +389,20 @@ def from_dict(raw: dict[str, Any]) -> Config:
     problems = _cross_checks(cfg)
     if problems:
         raise ConfigError(problems)
+    return _derive(cfg)
+
+
+def _derive(cfg: Config) -> Config:
+    """Values computed from others, in this one place."""
+    import dataclasses
+
+    pd = cfg.rollout.pd
+    if pd.enabled:
+        # Placement reserves, and the rollout group starts, prefill + decode replicas.
+        rollout = dataclasses.replace(
+            cfg.rollout, replicas=pd.prefill_replicas + pd.decode_replicas
+        )
+        cfg = dataclasses.replace(cfg, rollout=rollout)
     return cfg
 
 

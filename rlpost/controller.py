@@ -163,7 +163,7 @@ class Controller:
         """
         pending = self.launch(first)
         for step in range(first, total + 1):
-            wait_start = time.perf_counter()
+            wait_start = iteration_start = time.perf_counter()
             rollouts, metrics = self.finish(pending)
             metrics["timing/generate_wait_s"] = time.perf_counter() - wait_start
             metrics["rollout/staleness"] = float(step > 1)
@@ -178,6 +178,8 @@ class Controller:
             )
             if next_pending is None:
                 metrics["timing/weight_sync_s"] = self.sync_weights()
+            # A step is the whole iteration here: waiting, syncing and training.
+            metrics["timing/step_s"] = time.perf_counter() - iteration_start
             pending = next_pending  # type: ignore[assignment]
             yield metrics
 

@@ -11,6 +11,13 @@ call to an asyncio actor, so a replica batches whatever it has.
     ...                                        # e.g. train on the previous batch
     results = pending.result()                 # input order
     seconds = group.load_weights(weights_ref)  # one object-store copy for all
+
+PD mode (``engine_cfg`` a ``rollout.pd.PDEngineConfig``; ``rollout.pd.enabled``):
+the first ``prefill_replicas`` workers are KV producers, the rest KV
+consumers. Each request goes to a prefill replica (one greedy token; it
+stores the prompt's KV in the connector), then to a decode replica that loads
+that KV and samples the completion; ``PDRouter`` keeps a session on one
+replica of each pool. Weight loads reach both pools.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import ray
 
 from rlpost.workers.rollout_worker import RolloutWorker
 from rollout.base import GenerationRequest, GenerationResult
+from rollout.pd import FILE_CONNECTORS, PDEngineConfig, PDRouter, prefill_request
 from rollout.router import Router
 
 
@@ -72,19 +80,66 @@ class RolloutGroup:
         cls = ray.remote(num_cpus=num_cpus, **(device_opts or {}))(RolloutWorker)
         where = scheduling or [None] * replicas
         assert len(where) == replicas, "one scheduling strategy per replica"
+        # PD mode: set only when engine_cfg is a PDEngineConfig.
+        self.pd: PDEngineConfig | None = None
+        self.pd_router: PDRouter | None = None
+        self._own_kv_dir: str | None = None
+        self._in_flight: list[ray.ObjectRef] = []
+        if isinstance(engine_cfg, PDEngineConfig):
+            assert replicas == engine_cfg.replicas, "replicas = prefill_replicas + decode_replicas"
+            engine_cfg = self._with_kv_dir(engine_cfg)
+            self.pd = engine_cfg
+            configs = [engine_cfg.prefill] * engine_cfg.prefill_replicas + [
+                dataclasses.replace(engine_cfg.decode, seed=engine_cfg.decode.seed + i)
+                for i in range(engine_cfg.decode_replicas)
+            ]
+        else:
+            configs = [
+                dataclasses.replace(engine_cfg, seed=engine_cfg.seed + i) for i in range(replicas)
+            ]
         self.workers: list[Any] = [
-            cls.options(scheduling_strategy=s).remote(
-                dataclasses.replace(engine_cfg, seed=engine_cfg.seed + i), threads, engine
-            )
-            for i, s in enumerate(where)
+            cls.options(scheduling_strategy=s).remote(c, threads, engine)
+            for c, s in zip(configs, where)
         ]
         try:
             ray.get([w.ready.remote() for w in self.workers])
         except Exception:
             self.close()
             raise
-        self.router = Router(replicas, vnodes)
-        self._last_cache: list[tuple[float, float]] = [(0.0, 0.0)] * replicas
+        if self.pd is not None:
+            self.pd_router = PDRouter(self.pd.prefill_replicas, self.pd.decode_replicas, vnodes)
+            # ``router`` is the decode side's: where sessions stick and samples come from.
+            self.router = self.pd_router.decode
+        else:
+            self.router = Router(replicas, vnodes)
+        # Engine counters at the previous stats(): prefix-cache (queries, hits),
+        # and in PD mode also the connector's (queries, hits).
+        self._last_cache: list[tuple[float, ...]] = [(0.0,) * (4 if self.pd else 2)] * replicas
+
+    def _with_kv_dir(self, pd: PDEngineConfig) -> PDEngineConfig:
+        """A file connector without a directory gets a fresh temporary one, removed on close."""
+        spec = pd.prefill.kv_transfer
+        if spec.connector not in FILE_CONNECTORS or spec.shared_dir:
+            return pd
+        import tempfile
+
+        self._own_kv_dir = tempfile.mkdtemp(prefix="rlpost-kv-")
+
+        def side(c: Any) -> Any:
+            kv = dataclasses.replace(c.kv_transfer, shared_dir=self._own_kv_dir)
+            return dataclasses.replace(c, kv_transfer=kv)
+
+        return dataclasses.replace(pd, prefill=side(pd.prefill), decode=side(pd.decode))
+
+    @property
+    def prefill_workers(self) -> list[Any]:
+        """PD mode: the KV producers (empty otherwise)."""
+        return self.workers[: self.pd.prefill_replicas] if self.pd else []
+
+    @property
+    def decode_workers(self) -> list[Any]:
+        """PD mode: the KV consumers, which return the samples; otherwise every worker."""
+        return self.workers[self.pd.prefill_replicas :] if self.pd else self.workers
 
     @classmethod
     def from_config(cls, cfg: Any, model_path: str, device: Any) -> RolloutGroup:
@@ -109,12 +164,32 @@ class RolloutGroup:
         """Generate and wait; results in input order."""
         return self.generate_async(requests).result()
 
-    def _submit(self, request: GenerationRequest) -> tuple[int, ray.ObjectRef]:
+    def _submit(self, request: GenerationRequest) -> Any:
+        if self.pd_router is not None:
+            return self._submit_pd(request)
         replica = self.router.pick(request.session_id)
         self.router.begin(replica)
         return replica, self.workers[replica].generate_one.remote(request)
 
-    def _collect(self, request: GenerationRequest, call: tuple[int, ray.ObjectRef]) -> Any:
+    def _submit_pd(self, request: GenerationRequest) -> tuple[int, int, Any, Any]:
+        """Prefill, then decode once the prefill is done (Ray resolves the
+        ``after`` argument first); nothing here waits."""
+        assert self.pd_router is not None
+        prefill, decode = self.pd_router.pick(request.session_id)
+        self.pd_router.prefill.begin(prefill)
+        self.pd_router.decode.begin(decode)
+        pre_ref = self.prefill_workers[prefill].generate_one.remote(prefill_request(request))
+        dec_ref = self.decode_workers[decode].generate_after.remote(request, pre_ref)
+        self._in_flight.append(dec_ref)
+        if len(self._in_flight) > 4096:  # forget finished ones now and then
+            _, self._in_flight = ray.wait(
+                self._in_flight, num_returns=len(self._in_flight), timeout=0, fetch_local=False
+            )
+        return prefill, decode, pre_ref, dec_ref
+
+    def _collect(self, request: GenerationRequest, call: Any) -> Any:
+        if self.pd_router is not None:
+            return self._collect_pd(request, call)
         while True:
             replica, ref = call
             try:
@@ -126,6 +201,29 @@ class RolloutGroup:
                 call = self._submit(request)
             finally:
                 self.router.end(replica)
+
+    def _collect_pd(self, request: GenerationRequest, call: tuple[int, int, Any, Any]) -> Any:
+        """The decode result; a dead replica of either pool is marked and the
+        request sent again (prefill and decode)."""
+        assert self.pd_router is not None
+        pools = self.pd_router
+        while True:
+            prefill, decode, pre_ref, dec_ref = call
+            try:
+                try:
+                    ray.get(pre_ref)
+                except ray.exceptions.RayActorError:
+                    pools.prefill.mark_unhealthy(prefill)
+                    call = self._submit_pd(request)
+                    continue
+                try:
+                    return ray.get(dec_ref)
+                except ray.exceptions.RayActorError:
+                    pools.decode.mark_unhealthy(decode)
+                    call = self._submit_pd(request)
+            finally:
+                pools.prefill.end(prefill)
+                pools.decode.end(decode)
 
     # -- weights, health, stats --------------------------------------------
 
@@ -141,8 +239,20 @@ class RolloutGroup:
 
         start = time.perf_counter()
         ref = weights if isinstance(weights, ray.ObjectRef) else ray.put(weights)
+        self._drain()
         ray.get([w.load_weights.remote(ref) for w in self.workers])
         return time.perf_counter() - start
+
+    def _drain(self) -> None:
+        """PD mode: wait until every request sent so far has finished on both pools.
+
+        A decode call waits in Ray for its prefill, so without this a weight load
+        could land between the two halves of a request (KV from the old weights,
+        samples from the new); and the KV files the loads clear must not be in use.
+        """
+        if self._in_flight:
+            ray.wait(self._in_flight, num_returns=len(self._in_flight), fetch_local=False)
+            self._in_flight = []
 
     def load_lora_adapter(self, adapter: Any) -> float:
         """Serve later requests with this LoRA adapter (``rollout.lora_sync=adapter``).
@@ -154,6 +264,7 @@ class RolloutGroup:
 
         start = time.perf_counter()
         ref = adapter if isinstance(adapter, ray.ObjectRef) else ray.put(adapter)
+        self._drain()
         ray.get([w.load_lora_adapter.remote(ref) for w in self.workers])
         return time.perf_counter() - start
 
@@ -169,13 +280,25 @@ class RolloutGroup:
                     ok = bool(ray.get(ref))
                 except ray.exceptions.RayError:
                     ok = False
-            (self.router.mark_healthy if ok else self.router.mark_unhealthy)(i)
+            router, index = self._router_of(i)
+            (router.mark_healthy if ok else router.mark_unhealthy)(index)
             alive.append(ok)
         return alive
+
+    def _router_of(self, worker: int) -> tuple[Router, int]:
+        """The router that routes to ``self.workers[worker]``, and its index there."""
+        if self.pd_router is None:
+            return self.router, worker
+        assert self.pd is not None
+        if worker < self.pd.prefill_replicas:
+            return self.pd_router.prefill, worker
+        return self.pd_router.decode, worker - self.pd.prefill_replicas
 
     def stats(self) -> dict[str, float]:
         """Per-replica metrics; the prefix-cache hit rate is over the tokens
         looked up since the previous ``stats()`` call (so one per step)."""
+        if self.pd is not None:
+            return self._stats_pd()
         out: dict[str, float] = {}
         engine_stats = ray.get([w.stats.remote() for w in self.workers])
         queries = hits = 0.0
@@ -189,18 +312,58 @@ class RolloutGroup:
         out["rollout/prefix_cache_hit_rate"] = hits / queries if queries else 0.0
         return out
 
+    def _stats_pd(self) -> dict[str, float]:
+        """``rollout/prefill{i}/*`` and ``rollout/decode{i}/*`` per replica; the
+        pool-wide prefix-cache hit rate is the prefill pool's (where prompts are
+        computed); ``rollout/pd/kv_transfer_rate`` is the share of the decode
+        side's uncached prompt tokens whose KV came from the connector. Rates
+        are over the tokens since the previous call."""
+        assert self.pd is not None and self.pd_router is not None
+        out: dict[str, float] = {}
+        engine_stats = ray.get([w.stats.remote() for w in self.workers])
+        pre = self.pd.prefill_replicas
+        totals = {"prefill": [0.0, 0.0], "decode": [0.0, 0.0]}
+        kv_q = kv_h = 0.0
+        for i, s in enumerate(engine_stats):
+            now = (
+                s["prefix_cache_queries"],
+                s["prefix_cache_hits"],
+                s.get("kv_transfer_queries", 0.0),
+                s.get("kv_transfer_hits", 0.0),
+            )
+            dq, dh, dkq, dkh = (a - b for a, b in zip(now, self._last_cache[i]))
+            self._last_cache[i] = now
+            role, k = ("prefill", i) if i < pre else ("decode", i - pre)
+            router = self.pd_router.prefill if role == "prefill" else self.pd_router.decode
+            totals[role][0] += dq
+            totals[role][1] += dh
+            out[f"rollout/{role}{k}/requests"] = float(router.requests[k])
+            out[f"rollout/{role}{k}/prefix_cache_hit_rate"] = dh / dq if dq else 0.0
+            if role == "decode":
+                kv_q, kv_h = kv_q + dkq, kv_h + dkh
+        q, h = totals["prefill"]
+        out["rollout/prefix_cache_hit_rate"] = h / q if q else 0.0
+        out["rollout/pd/kv_transfer_rate"] = kv_h / kv_q if kv_q else 0.0
+        return out
+
     def reset_prefix_cache(self) -> None:
         """Empty every replica's prefix cache (e.g. between benchmark runs)."""
         ray.get([w.reset_prefix_cache.remote() for w in self.workers])
 
     def served(self) -> list[list[tuple[str | None, str]]]:
-        """Per replica, ``(session_id, prompt_hash)`` of each request it received."""
+        """Per replica, ``(session_id, prompt_hash)`` of each request it received
+        (PD mode: prefill replicas first, then decode replicas)."""
         return ray.get([w.served.remote() for w in self.workers])
 
     def close(self) -> None:
         for w in self.workers:
             ray.kill(w)
         self.workers = []
+        if self._own_kv_dir is not None:
+            import shutil
+
+            shutil.rmtree(self._own_kv_dir, ignore_errors=True)
+            self._own_kv_dir = None
 
 
 def engine_config(cfg: Any, model_path: str, device_kind: str) -> Any:
@@ -216,9 +379,19 @@ def engine_config(cfg: Any, model_path: str, device_kind: str) -> Any:
             seed=cfg.trainer.seed,
             device=device_kind,
         )
+    if r.name == "sglang":
+        from rollout.sglang import SGLangEngineConfig
+
+        return SGLangEngineConfig(
+            model_path=model_path,
+            dtype=cfg.model.dtype,
+            max_model_len=r.max_model_len,
+            mem_fraction_static=r.gpu_memory_utilization,
+            seed=cfg.trainer.seed,
+        )
     from rollout.vllm import VLLMEngineConfig
 
-    return VLLMEngineConfig(
+    base = VLLMEngineConfig(
         model_path=model_path,
         dtype=cfg.model.dtype,
         max_model_len=r.max_model_len,
@@ -229,4 +402,11 @@ def engine_config(cfg: Any, model_path: str, device_kind: str) -> Any:
         device=device_kind,
         block_size=r.block_size,
         lora=cfg.model.lora.rank if r.lora_sync == "adapter" else 0,
+    )
+    if not r.pd.enabled:
+        return base
+    from rollout.pd import pd_engine_config
+
+    return pd_engine_config(
+        base, r.pd.prefill_replicas, r.pd.decode_replicas, r.pd.connector, r.pd.shared_dir
     )

@@ -49,6 +49,12 @@ class RolloutWorker:
         self._served.append((request.session_id, prompt_hash(request.prompt_ids)))
         return await self.engine.agenerate(request)
 
+    async def generate_after(self, request: GenerationRequest, prefilled: Any) -> GenerationResult:
+        """PD's decode half: ``prefilled`` is the prefill call's ObjectRef, which Ray
+        resolves before this runs, so the prompt's KV is in the connector by now."""
+        del prefilled  # only the ordering matters
+        return await self.generate_one(request)
+
     async def load_weights(self, named_tensors: list) -> float:
         """Seconds until the new weights are in, including waiting for requests in flight."""
         start = time.perf_counter()

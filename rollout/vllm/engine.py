@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from rollout.base import Completion, GenerationRequest, GenerationResult
+from rollout.pd import KVTransferSpec, clear_kv_store
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class VLLMEngineConfig:
     block_size: int | None = None
     # LoRA adapter serving (rollout.lora_sync=adapter): the adapter's rank, 0 = off.
     lora: int = 0
+    # PD disaggregation: this replica's side of the KV connector; None = no transfer.
+    kv_transfer: KVTransferSpec | None = None
 
 
 class _PrefixCacheCounter:
@@ -55,6 +58,9 @@ class _PrefixCacheCounter:
     def __init__(self) -> None:
         self.queries = 0
         self.hits = 0
+        # Prompt tokens a KV connector was asked for / supplied (PD decode side).
+        self.kv_queries = 0
+        self.kv_hits = 0
 
     def record(
         self,
@@ -67,6 +73,10 @@ class _PrefixCacheCounter:
         if stats is not None:
             self.queries += stats.queries
             self.hits += stats.hits
+        kv = getattr(scheduler_stats, "connector_prefix_cache_stats", None)
+        if kv is not None:
+            self.kv_queries += kv.queries
+            self.kv_hits += kv.hits
 
     def log_engine_initialized(self) -> None:
         pass
@@ -107,6 +117,8 @@ class VLLMEngine:
         )
         if cfg.block_size is not None:
             kwargs["block_size"] = cfg.block_size
+        if cfg.kv_transfer is not None:
+            kwargs["kv_transfer_config"] = cfg.kv_transfer.vllm_config()
         if cfg.device == "cpu":
             kwargs["kv_cache_memory_bytes"] = int(cfg.kv_cache_gib * 2**30)
         else:
@@ -147,8 +159,9 @@ class VLLMEngine:
             raise RuntimeError("load_weights with requests in flight; use aload_weights")
         weights = [(name, t.detach().to("cpu").contiguous()) for name, t in named_tensors]
         self.engine.collective_rpc("rlpost_load_weights", args=(weights,))
-        # Cached prefixes were computed by the old weights.
+        # Cached prefixes, and KV a connector stored, were computed by the old weights.
         self.engine.reset_prefix_cache()
+        clear_kv_store(self.cfg.kv_transfer)
         self._weight_loads += 1
 
     def reset_prefix_cache(self) -> None:
@@ -258,6 +271,7 @@ class VLLMEngine:
         if adapter is None:
             self._lora_request = None
             self.engine.reset_prefix_cache()
+            clear_kv_store(self.cfg.kv_transfer)
             return
         if isinstance(adapter, str):
             path = adapter
@@ -279,17 +293,23 @@ class VLLMEngine:
         # A new name and id per version: vLLM caches adapters by id.
         self._lora_request = LoRARequest(f"policy-v{self._lora_version}", self._lora_version, path)
         self.engine.reset_prefix_cache()
+        clear_kv_store(self.cfg.kv_transfer)
         self._weight_loads += 1
 
     def stats(self) -> dict[str, float]:
         queries, hits = self._cache.queries, self._cache.hits
-        return {
+        out = {
             "requests": float(self._requests),
             "weight_loads": float(self._weight_loads),
             "prefix_cache_queries": float(queries),
             "prefix_cache_hits": float(hits),
             "prefix_cache_hit_rate": hits / queries if queries else 0.0,
         }
+        if self.cfg.kv_transfer is not None:
+            # Prompt tokens whose KV came through the connector (decode side).
+            out["kv_transfer_queries"] = float(self._cache.kv_queries)
+            out["kv_transfer_hits"] = float(self._cache.kv_hits)
+        return out
 
 
 def _result(request: GenerationRequest, out: Any) -> GenerationResult:

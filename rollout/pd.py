@@ -1,0 +1,146 @@
+"""Prefill/decode (PD) disaggregation: what runs where, and how a request is split.
+
+A PD rollout has two pools of replicas. A *prefill* replica (KV producer)
+computes the prompt's KV cache and hands it to a KV connector; a *decode*
+replica (KV consumer) finds that KV in the connector, computes only the
+prompt's last few tokens itself, and samples the whole completion. Each
+request therefore makes two calls, in order:
+
+1. ``prefill_request(req)`` on a prefill replica: the same prompt token ids,
+   ``max_tokens=1``, greedy, ``n=1`` (as vLLM's disaggregated-serving examples
+   do); its output is thrown away, its side effect is the stored KV;
+2. the unchanged request on a decode replica, which returns the completion
+   and the sampling log-probs.
+
+The connectors key the transferred KV by the prompt's token ids, so the two
+calls must carry exactly the same ``prompt_ids``. With
+``ExampleConnector`` (the one that runs on a CPU) the KV goes through files in
+a shared directory, named by a hash of the prompt's tokens and nothing else:
+KV written before a weight update would be found and reused after it, so the
+directory is emptied whenever weights change (``clear_kv_store``).
+
+``PDRouter`` is plain Python; the Ray side is in ``rlpost/rollout_group.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rollout.base import GenerationRequest, SamplingConfig
+from rollout.router import Router
+
+# Connectors that store KV as files under kv_connector_extra_config["shared_storage_path"].
+FILE_CONNECTORS = ("ExampleConnector",)
+
+
+@dataclass(frozen=True)
+class KVTransferSpec:
+    """One replica's side of the KV connector (vLLM's ``KVTransferConfig``).
+
+    ``connector``: a vLLM connector class name: ``ExampleConnector`` (files in
+    ``shared_dir``; CPU or GPU, slow, for tests), ``NixlConnector`` or
+    ``MooncakeConnector`` (RDMA/NVLink between GPUs), ... ``extra`` goes to
+    ``kv_connector_extra_config`` as it is.
+    """
+
+    connector: str
+    role: Literal["kv_producer", "kv_consumer", "kv_both"]
+    shared_dir: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def vllm_config(self) -> Any:
+        """The ``vllm.config.KVTransferConfig`` for this side."""
+        from vllm.config import KVTransferConfig
+
+        extra = dict(self.extra)
+        if self.connector in FILE_CONNECTORS:
+            if not self.shared_dir:
+                raise ValueError(f"{self.connector} needs a shared_dir for its KV files")
+            extra["shared_storage_path"] = self.shared_dir
+        return KVTransferConfig(
+            kv_connector=self.connector, kv_role=self.role, kv_connector_extra_config=extra
+        )
+
+
+@dataclass(frozen=True)
+class PDEngineConfig:
+    """Engine configs of both pools: ``prefill`` and ``decode`` are engine
+    configs (e.g. ``VLLMEngineConfig``) that differ in their ``kv_transfer``."""
+
+    prefill: Any
+    decode: Any
+    prefill_replicas: int = 1
+    decode_replicas: int = 1
+
+    @property
+    def replicas(self) -> int:
+        return self.prefill_replicas + self.decode_replicas
+
+
+def pd_engine_config(
+    base: Any,
+    prefill_replicas: int,
+    decode_replicas: int,
+    connector: str = "ExampleConnector",
+    shared_dir: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> PDEngineConfig:
+    """Both pools' configs from one engine config (which must have a ``kv_transfer`` field)."""
+
+    def side(role: Literal["kv_producer", "kv_consumer"]) -> Any:
+        spec = KVTransferSpec(connector, role, shared_dir, dict(extra or {}))
+        return dataclasses.replace(base, kv_transfer=spec)
+
+    return PDEngineConfig(
+        side("kv_producer"), side("kv_consumer"), prefill_replicas, decode_replicas
+    )
+
+
+def prefill_request(request: GenerationRequest) -> GenerationRequest:
+    """The prefill half of ``request``: same prompt ids and session, one greedy token."""
+    return GenerationRequest(
+        prompt_ids=list(request.prompt_ids),
+        sampling=SamplingConfig(n=1, temperature=0.0, max_tokens=1),
+        session_id=request.session_id,
+    )
+
+
+def clear_kv_store(spec: KVTransferSpec | None) -> None:
+    """Delete the KV files a file connector stored (they hold the old weights' KV).
+
+    Safe to call from several replicas at once on the same directory; callers
+    make sure no request is in flight (see ``RolloutGroup.load_weights``).
+    """
+    if spec is None or spec.connector not in FILE_CONNECTORS or not spec.shared_dir:
+        return
+    if not os.path.isdir(spec.shared_dir):
+        return
+    for entry in os.listdir(spec.shared_dir):
+        path = os.path.join(spec.shared_dir, entry)
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass  # another replica removed it first
+
+
+class PDRouter:
+    """Two routers, one per pool. A session sticks to one decode replica (the
+    ring over decode replicas) and to one prefill replica (a separate ring),
+    so each side's prefix cache holds the conversation; independent requests
+    go to the least-loaded replica of each pool.
+    """
+
+    def __init__(self, prefill_replicas: int, decode_replicas: int, vnodes: int = 128):
+        self.prefill = Router(prefill_replicas, vnodes)
+        self.decode = Router(decode_replicas, vnodes)
+
+    def pick(self, session_id: str | None = None) -> tuple[int, int]:
+        """(prefill replica, decode replica) for one request."""
+        return self.prefill.pick(session_id), self.decode.pick(session_id)
