@@ -53,13 +53,14 @@ def load_data(cfg: Config) -> tuple[list[dict], list[dict], int]:
                 problems.append(f"data.{key}: {exc}")
     if problems:
         raise DataError("\n  ".join(problems))
+    if cfg.algo.name == "sft":
+        train = [sft_row(r) for r in train]
+        val = [sft_row(r) for r in val]
     bad = sum(validate_row(r) is not None for r in val)
     val = [r for r in val if validate_row(r) is None][: cfg.data.val_size]
     if not val:
         raise DataError(f"no valid held-out rows in {cfg.data.val_files}")
     if cfg.algo.name == "sft":
-        train = [sft_row(r) for r in train]
-        val = [sft_row(r) for r in val]
         missing = [i for i, r in enumerate(train) if "response" not in r and "messages" not in r]
         if missing:
             raise DataError(

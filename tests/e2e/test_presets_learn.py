@@ -17,13 +17,21 @@ PRESETS = {
     "rloo": [],
     "reinforce_pp": [],
     "dr_grpo": [],
+    # Not presets, but the same promise: GRPO with LoRA, and with one-step-off rollout.
+    "grpo_lora": ["model.lora.rank=8", "trainer.lr=2e-3"],
+    "grpo_one_step_off": ["trainer.async_mode=one_step_off"],
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", sorted(PRESETS))
 def test_preset_learns(algo, tmp_path, model_cache):
-    args = [f"algo={algo}", *PRESETS[algo], f"trainer.total_steps={STEPS}", "trainer.val_every=0"]
+    args = [
+        f"algo={algo.split('_lora')[0].split('_one_step')[0]}",
+        *PRESETS[algo],
+        f"trainer.total_steps={STEPS}",
+        "trainer.val_every=0",
+    ]
     history = run_cli(args, tmp_path / "run", model_cache)
     val = [h["val/accuracy"] for h in history if "val/accuracy" in h]
     assert len(val) == 2
@@ -34,6 +42,8 @@ def test_preset_learns(algo, tmp_path, model_cache):
     last = history[-1]
     if algo == "ppo":
         assert "critic/vf_loss" in last and "actor/reward_kl" in last
+    if algo == "grpo_one_step_off":
+        assert all(h["rollout/staleness"] == 1.0 for h in history[2:])
     if algo == "dapo":
         assert all("dapo/dropped_groups" in h for h in history[1:])
         assert all(h["dapo/kept_groups"] == 32 for h in history[1:])
