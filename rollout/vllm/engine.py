@@ -19,7 +19,7 @@ import asyncio
 import itertools
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,21 +183,19 @@ class VLLMEngine:
 
     async def aload_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Pause new requests, let those in flight finish, load, resume."""
-        self._open.clear()
-        try:
-            while self._stepper is not None and not self._stepper.done():
-                await asyncio.shield(self._stepper)
-            self.load_weights(named_tensors)
-        finally:
-            self._open.set()
+        await self._paused(lambda: self.load_weights(named_tensors))
 
     async def aload_lora_adapter(self, adapter: Any) -> None:
         """Pause new requests, let those in flight finish, swap the adapter, resume."""
+        await self._paused(lambda: self.load_lora_adapter(adapter))
+
+    async def _paused(self, change: Callable[[], None]) -> None:
+        """Run ``change`` with no request in flight and none admitted meanwhile."""
         self._open.clear()
         try:
             while self._stepper is not None and not self._stepper.done():
                 await asyncio.shield(self._stepper)
-            self.load_lora_adapter(adapter)
+            change()
         finally:
             self._open.set()
 

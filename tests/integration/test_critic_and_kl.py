@@ -6,16 +6,15 @@ Each engine runs in a fresh process (one default process group per process)
 and returns its results through a file.
 """
 
-import socket
-
 import pytest
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from engine_utils import free_port, make_batch
 
 from algos import LossNorm, PolicyLossConfig, kl_penalty
 from rlpost.tiny import build_tiny_model
-from trainers.batch import TrajectoryBatch, pad_sequences
+from trainers.batch import TrajectoryBatch
 from trainers.fsdp.critic import CriticEngine
 from trainers.fsdp.engine import FSDPEngine, FSDPEngineConfig, RegularizerConfig
 
@@ -24,22 +23,11 @@ PRELOAD = ["torch.distributed.fsdp", "rlpost.tiny", "trainers.fsdp.engine", "tra
 
 
 def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()
 
 
 def _batch() -> TrajectoryBatch:
-    g = torch.Generator().manual_seed(0)
-    ids, resp = [], []
-    for p, r in LENGTHS:
-        ids.append(torch.randint(5, 100, (p + r,), generator=g).tolist())
-        resp.append([0] * p + [1] * r)
-    return TrajectoryBatch(
-        input_ids_bt=pad_sequences(ids, 0),
-        attention_mask_bt=pad_sequences([[1] * len(s) for s in ids], 0),
-        response_mask_bt=pad_sequences(resp, 0),
-    )
+    return make_batch(0, LENGTHS)
 
 
 def _spawn(fn, args):
