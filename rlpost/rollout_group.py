@@ -85,7 +85,14 @@ class RolloutGroup:
         self.pd_router: PDRouter | None = None
         self._own_kv_dir: str | None = None
         self._in_flight: list[ray.ObjectRef] = []
-        if isinstance(engine_cfg, PDEngineConfig):
+        if _is_sglang_pd(engine_cfg):
+            # One actor owns every SGLang server and the router (rollout/sglang/pd.py);
+            # it needs prefill + decode GPUs at once, outside the placement bundles.
+            gpus = engine_cfg.prefill_replicas + engine_cfg.decode_replicas
+            cls = ray.remote(num_cpus=num_cpus, num_gpus=gpus)(RolloutWorker)
+            engine, replicas, where = "sglang_pd", 1, [None]
+            configs = [engine_cfg]
+        elif isinstance(engine_cfg, PDEngineConfig):
             assert replicas == engine_cfg.replicas, "replicas = prefill_replicas + decode_replicas"
             engine_cfg = self._with_kv_dir(engine_cfg)
             self.pd = engine_cfg
@@ -379,8 +386,21 @@ def engine_config(cfg: Any, model_path: str, device_kind: str) -> Any:
             seed=cfg.trainer.seed,
             device=device_kind,
         )
+    if r.name == "sglang" and r.pd.enabled:
+        from rollout.sglang.pd import SGLangPDConfig
+
+        return SGLangPDConfig(
+            model_path=model_path,
+            prefill_replicas=r.pd.prefill_replicas,
+            decode_replicas=r.pd.decode_replicas,
+            transfer_backend=r.pd.transfer_backend,
+            dtype=cfg.model.dtype,
+            max_model_len=r.max_model_len,
+            mem_fraction_static=r.gpu_memory_utilization,
+            seed=cfg.trainer.seed,
+        )
     if r.name == "sglang":
-        from rollout.sglang import SGLangEngineConfig
+        from rollout.sglang.engine import SGLangEngineConfig
 
         return SGLangEngineConfig(
             model_path=model_path,
@@ -410,3 +430,7 @@ def engine_config(cfg: Any, model_path: str, device_kind: str) -> Any:
     return pd_engine_config(
         base, r.pd.prefill_replicas, r.pd.decode_replicas, r.pd.connector, r.pd.shared_dir
     )
+
+
+def _is_sglang_pd(engine_cfg: Any) -> bool:
+    return type(engine_cfg).__name__ == "SGLangPDConfig"

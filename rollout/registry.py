@@ -11,6 +11,9 @@ from rollout.base import AsyncRolloutEngine
 ENGINES: dict[str, str] = {
     "vllm": "rollout.vllm.engine:VLLMEngine",
     "hf": "rollout.hf.engine:HFEngine",
+    # CUDA only: an sglang.Engine per replica; prefill/decode servers behind SGLang's router.
+    "sglang": "rollout.sglang.engine:SGLangEngine",
+    "sglang_pd": "rollout.sglang.pd:SGLangPDEngine",
 }
 
 

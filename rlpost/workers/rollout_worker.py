@@ -72,6 +72,19 @@ class RolloutWorker:
         await load(adapter)
         return time.perf_counter() - start
 
+    async def sleep(self) -> None:
+        """Free the engine's GPU memory for colocated training (engines with ``asleep``)."""
+        await self._memory_call("asleep")
+
+    async def wake(self) -> None:
+        await self._memory_call("awake")
+
+    async def _memory_call(self, name: str) -> None:
+        call = getattr(self.engine, name, None)
+        if call is None:
+            raise ValueError(f"{type(self.engine).__name__} cannot release its memory")
+        await call()
+
     def stats(self) -> dict[str, float]:
         return self.engine.stats()
 

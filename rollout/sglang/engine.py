@@ -204,8 +204,10 @@ class SGLangEngine:
 
 def _check(result: Any, what: str) -> None:
     """SGLang answers weight calls with (success, message) or an object with those."""
-    ok, message = (result[0], result[1]) if isinstance(result, tuple) else (
-        getattr(result, "success", True), getattr(result, "message", "")
+    ok, message = (
+        (result[0], result[1])
+        if isinstance(result, tuple)
+        else (getattr(result, "success", True), getattr(result, "message", ""))
     )
     if not ok:
         raise RuntimeError(f"SGLang {what} failed: {message}")
