@@ -728,7 +728,8 @@ def explain_sync(b: Batch, m: dict[str, float], lim: dict[str, float]) -> str:
         f"(not in the limit: with one on-policy mini-batch the old log-probs equal the update's "
         f"own, detached, and TRL skips this forward); update {parts['update']:.3f} s (raw forward+backward+AdamW "
         f"{train:.3f} s: +{parts['update'] - train:.3f} s in the FSDP2 engine); weight sync "
-        f"{parts['weight sync']:.3f} s; the rest (scoring, batching, logging) {other:.3f} s."
+        f"{parts['weight sync']:.3f} s; the rest (scoring, batching, logging; medians need not "
+        f"add up) {other:.3f} s."
     )
 
 
@@ -909,7 +910,7 @@ def report(meta: dict[str, Any], runs: list[dict[str, Any]], raw: dict[str, Any]
     for r in runs:
         if "acc" in r:
             accs.setdefault((r["batch"], r["kind"]), set()).add(round(r["acc"], 6))
-    if accs and all(len(v) == 1 for v in accs.values()):
+    if meta["setup"]["repeats"] > 1 and accs and all(len(v) == 1 for v in accs.values()):
         notes.append(
             "- Accuracy: every repeat of a run reproduced its accuracy exactly (rlpost's "
             "sampling seeds follow `trainer.seed`, which also fixes the train/held-out split, so "
@@ -1001,7 +1002,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = RUNS / time.strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True)
     (RUNS / ".gitignore").write_text("*\n")
-    trl_py = trl_python()
+    trl_python()  # create the venv before anything is timed
     data = prepare(run_dir, batches, setup)
     print(f"run dir {run_dir}; model {data['model']} (from {data['model_source']})", flush=True)
 
@@ -1083,7 +1084,7 @@ def main(argv: list[str] | None = None) -> int:
         "val_rows": len(data["val_rows"]),
         "versions": f"torch {torch.__version__}, transformers {transformers.__version__} "
         f"and vLLM {vllm.__version__} (rlpost); TRL {trl_run.get('trl_version', '?')} with "
-        f"transformers {trl_run.get('transformers_version', '?')} in {trl_py.relative_to(REPO)}",
+        f"transformers {trl_run.get('transformers_version', '?')} in {TRL_VENV.relative_to(REPO)}",
         "base_acc": greedy_accuracy(
             data["model"], data["model"], data["val_rows"], setup.max_tokens
         ),

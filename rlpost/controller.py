@@ -139,7 +139,7 @@ class Controller:
         elif one_step_off:
             steps = self.one_step_off_steps(first, t.total_steps)
         else:
-            steps = (self.rl_step(step, self.collect(step)) for step in todo)
+            steps = self.sync_steps(todo)
         for step, metrics in zip(todo, steps):
             if (t.val_every and step % t.val_every == 0) or step == t.total_steps:
                 if one_step_off and step < t.total_steps:
@@ -152,6 +152,12 @@ class Controller:
                 self.save_checkpoint(step)
         final = self.workers.policy.save_hf(str(self.run_dir / "final")) if t.save_final else None
         return RunResult(self.run_dir, self.tracker.history, final)
+
+    def sync_steps(self, todo: range) -> Iterator[dict[str, float]]:
+        """Generate, then train, then sync: the batch of step k comes from step k's weights."""
+        for step in todo:
+            start = time.perf_counter()
+            yield _whole_step(self.rl_step(step, self.collect(step)), start)
 
     def one_step_off_steps(self, first: int, total: int) -> Iterator[dict[str, float]]:
         """Generation of step k+1 overlaps the update of step k.
@@ -178,8 +184,7 @@ class Controller:
             )
             if next_pending is None:
                 metrics["timing/weight_sync_s"] = self.sync_weights()
-            # A step is the whole iteration here: waiting, syncing and training.
-            metrics["timing/step_s"] = time.perf_counter() - iteration_start
+            metrics = _whole_step(metrics, iteration_start)
             pending = next_pending  # type: ignore[assignment]
             yield metrics
 
@@ -229,6 +234,7 @@ class Controller:
         metrics["perf/tokens_per_s"] = tokens / metrics["timing/step_s"]
         metrics["perf/gen_tokens_per_s"] = tokens / max(metrics["timing/generate_s"], 1e-9)
         metrics["response/length_mean"] = tokens / len(batch)
+        metrics["data/samples"] = float(len(batch))
         metrics["response/clip_ratio"] = _clip_ratio(rollouts.results)
         metrics["data/malformed_rows"] = float(self.malformed_rows)
         metrics.update(self.workers.rollout.stats())
@@ -473,3 +479,12 @@ def logprob_parity(batch: TrajectoryBatch) -> dict[str, float]:
 def _clip_ratio(results: list[GenerationResult]) -> float:
     finishes = [c.finish_reason for r in results for c in r.completions]
     return sum(f == "length" for f in finishes) / max(len(finishes), 1)
+
+
+def _whole_step(metrics: dict[str, float], start: float) -> dict[str, float]:
+    """Step time and throughput over the whole iteration, generation included."""
+    metrics["timing/step_s"] = time.perf_counter() - start
+    if "data/samples" in metrics:
+        tokens = metrics["response/length_mean"] * metrics["data/samples"]
+        metrics["perf/tokens_per_s"] = tokens / metrics["timing/step_s"]
+    return metrics

@@ -20,6 +20,7 @@ PRESETS = {
     # Not presets, but the same promise: GRPO with LoRA, and with one-step-off rollout.
     "grpo_lora": ["model.lora.rank=8", "trainer.lr=2e-3"],
     "grpo_one_step_off": ["trainer.async_mode=one_step_off"],
+    "grpo_pd": ["rollout=vllm_pd"],
 }
 
 
@@ -27,7 +28,8 @@ PRESETS = {
 @pytest.mark.parametrize("algo", sorted(PRESETS))
 def test_preset_learns(algo, tmp_path, model_cache):
     args = [
-        f"algo={algo.split('_lora')[0].split('_one_step')[0]}",
+        # "grpo_lora" etc. are GRPO with extra switches
+        f"algo={'grpo' if algo.startswith('grpo_') else algo}",
         *PRESETS[algo],
         f"trainer.total_steps={STEPS}",
         "trainer.val_every=0",
@@ -42,6 +44,8 @@ def test_preset_learns(algo, tmp_path, model_cache):
     last = history[-1]
     if algo == "ppo":
         assert "critic/vf_loss" in last and "actor/reward_kl" in last
+    if algo == "grpo_pd":
+        assert "rollout/pd/kv_transfer_rate" in last
     if algo == "grpo_one_step_off":
         assert all(h["rollout/staleness"] == 1.0 for h in history[2:])
     if algo == "dapo":
