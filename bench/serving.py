@@ -33,6 +33,8 @@ def train(mode: str, steps: int, out: Path) -> dict[str, float]:
     cmd = [
         sys.executable, "-m", "rlpost.main", f"trainer.async_mode={mode}",
         f"trainer.total_steps={steps}", "trainer.val_every=0", "trainer.save_final=false",
+        # vLLM on the last core, the trainer on the others, in both modes.
+        f"rollout.cpu_threads_bind={(os.cpu_count() or 1) - 1}",
         f"trainer.run_dir={run_dir}",
     ]  # fmt: skip
     start = time.perf_counter()
@@ -65,8 +67,8 @@ def main() -> None:
         f"# Rollout serving benchmark ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, "
         f"load average {os.getloadavg()[0]:.1f})",
         "",
-        f"Command: `python bench/serving.py --steps {args.steps}` (default task, built-in model;"
-        " medians over steps 2..N).",
+        f"Command: `python bench/serving.py --steps {args.steps}` (default task, built-in model,"
+        f" vLLM bound to core {(os.cpu_count() or 1) - 1}; medians over steps 2..N).",
         "",
         "| mode | step s | steps/s | generate s | update s | weight sync s | sync share |",
         "| --- | --- | --- | --- | --- | --- | --- |",

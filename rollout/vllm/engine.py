@@ -46,6 +46,8 @@ class VLLMEngineConfig:
     lora: int = 0
     # PD disaggregation: this replica's side of the KV connector; None = no transfer.
     kv_transfer: KVTransferSpec | None = None
+    # CPU only: the cores vLLM's OpenMP threads are bound to ("auto": vLLM decides).
+    cpu_threads_bind: str = "auto"
 
 
 class _PrefixCacheCounter:
@@ -98,6 +100,8 @@ class VLLMEngine:
 
     def __init__(self, cfg: VLLMEngineConfig):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if cfg.device == "cpu":
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_threads_bind
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
