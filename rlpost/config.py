@@ -201,7 +201,7 @@ class RolloutConfig:
     replicas: int = spec(
         1, ge=1, help="rollout replicas behind the router (with pd.enabled: prefill + decode)"
     )
-    cpu_threads_bind: str = spec(
+    cpu_threads_bind: str | int = spec(
         "auto",
         help="CPU: cores for vLLM's threads, e.g. '1' or '0-3' ('auto': all); one core leaves the rest to the trainer in one_step_off mode",
     )

@@ -421,7 +421,7 @@ def engine_config(cfg: Any, model_path: str, device_kind: str) -> Any:
         seed=cfg.trainer.seed,
         device=device_kind,
         block_size=r.block_size,
-        cpu_threads_bind=r.cpu_threads_bind,
+        cpu_threads_bind=str(r.cpu_threads_bind),
         lora=cfg.model.lora.rank if r.lora_sync == "adapter" else 0,
     )
     if not r.pd.enabled:
