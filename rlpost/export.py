@@ -11,11 +11,10 @@ copied from the base model the run trained.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
+
+from trainers.files import atomic_directory
 
 
 def engine_dir(checkpoint: str | Path) -> Path:
@@ -57,18 +56,9 @@ def export(checkpoint: str | Path, out_dir: str | Path) -> Path:
     if lora.enabled:
         model = model.merge_and_unload()  # type: ignore[operator]
     out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        tmp.chmod(0o755)
+    with atomic_directory(out) as tmp:
         model.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(base).save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

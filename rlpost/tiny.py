@@ -9,9 +9,6 @@ hub checkpoint. Used by the tests and by the built-in arithmetic task.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -19,6 +16,8 @@ from tokenizers import AddedToken
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+
+from trainers.files import atomic_directory
 
 PAD = "<|pad|>"
 USER = "<|user|>"
@@ -150,18 +149,10 @@ def build_tiny_model(
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
     )
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        tmp.chmod(0o755)  # mkdtemp makes it private; the model is not secret
+    with atomic_directory(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "tiny_preset.json").write_text(json.dumps({"preset": preset, "seed": seed}))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
 
 

@@ -7,18 +7,18 @@ fresh process (``torch.multiprocessing``) and hands its results back through
 a file written by rank 0.
 """
 
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from engine_utils import advantages, engine, free_port, make_batch
 
 from algos import PolicyLossConfig
 from rlpost.tiny import build_tiny_model
-from trainers.batch import TrajectoryBatch, pad_sequences
-from trainers.fsdp.engine import FSDPEngine, FSDPEngineConfig, token_logprobs
+from trainers.batch import TrajectoryBatch
+from trainers.fsdp.engine import FSDPEngine, token_logprobs
 
 # (prompt tokens, response tokens) of the 8 test samples: ragged on purpose
 LENGTHS = [(3, 4), (5, 2), (2, 7), (6, 1), (4, 5), (3, 3), (7, 6), (2, 2)]
@@ -28,35 +28,17 @@ LR = 1e-4
 PRELOAD = ["torch.distributed.fsdp", "rlpost.tiny", "trainers.fsdp.engine"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_free_port = free_port
+_advantages = advantages
 
 
 def _batch(seed: int = 0) -> TrajectoryBatch:
-    """8 right-padded samples of printable-character ids with a response suffix."""
-    g = torch.Generator().manual_seed(seed)
-    ids, resp = [], []
-    for p, r in LENGTHS:
-        ids.append(torch.randint(5, 100, (p + r,), generator=g).tolist())
-        resp.append([0] * p + [1] * r)
-    return TrajectoryBatch(
-        input_ids_bt=pad_sequences(ids, 0),
-        attention_mask_bt=pad_sequences([[1] * len(s) for s in ids], 0),
-        response_mask_bt=pad_sequences(resp, 0),
-    )
-
-
-def _advantages(batch: TrajectoryBatch, seed: int = 1) -> torch.Tensor:
-    adv_b = torch.randn(len(batch), generator=torch.Generator().manual_seed(seed))
-    return adv_b[:, None] * batch.response_mask_bt
+    return make_batch(seed, LENGTHS)
 
 
 def _engine(model_dir: str, rank: int, world_size: int, port: int, **kw) -> FSDPEngine:
     kw.setdefault("lr", LR)
-    cfg = FSDPEngineConfig(model_path=model_dir, **kw)
-    return FSDPEngine(cfg, rank, world_size, f"tcp://127.0.0.1:{port}")
+    return engine(model_dir, rank, world_size, port, **kw)
 
 
 def _spawn(fn, args: tuple, nprocs: int = 1) -> None:

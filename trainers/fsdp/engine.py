@@ -11,13 +11,10 @@ on how the batch was split over ranks and micro-batches.
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -34,6 +31,7 @@ from algos import (
     sft_loss,
 )
 from trainers.batch import TrajectoryBatch
+from trainers.files import atomic_directory
 from trainers.fsdp.common import (
     DTYPES,
     OptimConfig,
@@ -395,20 +393,15 @@ class FSDPEngine:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         assert weights is not None
-        out = Path(out_dir)
-        tmp = out.with_name(out.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
         config = AutoConfig.from_pretrained(self.cfg.model_path)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
         model.load_state_dict(dict(weights), assign=True, strict=False)
         model.tie_weights()
-        model.save_pretrained(tmp)
-        AutoTokenizer.from_pretrained(tokenizer_dir or self.cfg.model_path).save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-        return str(out)
+        with atomic_directory(out_dir) as tmp:
+            model.save_pretrained(tmp)
+            AutoTokenizer.from_pretrained(tokenizer_dir or self.cfg.model_path).save_pretrained(tmp)
+        return str(out_dir)
 
     def close(self) -> None:
         if dist.is_initialized():
