@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from algos.config import AdvantageConfig
-from algos.groups import group_mean_std
+from algos.groups import group_mean_std, uniform_groups
 
 GroupIds = torch.Tensor | Sequence
 
@@ -48,9 +48,11 @@ def grpo_advantage(
 def rloo_advantage(scores_b: torch.Tensor, group_ids_b: GroupIds) -> torch.Tensor:
     """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, eq. 5):
     A_i = s_i - mean of the other samples in the group; a group of one gets 0."""
-    mean_b, _, count_b = group_mean_std(scores_b, group_ids_b)
+    mean_b, std_b, count_b = group_mean_std(scores_b, group_ids_b)
     others_mean_b = (mean_b * count_b - scores_b) / (count_b - 1).clamp(min=1)
-    return torch.where(count_b > 1, scores_b - others_mean_b, torch.zeros_like(scores_b))
+    # Equal scores: exactly 0, not the float noise of (n*s - s)/(n-1) - s.
+    signal_b = (count_b > 1) & (std_b > 0)
+    return torch.where(signal_b, scores_b - others_mean_b, torch.zeros_like(scores_b))
 
 
 def reinforce_pp_advantage(
@@ -77,10 +79,15 @@ def reinforce_pp_baseline_advantage(
     scores_b: torch.Tensor, group_ids_b: GroupIds, mask_bt: torch.Tensor, *, eps: float = 1e-6
 ) -> torch.Tensor:
     """REINFORCE++-baseline (Hu 2025, sec. 3.3): (s_i - mean_g) broadcast to the response
-    tokens, then whitened over all response tokens of the batch. Returns ``adv_bt``."""
+    tokens, then whitened over all response tokens of the batch. Returns ``adv_bt``.
+
+    A group whose scores all agree carries no signal and keeps advantage 0: the
+    batch whitening would otherwise shift it by the batch mean.
+    """
     mean_b, _, _ = group_mean_std(scores_b, group_ids_b)
     mask_bt = mask_bt.to(scores_b.dtype)
-    return masked_whiten((scores_b - mean_b)[:, None] * mask_bt, mask_bt, eps)
+    adv_bt = masked_whiten((scores_b - mean_b)[:, None] * mask_bt, mask_bt, eps)
+    return adv_bt * (~uniform_groups(scores_b, group_ids_b))[:, None]
 
 
 def gae_advantage(
@@ -126,7 +133,8 @@ def gdpo_advantage(
     each reward k is normalised within its group, A_k = (r_k - mean_gk) / (std_gk + eps),
     combined as sum_k w_k A_k, then normalised over the whole batch (mean 0, std 1,
     unbiased std). Normalising each reward separately keeps one reward's scale from
-    swamping the others. Returns ``adv_b``.
+    swamping the others. A group in which every reward agrees gets advantage 0
+    (the batch normalisation would otherwise shift it). Returns ``adv_b``.
     """
     missing = sorted(set(weights) - set(named_scores))
     if missing:
@@ -141,7 +149,11 @@ def gdpo_advantage(
     assert isinstance(combined_b, torch.Tensor)
     if combined_b.numel() < 2:
         return torch.zeros_like(combined_b)
-    return (combined_b - combined_b.mean()) / (combined_b.std() + eps)
+    no_signal_b = torch.stack([uniform_groups(named_scores[k], group_ids_b) for k in weights]).all(
+        0
+    )
+    adv_b = (combined_b - combined_b.mean()) / (combined_b.std() + eps)
+    return torch.where(no_signal_b, torch.zeros_like(adv_b), adv_b)
 
 
 # --- registry and dispatcher --------------------------------------------------------------

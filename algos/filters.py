@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-from algos.groups import group_index
+from algos.groups import uniform_groups
 
 
 def overlong_penalty(
@@ -32,13 +32,7 @@ def zero_std_groups(scores_b: torch.Tensor, group_ids_b: torch.Tensor | Sequence
     """Dynamic sampling (DAPO eq. 11): ``keep_b`` is False for samples whose group has all
     scores equal (std 0, including a group of one), since their advantage is zero and they
     add no gradient. Compared exactly (max == min), not by a float tolerance."""
-    idx_b, g = group_index(group_ids_b)
-    idx_b = idx_b.to(scores_b.device)
-    max_g = torch.full((g,), -torch.inf, dtype=scores_b.dtype, device=scores_b.device)
-    min_g = torch.full((g,), torch.inf, dtype=scores_b.dtype, device=scores_b.device)
-    max_g = max_g.scatter_reduce(0, idx_b, scores_b, reduce="amax")
-    min_g = min_g.scatter_reduce(0, idx_b, scores_b, reduce="amin")
-    return (max_g > min_g)[idx_b]
+    return ~uniform_groups(scores_b, group_ids_b)
 
 
 def truncated_is_weight(

@@ -57,9 +57,10 @@ def test_reinforce_pp_baseline_hand_values():
     mask_bt = torch.tensor([[1, 1], [1, 0], [1, 1]])
     adv_bt = reinforce_pp_baseline_advantage(torch.tensor([1.0, 0.0, 3.0]), [0, 0, 1], mask_bt)
     # s - mean_g = [0.5, -0.5, 0] -> tokens [0.5, 0.5, -0.5, 0, 0], mean 0.1,
-    # deviations [0.4, 0.4, -0.6, -0.1, -0.1], unbiased var = 0.7 / 4 = 0.175, std 0.418330
+    # deviations [0.4, 0.4, -0.6, -0.1, -0.1], unbiased var = 0.7 / 4 = 0.175, std 0.418330;
+    # group 1 is a single sample (all its scores agree): no signal, advantage 0.
     std = math.sqrt(0.175)
-    expected = torch.tensor([[0.4, 0.4], [-0.6, 0.0], [-0.1, -0.1]]) / std
+    expected = torch.tensor([[0.4, 0.4], [-0.6, 0.0], [0.0, 0.0]]) / std
     torch.testing.assert_close(adv_bt, expected, atol=1e-5, rtol=0)
 
 
@@ -175,3 +176,24 @@ def test_register_advantage():
         torch.testing.assert_close(adv_bt, torch.full((1, 2), 2.0))
     finally:
         ADVANTAGE_ESTIMATORS.pop("constant", None)
+
+
+def test_equal_rewards_give_exactly_zero_advantage_in_every_group_estimator():
+    # 0.7 is not exact in float32: 8 * 0.7 / 8 != 0.7 there, and that noise divided by
+    # std + eps = 1e-6 was a non-zero advantage. Group 0 all 0.7 (no signal), group 1 mixed.
+    scores_b = torch.tensor([0.7] * 8 + [0.0, 1.0, 0.3, 0.7, 0.1, 0.9, 0.2, 0.6])
+    groups_b = torch.tensor([0] * 8 + [1] * 8)
+    mask_bt = torch.ones(16, 3)
+    named = {"total": scores_b, "a": scores_b, "b": torch.full((16,), 0.7)}
+    for estimator in ("grpo", "rloo", "reinforce_pp_baseline", "gdpo"):
+        for norm_by_std in (True, False):  # False: Dr.GRPO
+            cfg = AdvantageConfig(
+                estimator=estimator,
+                norm_by_std=norm_by_std,
+                reward_weights=(("a", 1.0), ("b", 0.5)),
+            )
+            adv_bt, _ = compute_advantages(
+                cfg, scores_b=named, group_ids_b=groups_b, mask_bt=mask_bt
+            )
+            assert torch.equal(adv_bt[:8], torch.zeros(8, 3)), (estimator, adv_bt[:8])
+            assert adv_bt[8:].abs().sum() > 0, estimator  # the mixed group still learns
