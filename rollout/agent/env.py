@@ -1,0 +1,161 @@
+"""Environments: what answers the model between its turns.
+
+An environment is any object with
+
+    reset(row) -> list[dict]                      # the messages that open the episode
+    step(message) -> (new_messages, done, reward)  # answer one assistant message
+
+either of which may be ``async``. ``message`` is the assistant's turn,
+``{"role": "assistant", "content": str, "tool_calls": [...]}`` (tool calls in the
+OpenAI form ``{"id", "type": "function", "function": {"name", "arguments"}}``,
+plus ``"tool_call_errors"`` when some call blocks were malformed). ``reward`` is
+``None`` or a float; the episode keeps the last one that is not ``None``. The loop
+creates one environment per episode. Two optional attributes: ``tool_schemas``
+(given to the chat template as ``tools``) and ``outcomes`` (``ToolOutcome`` list,
+counted into the episode's tool errors and timeouts).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from rollout.agent.parsers import ToolCall
+from rollout.agent.specs import SPEC_FORMS, load_object
+from rollout.agent.tool_pool import ToolWorkerPool
+from rollout.agent.tools import Tool, ToolOutcome, load_tools, run_tool_calls, tool_from_function
+
+StepResult = tuple[list[dict], bool, float | None]
+
+
+class Env(Protocol):
+    def reset(self, row: dict) -> list[dict] | Awaitable[list[dict]]: ...
+
+    def step(self, message: dict) -> StepResult | Awaitable[StepResult]: ...
+
+
+EnvFactory = Callable[[], Env]
+
+
+class EnvError(ValueError):
+    """An environment cannot be loaded or built; the message says what to change."""
+
+
+def prompt_messages(row: dict) -> list[dict]:
+    """The row's ``prompt`` as chat messages; a string is one user message."""
+    prompt = row["prompt"]
+    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+
+
+def tool_calls_of(message: dict) -> list[ToolCall]:
+    """The ``ToolCall``s of an assistant message in the OpenAI form."""
+    calls = []
+    for i, raw in enumerate(message.get("tool_calls") or []):
+        fn = raw.get("function", raw)
+        calls.append(ToolCall(fn["name"], dict(fn.get("arguments") or {}), raw.get("id", f"{i}")))
+    return calls
+
+
+class ToolEnv:
+    """The default environment: run the assistant's tool calls and answer with their
+    results, one ``{"role": "tool", "name", "content", "tool_call_id"}`` message per
+    call (malformed call blocks get an error message each). Done when the assistant
+    answers without calling a tool. No reward: reward functions score the final text.
+
+    ``tools`` are specs (built-in names, ``file.py:fn``, ``module:fn``), functions or
+    ``Tool``s, or a ready ``{name: Tool}`` map.
+    """
+
+    def __init__(
+        self,
+        tools: Sequence[str | Tool | Callable[..., Any]] | Mapping[str, Tool],
+        timeout_s: float = 30.0,
+        pool: ToolWorkerPool | None = None,
+    ):
+        self.tools = dict(tools) if isinstance(tools, Mapping) else _as_tools(tools)
+        self.timeout_s = timeout_s
+        self.pool = pool
+        self.tool_schemas = [t.schema for t in self.tools.values()]
+        self.outcomes: list[ToolOutcome] = []
+
+    def reset(self, row: dict) -> list[dict]:
+        self.outcomes = []
+        return prompt_messages(row)
+
+    async def step(self, message: dict) -> StepResult:
+        calls = tool_calls_of(message)
+        errors = message.get("tool_call_errors") or []
+        if not calls and not errors:
+            return [], True, None
+        outcomes = await run_tool_calls(calls, self.tools, self.timeout_s, self.pool)
+        self.outcomes += outcomes
+        replies = [
+            {"role": "tool", "name": o.call.name, "content": o.text, "tool_call_id": o.call.id}
+            for o in outcomes
+        ]
+        replies += [
+            {"role": "tool", "name": "invalid_tool_call", "content": f"Error: {e}"} for e in errors
+        ]
+        return replies, False, None
+
+
+def _as_tools(items: Sequence[str | Tool | Callable[..., Any]]) -> dict[str, Tool]:
+    specs = [t for t in items if isinstance(t, str)]
+    tools = load_tools(specs)
+    for item in items:
+        if isinstance(item, str):
+            continue
+        tool = item if isinstance(item, Tool) else tool_from_function(item)
+        if tool.name in tools:
+            raise EnvError(f"two tools are named {tool.name!r}; tool names must be unique")
+        tools[tool.name] = tool
+    return tools
+
+
+# name -> environment class, for ``load_env``; users add theirs by spec.
+ENVS: dict[str, type] = {"tools": ToolEnv}
+
+
+def load_env(spec: str, kwargs: Mapping[str, Any] | None = None) -> EnvFactory:
+    """A factory of fresh environments (one per episode): ``cls(**kwargs)`` for the class
+    ``spec`` names (a name in ``ENVS``, ``file.py:Class`` or ``module:Class``).
+
+    The class and ``kwargs`` are checked now, so a bad config fails before any model
+    loads: not loadable, not a class, no ``reset`` / ``step`` method, or ``kwargs``
+    that its constructor does not take.
+    """
+    if spec in ENVS:
+        cls = ENVS[spec]
+    elif ":" in spec:
+        cls = load_object(spec, "environment", EnvError)
+    else:
+        raise EnvError(
+            f"environment {spec!r} is not built in ({sorted(ENVS)}); use a built-in name "
+            f"or {SPEC_FORMS}"
+        )
+    if not isinstance(cls, type):
+        raise EnvError(
+            f"environment {spec!r}: is a {type(cls).__name__}, not a class; point the spec at "
+            "a class with reset(row) and step(message) methods"
+        )
+    missing = [m for m in ("reset", "step") if not callable(getattr(cls, m, None))]
+    if missing:
+        raise EnvError(
+            f"environment {spec!r}: class {cls.__name__} lacks {' and '.join(missing)}; "
+            "an environment needs reset(row) -> messages and "
+            "step(message) -> (messages, done, reward)"
+        )
+    kwargs = dict(kwargs or {})
+    try:
+        inspect.signature(cls).bind(**kwargs)
+    except TypeError as e:
+        raise EnvError(
+            f"environment {spec!r}: {cls.__name__}({', '.join(kwargs)}) does not match its "
+            f"constructor {cls.__name__}{inspect.signature(cls)} ({e}); fix the env kwargs"
+        ) from None
+
+    def make() -> Env:
+        return cls(**kwargs)
+
+    return make
