@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import ast
 import operator
+from collections.abc import Callable
+from typing import Any
 
-_OPS = {
+_OPS: dict[type, Callable[..., Any]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
     ast.Mult: operator.mul,
@@ -28,8 +30,9 @@ def calculator(expression: str) -> str:
 
 
 def _eval(node: ast.AST) -> int | float:
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
+    value = node.value if isinstance(node, ast.Constant) else None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return value
     if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
         right = _eval(node.right)
         if isinstance(node.op, ast.Pow) and abs(right) > 1000:

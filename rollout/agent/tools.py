@@ -160,6 +160,7 @@ async def _run(
     problems = check_arguments(tool.schema, call.arguments)
     if problems:
         return outcome("error", f"Error: bad arguments for {call.name}: " + "; ".join(problems))
+    status: str
     try:
         if tool.is_async:
             status, text = await _run_async(tool, call.arguments, timeout_s)

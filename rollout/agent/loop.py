@@ -1,0 +1,267 @@
+"""The multi-turn episode loop: model turns and environment turns, token in, token out.
+
+Shapes: an episode is flat lists over its response tokens (t); nothing here pads.
+
+The trajectory is exactly what the engine sampled plus the environment's messages
+tokenised as the chat template renders them after those ids (see ``chat.py``);
+decoded text is never tokenised again, so the trainer scores the very tokens the
+policy produced and ``logprobs`` stay comparable with its own.
+
+Each turn's prompt is the previous prompt + the sampled ids + the environment's
+delta ids. An episode ends when the environment says done (``ToolEnv``: the model
+answered without a tool call), after ``max_turns`` model turns, or when its
+response budget is spent. The budget ``max_response_tokens`` counts every token
+after the prompt, model and environment tokens alike, because that is the length
+the trainer has to fit; ``max_model_len`` bounds prompt + response. An episode
+that stops for lack of turns or room (not because the environment said done) is
+``truncated``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
+
+from rollout.agent.chat import ChatTokens
+from rollout.agent.env import Env, EnvFactory
+from rollout.agent.parsers import ParsedTurn, get_parser
+from rollout.base import AsyncRolloutEngine, Completion, GenerationRequest, SamplingConfig
+
+GenerateFn = Callable[[list[int], SamplingConfig, str], Awaitable[Completion]]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class AgentLoopConfig:
+    """Limits of one episode; the per-turn token limit is ``SamplingConfig.max_tokens``."""
+
+    max_turns: int  # model turns
+    max_response_tokens: int  # model + environment tokens after the prompt
+    max_model_len: int  # prompt + response, the engine's context
+    parser: str | None = "hermes"  # tool-call parser name or spec; None: plain text
+
+    def __post_init__(self) -> None:
+        errors = [
+            f"{k}={getattr(self, k)} must be >= 1"
+            for k in ("max_turns", "max_response_tokens", "max_model_len")
+            if getattr(self, k) < 1
+        ]
+        if errors:
+            raise ValueError("invalid AgentLoopConfig: " + "; ".join(errors))
+
+
+@dataclass
+class Turn:
+    """One model turn and the environment tokens that followed it."""
+
+    sampled_ids: list[int]
+    logprobs: list[float]
+    text: str  # the sampled ids decoded, without the end token
+    finish_reason: str
+    env_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Episode:
+    prompt_ids: list[int]
+    response_ids: list[int]  # model and environment tokens after the prompt
+    response_mask: list[int]  # 1 on model-sampled tokens, 0 on environment tokens
+    logprobs: list[float]  # the engine's on model tokens, 0.0 on environment tokens
+    messages: list[dict]  # the whole chat the tokens render
+    reward: float | None  # the environment's last reward that was not None
+    final_text: str  # the last assistant message's content
+    num_turns: int
+    tool_calls: int
+    tool_errors: int  # malformed calls and calls that failed
+    tool_timeouts: int
+    truncated: bool
+    model_tokens: int
+    env_tokens: int
+    session_id: str
+    group: int  # the row's index: the n episodes of a row form one group
+    turns: list[Turn] = field(default_factory=list)
+
+
+def engine_generate(engine: AsyncRolloutEngine) -> GenerateFn:
+    """The loop's ``generate`` for any engine with ``agenerate`` (hf, vllm, a router's
+    replica): one request, one completion, the session id passed along for routing."""
+
+    async def generate(prompt_ids: list[int], sampling: SamplingConfig, session_id: str):
+        request = GenerationRequest(prompt_ids, replace(sampling, n=1), session_id)
+        return (await engine.agenerate(request)).completions[0]
+
+    return generate
+
+
+async def run_episodes(
+    rows: Sequence[dict],
+    n: int,
+    *,
+    generate: GenerateFn,
+    tokenizer: Any,
+    make_env: EnvFactory,
+    sampling: SamplingConfig,
+    config: AgentLoopConfig,
+    session_prefix: str | None = None,
+) -> list[Episode]:
+    """Run ``n`` episodes per row, all ``len(rows) * n`` concurrently; returns them row by
+    row (episode ``i * n + j`` is sample ``j`` of row ``i``, ``group == i``).
+
+    Every episode has its own session id (``{prefix}-{i}-{j}``) and, when
+    ``sampling.seed`` is set, its own seed per turn derived from it, so a run is
+    reproducible and the samples of a group differ.
+    """
+    prefix = session_prefix or uuid.uuid4().hex[:12]
+    parse = get_parser(config.parser) if config.parser is not None else None
+    templates: dict[str, ChatTokens] = {}
+
+    async def one(i: int, j: int) -> Episode:
+        return await _episode(
+            rows[i], i, f"{prefix}-{i}-{j}", i * n + j, generate, tokenizer, make_env(),
+            sampling, config, parse, templates,
+        )  # fmt: skip
+
+    return list(await asyncio.gather(*(one(i, j) for i in range(len(rows)) for j in range(n))))
+
+
+async def _episode(
+    row: dict,
+    group: int,
+    session_id: str,
+    index: int,
+    generate: GenerateFn,
+    tokenizer: Any,
+    env: Env,
+    sampling: SamplingConfig,
+    config: AgentLoopConfig,
+    parse: Callable[[str], ParsedTurn] | None,
+    templates: dict[str, ChatTokens],
+) -> Episode:
+    messages = list(await _maybe_await(env.reset(row)))
+    tools = getattr(env, "tool_schemas", None)
+    key = repr(tools)  # tokenizer-wide probes, once per distinct tool list
+    chat = templates.get(key) or templates.setdefault(key, ChatTokens(tokenizer, tools))
+    prompt_ids = chat.prompt_ids(messages)
+    ids: list[int] = list(prompt_ids)  # the next turn's prompt
+    response: list[int] = []
+    mask: list[int] = []
+    logps: list[float] = []
+    turns: list[Turn] = []
+    reward: float | None = None
+    calls = parse_errors = 0
+    truncated = False
+    for turn in range(config.max_turns):
+        room = min(
+            sampling.max_tokens,
+            config.max_response_tokens - len(response),
+            config.max_model_len - len(ids),
+        )
+        if room < 1:
+            truncated = True
+            break
+        seed = None if sampling.seed is None else _seed(sampling.seed, index, turn)
+        completion = await generate(
+            ids, replace(sampling, n=1, max_tokens=room, seed=seed), session_id
+        )
+        sampled = list(completion.token_ids)
+        ids += sampled
+        response += sampled
+        mask += [1] * len(sampled)
+        logps += list(completion.logprobs)
+        ended = completion.finish_reason == "stop" and bool(sampled)
+        text = chat.decode(sampled[:-1] if ended else sampled)
+        turns.append(Turn(sampled, list(completion.logprobs), text, completion.finish_reason))
+        parsed = parse(text) if parse is not None else ParsedTurn(content=text)
+        calls += len(parsed.tool_calls)
+        parse_errors += len(parsed.errors)
+        message = assistant_message(parsed)
+        messages.append(message)
+        if not ended and room < sampling.max_tokens and len(sampled) >= room:
+            truncated = True  # cut by the episode's budget, not by the per-turn limit
+            break
+        new, done, step_reward = await _maybe_await(env.step(message))
+        reward = step_reward if step_reward is not None else reward
+        if done:
+            break
+        if turn == config.max_turns - 1:
+            truncated = True
+            break
+        delta = chat.delta_ids(messages, list(new), chat.decode(sampled[-1:]) if ended else None)
+        # the delta must leave room for at least one more model token
+        if (
+            len(response) + len(delta) >= config.max_response_tokens
+            or len(ids) + len(delta) >= config.max_model_len
+        ):
+            truncated = True
+            break
+        messages += new
+        turns[-1].env_ids = delta
+        ids += delta
+        response += delta
+        mask += [0] * len(delta)
+        logps += [0.0] * len(delta)
+    outcomes = getattr(env, "outcomes", None) or []
+    assistant = [m for m in messages if m.get("role") == "assistant"]
+    return Episode(
+        prompt_ids=prompt_ids,
+        response_ids=response,
+        response_mask=mask,
+        logprobs=logps,
+        messages=messages,
+        reward=reward,
+        final_text=str(assistant[-1]["content"]) if assistant else "",
+        num_turns=len(turns),
+        tool_calls=calls,
+        tool_errors=parse_errors + sum(o.status == "error" for o in outcomes),
+        tool_timeouts=sum(o.status == "timeout" for o in outcomes),
+        truncated=truncated,
+        model_tokens=sum(mask),
+        env_tokens=len(mask) - sum(mask),
+        session_id=session_id,
+        group=group,
+        turns=turns,
+    )
+
+
+def assistant_message(parsed: ParsedTurn) -> dict:
+    """The chat message of a parsed turn, tool calls in the OpenAI form."""
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    if parsed.tool_calls:
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in parsed.tool_calls
+        ]
+    if parsed.errors:
+        message["tool_call_errors"] = list(parsed.errors)
+    return message
+
+
+def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Batch metrics: means per episode, tool counts summed over the batch,
+    ``agent/truncated`` the fraction of truncated episodes."""
+    count = max(len(episodes), 1)
+    return {
+        "agent/turns_mean": sum(e.num_turns for e in episodes) / count,
+        "agent/tool_calls": float(sum(e.tool_calls for e in episodes)),
+        "agent/tool_errors": float(sum(e.tool_errors for e in episodes)),
+        "agent/tool_timeouts": float(sum(e.tool_timeouts for e in episodes)),
+        "agent/truncated": sum(e.truncated for e in episodes) / count,
+        "agent/model_tokens_mean": sum(e.model_tokens for e in episodes) / count,
+        "agent/env_tokens_mean": sum(e.env_tokens for e in episodes) / count,
+    }
+
+
+def _seed(base: int, episode: int, turn: int) -> int:
+    digest = hashlib.blake2b(f"{base}/{episode}/{turn}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
+async def _maybe_await(value: T | Awaitable[T]) -> T:
+    if inspect.isawaitable(value):
+        return await value
+    return value
