@@ -283,6 +283,15 @@ class DataConfig:
 class RewardConfig:
     fn: str = spec("arith", help="'arith', 'file.py:function' or 'module:function'")
     weights: dict[str, float] = spec({}, help="weights of named rewards in the total")
+    num_workers: int = spec(
+        2, ge=0, help="processes that score completions concurrently (0: in the driver, no timeout)"
+    )
+    timeout_s: float = spec(
+        30.0, gt=0, help="a reward call running longer is stopped, scored 0 and counted"
+    )
+    max_error_frac: float = spec(
+        0.5, ge=0, le=1, help="stop the run when more than this share of a step's reward calls fail"
+    )
 
 
 @dataclass(frozen=True)
@@ -344,6 +353,13 @@ def _cross_checks(cfg: Config) -> list[str]:
         problems.append(
             f"algo.overlong.buffer={a.overlong.buffer}: must be <= rollout.max_tokens={cfg.rollout.max_tokens}"
         )
+    if cfg.data.name != "files":
+        for key in ("train_files", "val_files"):
+            if getattr(cfg.data, key):
+                problems.append(
+                    f"data.{key}={getattr(cfg.data, key)}: data.name={cfg.data.name} is the "
+                    f"built-in task and would ignore these files; add data=files to train on them"
+                )
     if cfg.data.name == "files" and not cfg.data.train_files:
         problems.append("data.train_files: required when data.name=files")
     if cfg.data.name == "files" and not cfg.data.val_files:

@@ -31,7 +31,7 @@ from algos import (
 from rlpost.checkpoint import (
     CheckpointManager,
     load_driver_state,
-    resolve_resume,
+    pick_checkpoint,
     save_driver_state,
 )
 from rlpost.config import Config
@@ -278,7 +278,7 @@ class Controller:
     def restore(self) -> int:
         """Load ``trainer.resume``'s checkpoint, if any; returns its step (0 if none)."""
         t = self.cfg.trainer
-        path = resolve_resume(t.resume, self.run_dir, t.keep_last)
+        path = pick_checkpoint(t.resume, self.run_dir, t.keep_last)
         if path is None:
             self.tracker.truncate(-1)  # a fresh run in a used directory starts a new log
             return 0

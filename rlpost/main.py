@@ -32,15 +32,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{key:34s} {tp:40s} {text}")
         return 0
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from rlpost.checkpoint import CheckpointError
     from rlpost.data import DataError
     from rlpost.rewards import RewardError
+    from trainers.files import UnsafeCheckpointError
 
     try:
         cfg = compose(argv)
         from rlpost.run import train
 
         result = train(cfg)
-    except (ConfigError, DataError, RewardError) as exc:
+    except (ConfigError, DataError, RewardError, CheckpointError, UnsafeCheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     last = result.history[-1]

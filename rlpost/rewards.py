@@ -1,27 +1,41 @@
 """Reward functions: loaded by spec, called in isolation, scored by name.
 
-A reward function is ``fn(completion: str, row: dict) -> float | dict[str,
-float]``. A dict gives several named rewards (e.g. correctness and format);
-the ``"total"`` that drives the advantage is their weighted sum. A call that
-raises is scored 0 and counted, so one bad sample never stops a run.
+A reward function takes the completion text first and the prompt row after it,
+in one of two styles, told apart by its signature (``call_plan``):
+
+- **row**: ``fn(completion, row)`` -- the whole row as one dict. Chosen when the
+  second parameter is named ``row``, or is not a column of the data;
+- **columns**: ``fn(completion, answer=None, **row)`` -- the row's columns as
+  keyword arguments (the style of TRL and others). Chosen otherwise; a function
+  without ``**kwargs`` receives only the columns it names.
+
+Either style also receives ``messages`` (the whole conversation of a multi-turn
+episode) when it names that parameter. It returns a float, or a dict of named
+floats (e.g. correctness and format); the ``"total"`` that drives the advantage
+is their weighted sum. A call that raises is scored 0 and counted, so one bad
+sample never stops a run; a step where most calls fail does
+(``reward.max_error_frac``).
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import logging
 import math
 import sys
+import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rlpost.tasks import arith
 
 logger = logging.getLogger(__name__)
 
-RewardFn = Callable[[str, dict], Any]
+RewardFn = Callable[..., Any]
 
 BUILTIN_REWARDS: dict[str, RewardFn] = {"arith": arith.reward}
 
@@ -29,6 +43,7 @@ SPEC_FORMS = (
     f"a built-in name ({', '.join(sorted(BUILTIN_REWARDS))}), "
     "'path/to/file.py:function' or 'package.module:function'"
 )
+EXTRAS = ("messages",)  # passed when the function names them, in either style
 
 
 class RewardError(ValueError):
@@ -89,6 +104,91 @@ def _load_file(spec: str, path: Path) -> Any:
     return module
 
 
+@dataclass(frozen=True)
+class CallPlan:
+    """How rlpost calls a reward function: ``fn(completion, row)`` or
+    ``fn(completion, **columns)``; ``accepts`` is the keyword names it takes
+    (None: any, it has ``**kwargs``)."""
+
+    style: Literal["row", "columns"]
+    accepts: frozenset[str] | None
+
+    def describe(self, name: str) -> str:
+        if self.style == "row":
+            return f"{name}(completion: str, row: dict)"
+        names = (
+            "**columns"
+            if self.accepts is None
+            else ", ".join(f"{k}=..." for k in sorted(self.accepts))
+        )
+        return f"{name}(completion: str, {names}) with the row's columns as keyword arguments"
+
+    def call(self, fn: RewardFn, completion: str, row: dict, extras: dict[str, Any]) -> Any:
+        passed = {k: v for k, v in extras.items() if self.accepts is None or k in self.accepts}
+        if self.style == "row":
+            return fn(completion, row, **passed)
+        columns = {k: v for k, v in row.items() if k != "completion"}
+        if self.accepts is not None:
+            columns = {k: v for k, v in columns.items() if k in self.accepts}
+        return fn(completion, **columns, **passed)
+
+
+def call_plan(fn: RewardFn, columns: set[str], name: str = "reward") -> CallPlan:
+    """Tell the two calling styles apart from ``fn``'s signature and the data's
+    ``columns`` (see the module docstring); a signature rlpost cannot call is a
+    :class:`RewardError` naming what to change."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: assume the row style
+        return CallPlan("row", frozenset())
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    varkw = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params)
+    if not params or params[0].kind not in positional + (inspect.Parameter.VAR_POSITIONAL,):
+        raise RewardError(
+            f"{name}: its first parameter must take the completion text positionally, "
+            "e.g. def score(completion, row) or def score(completion, answer=None, **row)"
+        )
+    rest = [p for p in params[1:] if p.kind != inspect.Parameter.VAR_KEYWORD]
+    second = rest[0] if rest else None
+    keyword_names = {p.name for p in rest if p.kind != inspect.Parameter.VAR_POSITIONAL}
+    if (
+        second is not None
+        and second.kind in positional
+        and (second.name == "row" or (not varkw and second.name not in columns | set(EXTRAS)))
+    ):
+        required = [
+            p.name for p in rest[1:] if p.default is p.empty and p.name not in EXTRAS
+            and p.kind != inspect.Parameter.VAR_POSITIONAL
+        ]  # fmt: skip
+        if required:
+            raise RewardError(
+                f"{name}: parameters {required} after `{second.name}` (which receives the whole "
+                "row) have no default and rlpost has nothing to pass; give them defaults"
+            )
+        return CallPlan("row", frozenset(keyword_names) if not varkw else None)
+    missing = sorted(
+        p.name for p in rest
+        if p.default is p.empty and p.kind != inspect.Parameter.VAR_POSITIONAL
+        and p.name not in columns and p.name not in EXTRAS
+    )  # fmt: skip
+    if missing:
+        raise RewardError(
+            f"{name}: parameters {missing} are not columns of the data (columns: "
+            f"{sorted(columns)}); give them defaults, name them after columns, or take the "
+            "whole row as a second parameter named `row`"
+        )
+    return CallPlan("columns", None if varkw else frozenset(keyword_names))
+
+
+def _checked(result: Any) -> dict[str, float] | float:
+    """A reward's return value as a number or a dict of numbers; else TypeError/ValueError."""
+    if isinstance(result, dict):
+        if "total" in result:
+            raise ValueError("returned a 'total' key; that name is reserved for the sum")
+        return {str(k): _as_number(v) for k, v in result.items()}
+    return _as_number(result)
+
+
 def _as_number(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"returned a {type(value).__name__}, expected a number")
@@ -104,41 +204,83 @@ class RewardScorer:
     weigh 1.0. Without ``weights`` the function's own ``default_weights``
     attribute is used when it has one (the built-in ``arith`` reward counts
     only correctness).
+
+    With ``spec`` and ``num_workers > 0`` the calls run in a ``RewardPool`` of
+    worker processes, each bounded by ``timeout_s``; otherwise in this process.
+    A step in which more than ``max_error_frac`` of the calls fail (raise, time
+    out, crash, or return a non-number) raises :class:`RewardError` with the
+    first traceback.
     """
 
-    def __init__(self, fn: RewardFn, weights: dict[str, float] | None = None):
+    def __init__(
+        self,
+        fn: RewardFn,
+        weights: dict[str, float] | None = None,
+        *,
+        spec: str | None = None,
+        num_workers: int = 0,
+        timeout_s: float = 30.0,
+        max_error_frac: float = 1.0,
+        plan: CallPlan | None = None,
+    ):
         self.fn = fn
         self.name = getattr(fn, "__qualname__", repr(fn))
         self.weights = dict(weights if weights is not None else getattr(fn, "default_weights", {}))
+        self.spec, self.num_workers, self.timeout_s = spec, num_workers, timeout_s
+        self.max_error_frac = max_error_frac
+        self.plan = plan
+        self.pool: Any = None
         self._warned: set[str] = set()
 
-    def _call(self, completion: str, row: dict) -> dict[str, float] | float:
-        result = self.fn(completion, row)
-        if isinstance(result, dict):
-            if "total" in result:
-                raise ValueError("returned a 'total' key; that name is reserved for the sum")
-            return {str(k): _as_number(v) for k, v in result.items()}
-        return _as_number(result)
+    def _outcomes(self, completions: list[str], rows: list[dict], extras: list[dict]) -> list[Any]:
+        from rlpost.reward_pool import Outcome, RewardPool
+
+        if self.plan is None:
+            self.plan = call_plan(self.fn, set(rows[0]) if rows else set(), self.name)
+        if self.spec is not None and self.num_workers > 0:
+            if self.pool is None:
+                self.pool = RewardPool(self.spec, self.plan, self.num_workers, self.timeout_s)
+            return self.pool.map(completions, rows, extras)
+        out = []
+        for completion, row, extra in zip(completions, rows, extras):
+            try:
+                out.append(Outcome("ok", value=self.plan.call(self.fn, completion, row, extra)))
+            except Exception:  # isolate user code: counted and scored 0 below
+                out.append(Outcome("error", error=traceback.format_exc()))
+        return out
 
     def score(
-        self, completions: list[str], rows: list[dict]
+        self,
+        completions: list[str],
+        rows: list[dict],
+        extras: list[dict[str, Any]] | None = None,
     ) -> tuple[dict[str, list[float]], dict[str, float]]:
         """Named scores per sample (always with ``"total"``) and metrics.
 
-        Returns ``({"total": [...], name: [...]}, {"reward/mean", "reward/errors",
-        "reward/<name>"})``, each list of length ``len(completions)``. A sample
-        whose call raised, returned a non-number or lacks a name others have
-        scores 0 under every name, as does a number among dicts.
+        ``extras`` (one dict per sample, e.g. ``{"messages": [...]}``) are passed
+        to a function that names them. Returns ``({"total": [...], name: [...]},
+        {"reward/mean", "reward/errors", "reward/timeouts", "reward/<name>"})``,
+        each list of length ``len(completions)``. A sample whose call failed,
+        returned a non-number or lacks a name others have scores 0 under every
+        name, as does a number among dicts.
         """
         if len(completions) != len(rows):
             raise RewardError(f"{len(completions)} completions but {len(rows)} rows")
+        outcomes = self._outcomes(completions, rows, extras or [{} for _ in rows])
         results: list[dict[str, float] | float | None] = []
-        for completion, row in zip(completions, rows):
-            try:
-                results.append(self._call(completion, row))
-            except Exception as e:  # isolate user code: count, log once, score 0
-                self._warn(f"reward {self.name} {type(e).__name__}: {e}")
-                results.append(None)
+        failures: list[str] = []
+        for o in outcomes:
+            if o.status == "ok":
+                try:
+                    results.append(_checked(o.value))
+                    continue
+                except (TypeError, ValueError) as e:
+                    o.error = f"{type(e).__name__}: {e}"
+            failures.append(o.error)
+            last = o.error.strip().splitlines()[-1] if o.error.strip() else o.status
+            self._warn(f"reward {self.name} {o.status}: {last}")
+            results.append(None)
+        self._check_failures(failures, len(completions))
         names: list[str] = []
         for r in results:
             if isinstance(r, dict):
@@ -150,14 +292,14 @@ class RewardScorer:
                 "fix the weights in the reward config"
             )
         scores: dict[str, list[float]] = {"total": [], **{n: [] for n in names}}
-        errors = 0
+        errors = len(failures)
         for r in results:
             if (isinstance(r, dict) and set(r) != set(names)) or (names and isinstance(r, float)):
                 got = sorted(r) if isinstance(r, dict) else "a number"
                 self._warn(f"reward {self.name} returned {got}, other samples {names}")
                 r = None
-            if r is None:
                 errors += 1
+            if r is None:
                 for values in scores.values():
                     values.append(0.0)
             elif isinstance(r, dict):
@@ -167,9 +309,29 @@ class RewardScorer:
             else:
                 scores["total"].append(r)
         count = max(len(completions), 1)
-        metrics = {"reward/mean": sum(scores["total"]) / count, "reward/errors": float(errors)}
+        metrics = {
+            "reward/mean": sum(scores["total"]) / count,
+            "reward/errors": float(errors),
+            "reward/timeouts": float(sum(o.status == "timeout" for o in outcomes)),
+        }
         metrics.update({f"reward/{k}": sum(v) / count for k, v in scores.items() if k != "total"})
         return scores, metrics
+
+    def _check_failures(self, failures: list[str], calls: int) -> None:
+        if not calls or len(failures) <= self.max_error_frac * calls:
+            return
+        assert self.plan is not None
+        raise RewardError(
+            f"reward.fn {self.name}: {len(failures)} of {calls} calls failed in one step, more "
+            f"than reward.max_error_frac={self.max_error_frac:g}. rlpost calls it as "
+            f"{self.plan.describe(self.name)}. Fix the function (or raise "
+            f"reward.max_error_frac). First failure:\n{failures[0].rstrip()}"
+        )
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
 
     def _warn(self, message: str) -> None:
         if message not in self._warned:

@@ -12,7 +12,7 @@ import yaml
 from rlpost.config import Config, to_dict
 from rlpost.data import DataError, load_rows, validate_row
 from rlpost.result import RunResult
-from rlpost.rewards import RewardError, RewardScorer, load_reward_fn
+from rlpost.rewards import RewardError, RewardScorer, call_plan, load_reward_fn
 from rlpost.schema import ConfigError
 
 log = logging.getLogger(__name__)
@@ -133,6 +133,11 @@ def preflight(cfg: Config) -> tuple[Any, list[dict], list[dict], int]:
         rows = load_data(cfg)
     except DataError as exc:
         problems.append(str(exc))
+    if reward_fn is not None and rows[0]:
+        try:  # the calling style, and that the data has the columns it names
+            call_plan(reward_fn, set(rows[0][0]) if isinstance(rows[0][0], dict) else set())
+        except RewardError as exc:
+            problems.append(f"reward.fn={cfg.reward.fn}: {exc}")
     if problems:
         raise ConfigError(problems)
     return (reward_fn, *rows)
@@ -215,6 +220,7 @@ def train(cfg: Config) -> RunResult:
 
     workers: list[Any] = []
     tracker: Tracker | None = None
+    scorer: RewardScorer | None = None
     try:
         placement.save(run_dir)
         model_path = cfg.model.path or builtin_model(cfg, make_trainer)
@@ -251,7 +257,11 @@ def train(cfg: Config) -> RunResult:
             scheduling=placement.scheduling("rollout"),
         )
         tracker = Tracker(run_dir, list(t.logger), t.total_steps, to_dict(cfg))
-        scorer = RewardScorer(reward_fn, dict(cfg.reward.weights) or None)
+        rw = cfg.reward
+        scorer = RewardScorer(
+            reward_fn, dict(rw.weights) or None, spec=rw.fn, num_workers=rw.num_workers,
+            timeout_s=rw.timeout_s, max_error_frac=rw.max_error_frac,
+        )  # fmt: skip
         controller = Controller(
             cfg, run_dir, Workers(policy, rollout, reference, critic), tokenizer,
             train_rows, val_rows, scorer, tracker, bad_rows,
@@ -260,6 +270,8 @@ def train(cfg: Config) -> RunResult:
         tracker.plot()
         return result
     finally:
+        if scorer is not None:
+            scorer.close()
         if tracker is not None:
             tracker.close()
         for group in workers:

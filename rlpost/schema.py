@@ -80,6 +80,10 @@ def _coerce(value: Any, tp: Any, path: str, problems: list[str]) -> Any:
             problems.append(f"{path}={value!r}: expected {_type_name(tp)}")
         return value
     if origin is list:
+        if isinstance(value, (str, int, float)):
+            # One value where a list is taken (``data.train_files=mine.jsonl``) is
+            # a list of one.
+            value = [value]
         if not isinstance(value, (list, tuple)):
             problems.append(f"{path}={value!r}: expected {_type_name(tp)}")
             return None

@@ -67,7 +67,8 @@ class Tracker:
             self._jsonl.close()
             path.write_text("".join(json.dumps(r) + "\n" for r in self.history))
             self._jsonl = open(path, "a")
-        self.bar.n = step
+        # A fresh run truncates to step -1 (nothing kept); the bar starts at 0.
+        self.bar.n = max(step, 0)
         self.bar.refresh()
 
     def plot(self) -> Path | None:

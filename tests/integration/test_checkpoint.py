@@ -124,7 +124,9 @@ def _crash_worker(rank: int, model_dir: str, port: int, run_dir: str, out: str) 
         eng.save_checkpoint(str(tmp / "policy"))
         raise OSError("disk full")
 
-    with pytest.raises(OSError, match="disk full"):
+    from rlpost.checkpoint import CheckpointError
+
+    with pytest.raises(CheckpointError, match="step 2 could not be written.*OSError: disk full"):
         manager.atomic_write(2, failing)
 
     def killed(tmp: Path) -> None:
@@ -166,3 +168,65 @@ def test_keep_last_prunes_oldest(tmp_path):
         manager.atomic_write(step, lambda tmp: (tmp / "x").write_text("x"))
     assert [s for s, _ in manager.complete()] == [10, 15]
     assert manager.latest() == manager.step_dir(15)
+
+
+def _disk_full_worker(rank: int, model_dir: str, port: int, run_dir: str, out: str, fsize: int):
+    """Checkpoint step 1, then step 2 onto a disk with room for one checkpoint only."""
+    from rlpost.checkpoint import CheckpointError
+
+    eng = _engine(model_dir, rank, port, "full")
+    manager = CheckpointManager(run_dir, keep_last=2)
+    _train(eng, 0, 1)
+
+    def writer(tmp: Path) -> None:
+        eng.save_checkpoint(str(tmp / "policy"))
+        save_driver_state(tmp, {"step": 1})
+
+    manager.atomic_write(1, writer)
+    torch.save(_params(eng), out)
+    _train(eng, 1, 1)
+    if fsize:  # no tmpfs here: a file-size limit on this writer instead
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+    with pytest.raises(CheckpointError) as info:
+        manager.atomic_write(2, writer)
+    message = str(info.value)
+    assert "checkpoint of step 2 could not be written" in message, message
+    assert "(step_000001) is intact" in message and "trainer.run_dir" in message
+    assert "disk is full" in message or "No space left" in message
+    eng.close()
+
+
+def test_disk_full_during_save_is_a_clear_error_and_the_previous_checkpoint_loads(
+    model_dir, tmp_path
+):
+    import subprocess
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    # A real full disk: a 2 MiB tmpfs holds one checkpoint of the micro model (~1.25 MB)
+    # and not two. Where mounting is not allowed, RLIMIT_FSIZE on the writer.
+    mounted = (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(run_dir)]).returncode
+        == 0
+    )
+    try:
+        out = tmp_path / "s1.pt"
+        fsize = 0 if mounted else 256 * 1024
+        spawn(_disk_full_worker, (model_dir, free_port(), str(run_dir), str(out), fsize))
+        manager = CheckpointManager(run_dir, keep_last=2)
+        assert [s for s, _ in manager.complete()] == [1]
+        assert not any(p.name.endswith(".partial") for p in (run_dir / "checkpoints").iterdir())
+        loaded_out = tmp_path / "loaded.pt"
+        spawn(
+            _load_worker,
+            (model_dir, free_port(), str(manager.latest() / "policy"), str(loaded_out)),
+        )
+        loaded, saved = torch.load(loaded_out), torch.load(out)
+        for name, w in saved.items():
+            assert torch.equal(loaded[name], w), name
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(run_dir)])

@@ -136,6 +136,25 @@ def test_files_data_with_files_composes():
     assert cfg.reward.fn == "my_reward.py:score"
 
 
+def test_one_path_is_a_list_of_one():
+    # verl accepts data.train_files=mine.jsonl; so does rlpost
+    cfg = compose(["data=files", "data.train_files=mine.jsonl", "data.val_files=val.parquet"])
+    assert cfg.data.train_files == ["mine.jsonl"] and cfg.data.val_files == ["val.parquet"]
+
+
+def test_files_without_data_files_preset_is_an_error_naming_both_keys():
+    # without data=files the built-in task would train and the files be ignored
+    problems, message = _problems(
+        ["data.train_files=[mine.jsonl]", "data.val_files=[mine_val.jsonl]"]
+    )
+    assert problems == [
+        "data.train_files=['mine.jsonl']: data.name=arith is the built-in task and would "
+        "ignore these files; add data=files to train on them",
+        "data.val_files=['mine_val.jsonl']: data.name=arith is the built-in task and would "
+        "ignore these files; add data=files to train on them",
+    ]
+
+
 def test_batch_must_split_over_ranks():
     # 3 prompts x 3 samples = 9 rows; 9 % (2 ranks x 1 mini-batch) = 1
     problems, _ = _problems(["data.prompts_per_step=3", "rollout.n=3", "trainer.world_size=2"])

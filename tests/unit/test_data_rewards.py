@@ -172,7 +172,7 @@ def test_scorer_isolates_a_raising_call(caplog):
         scorer.score(["boom"], [{}])
     assert scores == {"total": [1.0, 0.0, 0.5, 0.0]}
     # mean = (1 + 0 + 0.5 + 0) / 4 = 0.375
-    assert metrics == {"reward/mean": 0.375, "reward/errors": 2.0}
+    assert metrics == {"reward/mean": 0.375, "reward/errors": 2.0, "reward/timeouts": 0.0}
     assert caplog.text.count("KeyError: 'answer'") == 1  # once per distinct message
 
 
@@ -193,7 +193,13 @@ def test_scorer_named_rewards_and_weights():
         "a": [1.0, 0.0, 0.0, 0.0],
         "b": [2.0, 4.0, 0.0, 0.0],
     }
-    assert metrics == {"reward/mean": 1.0, "reward/errors": 2.0, "reward/a": 0.25, "reward/b": 1.5}
+    assert metrics == {
+        "reward/mean": 1.0,
+        "reward/errors": 2.0,
+        "reward/timeouts": 0.0,
+        "reward/a": 0.25,
+        "reward/b": 1.5,
+    }
     with pytest.raises(RewardError, match=r"weights name \['c'\] but .* returns \['a'\]"):
         RewardScorer(lambda c, r: {"a": 1.0}, {"c": 1.0}).score(["x"], [{}])
 

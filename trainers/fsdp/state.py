@@ -25,6 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainers.files import safe_torch_load
+
 PARTIAL_SUFFIX = ".partial"
 
 
@@ -156,7 +158,7 @@ def load_engine(
         dcp.load(state, checkpoint_id=str(path / "state"))
         set_model_state_dict(model, state["model"], options=opts)
     own = path / f"rank{rank}.pt"
-    extra = torch.load(own if own.exists() else path / "rank0.pt", weights_only=False)
+    extra = safe_torch_load(own if own.exists() else path / "rank0.pt")
     if scheduler is not None and extra["scheduler"] is not None:
         scheduler.load_state_dict(extra["scheduler"])
     set_rng_state(extra["rng"])

@@ -1,0 +1,154 @@
+"""Reward calls in worker processes: concurrent, each bounded by a timeout.
+
+A user's reward function can be slow (a code judge, a model call), hang, or
+crash its interpreter. ``RewardPool`` runs calls in ``num_workers`` processes
+that load the function by its spec; each worker has one call at a time, so a
+call that passes ``timeout_s`` is stopped by killing its worker (which is then
+replaced) and a worker that dies takes only its own call with it. Either is
+reported as a failed call, like a raise; nothing reaches the driver but
+outcomes.
+
+Workers are started with ``spawn``: the driver has Ray's threads, and forking
+a threaded process can deadlock the child.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any, Literal
+
+Status = Literal["ok", "error", "timeout", "crash"]
+
+
+@dataclass
+class Outcome:
+    """One call's result: ``value`` when ``status == "ok"``, else ``error`` (a traceback
+    or a line saying why it was stopped)."""
+
+    status: Status
+    value: Any = None
+    error: str = ""
+
+
+def _serve(spec: str, plan: Any, conn: Connection) -> None:
+    """Worker loop: load the function once, then answer ``(index, completion, row,
+    extras)`` messages with ``(index, status, value_or_traceback)``."""
+    from rlpost.rewards import load_reward_fn
+
+    fn = load_reward_fn(spec)
+    conn.send(("ready", None, None))
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        index, completion, row, extras = msg
+        try:
+            conn.send((index, "ok", plan.call(fn, completion, row, extras)))
+        except Exception:
+            conn.send((index, "error", traceback.format_exc()))
+
+
+class _Worker:
+    def __init__(self, ctx: Any, spec: str, plan: Any):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(spec, plan, child), daemon=True)
+        self.proc.start()
+        child.close()
+        self.index: int | None = None  # the call it is running
+        self.started = 0.0
+        self.ready = False
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(timeout=5)
+        self.conn.close()
+
+
+class RewardPool:
+    """``num_workers`` processes running one reward function (by ``spec``), called
+    through ``plan`` (a ``rlpost.rewards.CallPlan``)."""
+
+    def __init__(self, spec: str, plan: Any, num_workers: int, timeout_s: float):
+        if num_workers < 1:
+            raise ValueError(f"num_workers={num_workers}: a pool needs at least one worker")
+        self.spec, self.plan, self.timeout_s = spec, plan, timeout_s
+        self._ctx = mp.get_context("spawn")
+        self.workers = [_Worker(self._ctx, spec, plan) for _ in range(num_workers)]
+        self.restarts = 0
+
+    def map(
+        self, completions: list[str], rows: list[dict], extras: list[dict[str, Any]]
+    ) -> list[Outcome]:
+        """Outcomes in input order. Never raises for a call's sake: a raise, a timeout
+        and a crashed worker are each an outcome."""
+        out: list[Outcome | None] = [None] * len(completions)
+        todo = list(range(len(completions)))[::-1]  # popped from the end: input order
+        while todo or any(w.index is not None for w in self.workers):
+            for w in self.workers:
+                if w.index is None and w.ready and todo:
+                    i = todo.pop()
+                    w.index, w.started = i, time.monotonic()
+                    w.conn.send((i, completions[i], rows[i], extras[i]))
+            busy = [w for w in self.workers if w.index is not None or not w.ready]
+            deadline = min(
+                (w.started + self.timeout_s for w in busy if w.index is not None),
+                default=time.monotonic() + self.timeout_s,
+            )
+            ready = wait([w.conn for w in busy], timeout=max(deadline - time.monotonic(), 0))
+            for k, w in enumerate(self.workers):
+                if w.conn in ready:
+                    self._receive(k, w, out)
+                elif w.index is not None and time.monotonic() - w.started > self.timeout_s:
+                    out[w.index] = Outcome(
+                        "timeout", error=f"stopped after reward.timeout_s={self.timeout_s:g} s"
+                    )
+                    self._replace(k)
+        return [o if o is not None else Outcome("crash", error="lost") for o in out]
+
+    def _receive(self, k: int, w: _Worker, out: list[Outcome | None]) -> None:
+        try:
+            index, status, payload = w.conn.recv()
+        except (EOFError, OSError):  # the process died: its call is the one lost
+            w.proc.join(timeout=1)
+            if w.index is not None:
+                out[w.index] = Outcome(
+                    "crash", error=f"the reward process died (exit code {w.proc.exitcode})"
+                )
+            elif not w.ready:
+                raise RuntimeError(
+                    f"reward worker for {self.spec!r} died while loading the function "
+                    f"(exit code {w.proc.exitcode})"
+                ) from None
+            self._replace(k)
+            return
+        if index == "ready":
+            w.ready = True
+            return
+        out[index] = (
+            Outcome("ok", value=payload) if status == "ok" else Outcome(status, error=payload)
+        )
+        w.index = None
+
+    def _replace(self, k: int) -> None:
+        self.workers[k].kill()
+        self.workers[k] = _Worker(self._ctx, self.spec, self.plan)
+        self.restarts += 1
+
+    def close(self) -> None:
+        for w in self.workers:
+            try:
+                w.conn.send(None)
+            except OSError:
+                pass
+        for w in self.workers:
+            w.proc.join(timeout=2)
+            w.kill()
+        self.workers = []

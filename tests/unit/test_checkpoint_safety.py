@@ -1,0 +1,92 @@
+"""Checkpoints that are damaged or carry code: fallback, refusal, clear errors."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+
+import pytest
+import torch
+
+from rlpost.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    load_driver_state,
+    pick_checkpoint,
+    save_driver_state,
+)
+from trainers.files import UnsafeCheckpointError, safe_torch_load
+
+
+def _save(manager: CheckpointManager, step: int) -> None:
+    def writer(tmp):
+        (tmp / "policy").mkdir()
+        torch.save({"w": torch.full((64,), float(step))}, tmp / "policy" / "rank0.pt")
+        save_driver_state(tmp, {"step": step})
+
+    manager.atomic_write(step, writer)
+
+
+def test_truncated_newest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
+    manager = CheckpointManager(tmp_path, keep_last=3)
+    for step in (2, 4, 6):
+        _save(manager, step)
+    newest = manager.step_dir(6) / "policy" / "rank0.pt"
+    size = newest.stat().st_size
+    with open(newest, "r+b") as f:  # a real truncation, as a full disk or a kill leaves it
+        f.truncate(size // 2)
+    with caplog.at_level(logging.WARNING, logger="rlpost.checkpoint"):
+        path = pick_checkpoint("auto", tmp_path, keep_last=3)
+    assert path == manager.step_dir(4)
+    assert f"policy/rank0.pt has {size // 2} bytes, {size} were written" in caplog.text
+    assert load_driver_state(path)["step"] == 4
+    # an explicit path to the damaged one is an error, not a silent substitute
+    with pytest.raises(CheckpointError, match="damaged"):
+        pick_checkpoint(str(manager.step_dir(6)), tmp_path, keep_last=3)
+
+
+def test_every_checkpoint_damaged_is_an_error_not_a_fresh_start(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    _save(manager, 1)
+    f = manager.step_dir(1) / "driver.json"
+    f.write_text(f.read_text().replace('"step": 1', '"step": 7'))  # same size, other bytes
+    with pytest.raises(CheckpointError, match=r"step_000001: driver.json changed.*resume=none"):
+        pick_checkpoint("auto", tmp_path, keep_last=2)
+    assert pick_checkpoint("none", tmp_path, keep_last=2) is None
+
+
+def test_driver_state_restores_rng_without_pickle(tmp_path):
+    random.seed(3)
+    torch.manual_seed(3)
+    save_driver_state(tmp_path, {"step": 5, "stream": {"epoch": 1}})
+    expected = (random.random(), torch.rand(2))
+    random.seed(0)
+    torch.manual_seed(0)
+    state = load_driver_state(tmp_path)
+    assert state == {"step": 5, "stream": {"epoch": 1}}
+    got = (random.random(), torch.rand(2))
+    assert got[0] == expected[0] and torch.equal(got[1], expected[1])
+
+
+class _Payload:
+    """Pickles to a call of os.system: what a hostile checkpoint would carry."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("name", ["driver_rng.pt", "rank0.pt"])
+def test_a_checkpoint_file_with_a_pickled_payload_is_refused(tmp_path, name):
+    marker = tmp_path / "owned"
+    save_driver_state(tmp_path, {"step": 1})
+    torch.save({"torch": torch.get_rng_state(), "x": _Payload(marker)}, tmp_path / name)
+    with pytest.raises(UnsafeCheckpointError, match=f"{name}: refused to load"):
+        if name == "driver_rng.pt":
+            load_driver_state(tmp_path)
+        else:
+            safe_torch_load(tmp_path / name)
+    assert not marker.exists()  # the payload never ran

@@ -1,0 +1,36 @@
+"""The progress bar and the metrics log of a run directory."""
+
+from __future__ import annotations
+
+import io
+import json
+import warnings
+
+from rlpost.tracking import Tracker
+
+
+def test_fresh_run_bar_starts_at_zero_without_warning(tmp_path):
+    tracker = Tracker(tmp_path, ["jsonl"], total_steps=5, config={})
+    tracker.bar.fp = io.StringIO()  # keep the test's output clean
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a TqdmWarning (negative position) fails the test
+        tracker.truncate(-1)  # what a run without a checkpoint does first
+        assert tracker.bar.n == 0
+        tracker.log(0, {"val/accuracy": 0.5})
+        tracker.log(1, {"reward/mean": 0.25})
+    assert tracker.bar.n == 1
+    tracker.close()
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+
+
+def test_resume_truncates_later_rows(tmp_path):
+    tracker = Tracker(tmp_path, ["jsonl"], total_steps=5, config={})
+    tracker.bar.fp = io.StringIO()
+    for step in range(4):
+        tracker.log(step, {"reward/mean": float(step)})
+    tracker.truncate(2)  # resumed from the checkpoint of step 2: steps 3.. are redone
+    assert tracker.bar.n == 2
+    tracker.close()
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
