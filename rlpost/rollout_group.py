@@ -18,12 +18,22 @@ consumers. Each request goes to a prefill replica (one greedy token; it
 stores the prompt's KV in the connector), then to a decode replica that loads
 that KV and samples the completion; ``PDRouter`` keeps a session on one
 replica of each pool. Weight loads reach both pools.
+
+A replica that dies (its process killed, out of memory) is replaced: its
+requests in flight go to the other replicas at once, a new actor with the
+same engine config and placement starts in the background and loads the
+group's last weights (and LoRA adapter), and only then does the router send it
+requests again. With no other replica left, requests wait for the new one.
+``stats()`` reports ``rollout/replica_restarts``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import ray
 
@@ -31,6 +41,9 @@ from rlpost.workers.rollout_worker import RolloutWorker
 from rollout.base import GenerationRequest, GenerationResult
 from rollout.pd import FILE_CONNECTORS, PDEngineConfig, PDRouter, prefill_request
 from rollout.router import Router
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class PendingGeneration:
@@ -46,7 +59,7 @@ class PendingGeneration:
         """True once every request has finished (never blocks)."""
         if self._results is not None:
             return True
-        refs = [ref for _, ref in self._calls]
+        refs = [call[-1] for call in self._calls]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
         return len(ready) == len(refs)
 
@@ -63,7 +76,8 @@ class RolloutGroup:
     Replica ``i`` gets seed ``engine_cfg.seed + i``, so requests without an
     explicit seed do not draw the same samples on every replica.
     ``scheduling`` (one Ray scheduling strategy per replica) says where each
-    runs; None lets Ray choose.
+    runs; None lets Ray choose. A replica that dies is restarted up to
+    ``max_restarts`` times, then left out.
     """
 
     def __init__(
@@ -76,6 +90,7 @@ class RolloutGroup:
         engine: str = "vllm",
         scheduling: list[Any] | None = None,
         vnodes: int = 128,
+        max_restarts: int = 3,
     ):
         cls = ray.remote(num_cpus=num_cpus, **(device_opts or {}))(RolloutWorker)
         where = scheduling or [None] * replicas
@@ -108,6 +123,18 @@ class RolloutGroup:
             cls.options(scheduling_strategy=s).remote(c, threads, engine)
             for c, s in zip(configs, where)
         ]
+        # What a restarted replica needs: how to start one, and what every
+        # replica has loaded (the last weights and adapter; ``_version`` counts loads).
+        self._cls, self._configs, self._where = cls, configs, where
+        self._threads, self._engine = threads, engine
+        self._weights: Any = None
+        self._adapter: Any = None
+        self._version = 0
+        # Replica -> (its start-and-resync call, the load version it syncs to, start time).
+        self._restarting: dict[int, tuple[Any, int, float]] = {}
+        self.restarts = [0] * len(self.workers)
+        self.max_restarts = max_restarts
+        self._left_out: set[int] = set()  # died with no restarts left
         try:
             ray.get([w.ready.remote() for w in self.workers])
         except Exception:
@@ -174,7 +201,7 @@ class RolloutGroup:
     def _submit(self, request: GenerationRequest) -> Any:
         if self.pd_router is not None:
             return self._submit_pd(request)
-        replica = self.router.pick(request.session_id)
+        replica = self._pick(lambda: self.router.pick(request.session_id))
         self.router.begin(replica)
         return replica, self.workers[replica].generate_one.remote(request)
 
@@ -182,7 +209,8 @@ class RolloutGroup:
         """Prefill, then decode once the prefill is done (Ray resolves the
         ``after`` argument first); nothing here waits."""
         assert self.pd_router is not None
-        prefill, decode = self.pd_router.pick(request.session_id)
+        pools = self.pd_router
+        prefill, decode = self._pick(lambda: pools.pick(request.session_id))
         self.pd_router.prefill.begin(prefill)
         self.pd_router.decode.begin(decode)
         pre_ref = self.prefill_workers[prefill].generate_one.remote(prefill_request(request))
@@ -201,10 +229,10 @@ class RolloutGroup:
             replica, ref = call
             try:
                 return ray.get(ref)
-            except ray.exceptions.RayActorError:
-                # Its sessions fall to the next replica on the ring; once none
-                # is left, pick raises.
-                self.router.mark_unhealthy(replica)
+            except ray.exceptions.RayActorError as exc:
+                # Its sessions fall to the next replica on the ring while it
+                # restarts; once none is left, pick waits for the restart.
+                self._on_failure(replica, exc)
                 call = self._submit(request)
             finally:
                 self.router.end(replica)
@@ -219,14 +247,14 @@ class RolloutGroup:
             try:
                 try:
                     ray.get(pre_ref)
-                except ray.exceptions.RayActorError:
-                    pools.prefill.mark_unhealthy(prefill)
+                except ray.exceptions.RayActorError as exc:
+                    self._on_failure(prefill, exc)
                     call = self._submit_pd(request)
                     continue
                 try:
                     return ray.get(dec_ref)
-                except ray.exceptions.RayActorError:
-                    pools.decode.mark_unhealthy(decode)
+                except ray.exceptions.RayActorError as exc:
+                    self._on_failure(len(self.prefill_workers) + decode, exc)
                     call = self._submit_pd(request)
             finally:
                 pools.prefill.end(prefill)
@@ -242,12 +270,11 @@ class RolloutGroup:
         the object store once. Each replica fetches the one stored copy, waits
         for its requests in flight to finish, loads, and resumes.
         """
-        import time
-
         start = time.perf_counter()
         ref = weights if isinstance(weights, ray.ObjectRef) else ray.put(weights)
         self._drain()
-        ray.get([w.load_weights.remote(ref) for w in self.workers])
+        self._weights, self._version = ref, self._version + 1
+        self._call_live("load_weights", ref)
         return time.perf_counter() - start
 
     def _drain(self) -> None:
@@ -267,30 +294,150 @@ class RolloutGroup:
         ``adapter``: an ObjectRef to ``(tensors, peft_config)`` as the trainer's
         ``adapter_weights()`` returns them; every replica fetches the one copy.
         """
-        import time
-
         start = time.perf_counter()
         ref = adapter if isinstance(adapter, ray.ObjectRef) else ray.put(adapter)
         self._drain()
-        ray.get([w.load_lora_adapter.remote(ref) for w in self.workers])
+        self._adapter, self._version = ref, self._version + 1
+        self._call_live("load_lora_adapter", ref)
         return time.perf_counter() - start
 
     def check_health(self, timeout_s: float = 10.0) -> list[bool]:
-        """Ping every replica; mark each healthy or not by whether it answers."""
-        refs = [w.ready.remote() for w in self.workers]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        """Ping every replica; mark each healthy or not by whether it answers.
+        A dead one is restarted; one restarting counts as not alive."""
+        self._poll_restarts()
+        refs = {
+            i: w.ready.remote()
+            for i, w in enumerate(self.workers)
+            if i not in self._restarting and i not in self._left_out
+        }
+        ready: list[Any] = []
+        if refs:
+            ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
         alive = []
-        for i, ref in enumerate(refs):
+        for i in range(len(self.workers)):
             ok = False
-            if ref in ready:
+            if refs.get(i) in ready:
                 try:
-                    ok = bool(ray.get(ref))
+                    ok = bool(ray.get(refs[i]))
+                except ray.exceptions.RayActorError as exc:
+                    self._on_failure(i, exc)
                 except ray.exceptions.RayError:
                     ok = False
-            router, index = self._router_of(i)
-            (router.mark_healthy if ok else router.mark_unhealthy)(index)
+            if i not in self._restarting:
+                router, index = self._router_of(i)
+                (router.mark_healthy if ok else router.mark_unhealthy)(index)
             alive.append(ok)
         return alive
+
+    # -- restarts ------------------------------------------------------------
+
+    def _is_current(self, worker: int, exc: ray.exceptions.RayActorError) -> bool:
+        """Whether ``exc`` is the death of ``self.workers[worker]`` (not of an actor
+        already replaced, nor of the producer of an argument, e.g. a trainer rank)."""
+        return exc.actor_id is None or exc.actor_id == self.workers[worker]._actor_id.hex()
+
+    def _on_failure(self, worker: int, exc: ray.exceptions.RayActorError) -> None:
+        """A call to ``worker`` failed: if the current actor died, take it out of the
+        router and restart it."""
+        if worker not in self._restarting and self._is_current(worker, exc):
+            self._restart(worker, exc)
+
+    def _restart(self, worker: int, exc: BaseException) -> None:
+        """Start a new actor for dead ``worker`` (same engine config and placement);
+        it returns to the router once it has loaded the group's current weights."""
+        router, index = self._router_of(worker)
+        router.mark_unhealthy(index)
+        why = " ".join(str(exc).split())[:300]
+        if self.restarts[worker] >= self.max_restarts:
+            log.error(
+                "rollout replica %d died after %d restarts; left out (%s)",
+                worker,
+                self.restarts[worker],
+                why,
+            )
+            self._left_out.add(worker)
+            return
+        log.warning(
+            "rollout replica %d died; its requests go to the others while it restarts (%s)",
+            worker,
+            why,
+        )
+        ray.kill(self.workers[worker])  # it may be hung rather than gone
+        start = time.perf_counter()
+        self.workers[worker] = self._cls.options(scheduling_strategy=self._where[worker]).remote(
+            self._configs[worker], self._threads, self._engine
+        )
+        self.restarts[worker] += 1
+        self._last_cache[worker] = (0.0,) * len(self._last_cache[worker])
+        self._resync(worker, start)
+
+    def _resync(self, worker: int, start: float) -> None:
+        sync = self.workers[worker].resync.remote(self._weights, self._adapter)
+        self._restarting[worker] = (sync, self._version, start)
+
+    def _poll_restarts(self, wait: bool = False) -> None:
+        """Return replicas whose restart has finished to the router; ``wait``:
+        block until at least one has."""
+        if not self._restarting:
+            return
+        refs = [sync for sync, _, _ in self._restarting.values()]
+        ready, _ = ray.wait(refs, num_returns=1 if wait else len(refs), timeout=None if wait else 0)
+        for i, (sync, version, start) in list(self._restarting.items()):
+            if sync not in ready:
+                continue
+            del self._restarting[i]
+            try:
+                ray.get(sync)
+            except ray.exceptions.RayActorError as exc:
+                if self._is_current(i, exc):  # died while starting: try again
+                    self._restart(i, exc)
+                    continue
+                # What it loaded came from an actor that died (e.g. a trainer
+                # rank): it catches up at the next load.
+                self._restarting[i] = (self.workers[i].ready.remote(), -1, start)
+                raise
+            if version != self._version:  # weights were loaded meanwhile: those too
+                self._resync(i, start)
+                continue
+            router, index = self._router_of(i)
+            router.mark_healthy(index)
+            seconds = time.perf_counter() - start
+            log.warning("rollout replica %d restarted and synced in %.1f s", i, seconds)
+
+    def wait_restarts(self) -> None:
+        """Block until every replica being restarted is back in the router."""
+        while self._restarting:
+            self._poll_restarts(wait=True)
+
+    def _pick(self, pick: Callable[[], T]) -> T:
+        """``pick()`` a replica, waiting for a restart when no replica is healthy."""
+        self._poll_restarts()
+        while True:
+            try:
+                return pick()
+            except LookupError:
+                if not self._restarting:
+                    raise
+                self._poll_restarts(wait=True)
+
+    def _call_live(self, method: str, *args: Any) -> dict[int, Any]:
+        """``method(*args)`` on every replica not restarting, results by replica index.
+        A replica found dead is restarted and left out (it catches up by itself)."""
+        self._poll_restarts()
+        calls = {
+            i: getattr(w, method).remote(*args)
+            for i, w in enumerate(self.workers)
+            if i not in self._restarting and i not in self._left_out
+        }
+        out = {}
+        for i, ref in calls.items():
+            try:
+                out[i] = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                if not self._is_current(i, exc):
+                    raise  # e.g. the trainer rank that produced the weights died
+                self._restart(i, exc)
+        return out
 
     def _router_of(self, worker: int) -> tuple[Router, int]:
         """The router that routes to ``self.workers[worker]``, and its index there."""
@@ -307,16 +454,20 @@ class RolloutGroup:
         if self.pd is not None:
             return self._stats_pd()
         out: dict[str, float] = {}
-        engine_stats = ray.get([w.stats.remote() for w in self.workers])
+        engine_stats = self._call_live("stats")  # a replica restarting has none
         queries = hits = 0.0
-        for i, s in enumerate(engine_stats):
-            last_q, last_h = self._last_cache[i]
-            dq, dh = s["prefix_cache_queries"] - last_q, s["prefix_cache_hits"] - last_h
-            self._last_cache[i] = (s["prefix_cache_queries"], s["prefix_cache_hits"])
+        for i in range(len(self.workers)):
+            dq = dh = 0.0
+            if i in engine_stats:
+                s = engine_stats[i]
+                last_q, last_h = self._last_cache[i]
+                dq, dh = s["prefix_cache_queries"] - last_q, s["prefix_cache_hits"] - last_h
+                self._last_cache[i] = (s["prefix_cache_queries"], s["prefix_cache_hits"])
             queries, hits = queries + dq, hits + dh
             out[f"rollout/replica{i}/requests"] = float(self.router.requests[i])
             out[f"rollout/replica{i}/prefix_cache_hit_rate"] = dh / dq if dq else 0.0
         out["rollout/prefix_cache_hit_rate"] = hits / queries if queries else 0.0
+        out["rollout/replica_restarts"] = float(sum(self.restarts))
         return out
 
     def _stats_pd(self) -> dict[str, float]:
@@ -326,12 +477,12 @@ class RolloutGroup:
         side's uncached prompt tokens whose KV came from the connector. Rates
         are over the tokens since the previous call."""
         assert self.pd is not None and self.pd_router is not None
-        out: dict[str, float] = {}
-        engine_stats = ray.get([w.stats.remote() for w in self.workers])
+        out: dict[str, float] = {"rollout/replica_restarts": float(sum(self.restarts))}
+        engine_stats = self._call_live("stats")  # a replica restarting has none
         pre = self.pd.prefill_replicas
         totals = {"prefill": [0.0, 0.0], "decode": [0.0, 0.0]}
         kv_q = kv_h = 0.0
-        for i, s in enumerate(engine_stats):
+        for i, s in engine_stats.items():
             now = (
                 s["prefix_cache_queries"],
                 s["prefix_cache_hits"],

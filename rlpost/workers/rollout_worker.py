@@ -42,6 +42,18 @@ class RolloutWorker:
     def ready(self) -> bool:
         return True
 
+    def pid(self) -> int:
+        """This replica's process id (fault-injection tests kill it)."""
+        return os.getpid()
+
+    async def resync(self, weights: Any, adapter: Any) -> None:
+        """Catch a restarted replica up: the group's last weights, then its last
+        LoRA adapter (either None when none was ever sent)."""
+        if weights is not None:
+            await self.engine.aload_weights(weights)
+        if adapter is not None:
+            await self.load_lora_adapter(adapter)
+
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         return list(await asyncio.gather(*(self.generate_one(r) for r in requests)))
 

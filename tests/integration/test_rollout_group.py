@@ -5,43 +5,24 @@ replica sample from the new weights."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
-ray = pytest.importorskip("ray")
+pytest.importorskip("ray")
 pytest.importorskip("vllm")
 
-from rlpost.rollout_group import RolloutGroup  # noqa: E402
-from rlpost.tiny import build_tiny_model  # noqa: E402
+from rollout_utils import encode, max_logprob_diff, session_on, two_replicas  # noqa: E402
+
 from rlpost.workers.rollout_worker import prompt_hash  # noqa: E402
 from rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
-from rollout.vllm import VLLMEngineConfig  # noqa: E402
 
 TURNS = 3
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    path = str(build_tiny_model("micro", tmp_path_factory.mktemp("m") / "micro", 0, init_std=0.3))
-    start = time.perf_counter()
-    group = RolloutGroup(
-        VLLMEngineConfig(model_path=path, kv_cache_gib=0.0625, block_size=32),
-        replicas=2,
-        num_cpus=0.5,
-    )
-    print(f"two replicas up in {time.perf_counter() - start:.1f}s")
-    yield group, path, AutoTokenizer.from_pretrained(path)
-    group.close()
-    ray.shutdown()
-
-
-def _encode(tokenizer, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    with two_replicas(tmp_path_factory.mktemp("m")) as group_path_tokenizer:
+        yield group_path_tokenizer
 
 
 def test_sessions_stick_to_one_replica(setup):
@@ -51,22 +32,20 @@ def test_sessions_stick_to_one_replica(setup):
     assert {group.router.pick(s) for s in sessions} == {0, 1}
     sampling = SamplingConfig(n=1, temperature=1.0, max_tokens=6, seed=0)
     prompts = {
-        s: _encode(
-            tokenizer, f"<|system|>You are session {s}.<|end|><|user|>hi<|end|><|assistant|>"
-        )
+        s: encode(tokenizer, f"<|system|>You are session {s}.<|end|><|user|>hi<|end|><|assistant|>")
         for s in sessions
     }
     sent: dict[str, list[str]] = {s: [] for s in sessions}
     for turn in range(TURNS):
         requests = [GenerationRequest(prompts[s], sampling, session_id=s) for s in sessions]
         # Independent requests in the same batch go wherever fewest are in flight.
-        requests += [GenerationRequest(_encode(tokenizer, f"x{i}"), sampling) for i in range(4)]
+        requests += [GenerationRequest(encode(tokenizer, f"x{i}"), sampling) for i in range(4)]
         results = group.generate(requests)
         for s, req, res in zip(sessions, requests, results):
             assert res.prompt_ids == req.prompt_ids  # input order kept
             sent[s].append(prompt_hash(req.prompt_ids))
             # Next turn: the whole conversation so far plus a new user message.
-            follow = _encode(tokenizer, f"<|end|><|user|>turn {turn + 1}<|end|><|assistant|>")
+            follow = encode(tokenizer, f"<|end|><|user|>turn {turn + 1}<|end|><|assistant|>")
             prompts[s] = req.prompt_ids + res.completions[0].token_ids + follow
 
     served = group.served()
@@ -85,20 +64,6 @@ def test_sessions_stick_to_one_replica(setup):
         assert stats[f"rollout/replica{i}/prefix_cache_hit_rate"] > 0.2, stats
 
 
-@torch.no_grad()
-def _max_logprob_diff(model, results, temperature: float) -> float:
-    """Largest |rollout log-prob - teacher-forced log-prob| over sampled tokens."""
-    worst = 0.0
-    for res in results:
-        p = len(res.prompt_ids)
-        for c in res.completions:
-            ids = torch.tensor([res.prompt_ids + c.token_ids])
-            logits_tv = model(ids).logits[0, p - 1 : -1] / temperature
-            ref_t = torch.log_softmax(logits_tv, -1).gather(-1, ids[0, p:, None])[:, 0]
-            worst = max(worst, float((torch.tensor(c.logprobs) - ref_t).abs().max()))
-    return worst
-
-
 def test_weight_sync_reaches_every_replica(setup):
     from transformers import AutoModelForCausalLM
 
@@ -109,17 +74,17 @@ def test_weight_sync_reaches_every_replica(setup):
     weights = [(k, v.clone()) for k, v in model.state_dict().items()]
 
     # One session id per replica, so each replica's own samples are compared.
-    ids = [next(f"w{k}" for k in range(100) if group.router.pick(f"w{k}") == i) for i in range(2)]
+    ids = [session_on(group, i, "w") for i in range(2)]
     sampling = SamplingConfig(n=4, temperature=0.8, max_tokens=6, seed=1)
-    prompt = _encode(tokenizer, "<|user|>12+7=<|end|><|assistant|>")
+    prompt = encode(tokenizer, "<|user|>12+7=<|end|><|assistant|>")
     requests = [GenerationRequest(prompt, sampling, session_id=s) for s in ids]
 
     stale = group.generate(requests)
-    assert _max_logprob_diff(model, stale, 0.8) > 1e-2  # the check below can fail
+    assert max_logprob_diff(model, stale, 0.8) > 1e-2  # the check below can fail
 
     seconds = group.load_weights(weights)
     print(f"weight sync to 2 replicas: {seconds:.3f}s")
     for i, res in enumerate(group.generate(requests)):
-        assert _max_logprob_diff(model, [res], 0.8) < 1e-3, f"replica {i}"
+        assert max_logprob_diff(model, [res], 0.8) < 1e-3, f"replica {i}"
     served = group.served()
     assert all(any(sid == ids[i] for sid, _ in served[i]) for i in range(2))
