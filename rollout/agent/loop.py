@@ -14,7 +14,10 @@ response budget is spent. The budget ``max_response_tokens`` counts every token
 after the prompt, model and environment tokens alike, because that is the length
 the trainer has to fit; ``max_model_len`` bounds prompt + response. An episode
 that stops for lack of turns or room (not because the environment said done) is
-``truncated``.
+``truncated``. A turn cut by the episode's budget ends the episode before the
+environment sees it; messages an environment returns with ``done`` (or after the
+last allowed turn) are not added, since no model turn follows them: ``messages``
+is always the chat the tokens render.
 """
 
 from __future__ import annotations
