@@ -250,6 +250,9 @@ class TrainerConfig:
     save_final: bool = spec(True, help="write the final policy in HF format to run_dir/final")
     critic_lr: float = spec(1e-4, gt=0, help="PPO critic learning rate")
     critic_warmup: int = spec(0, ge=0, help="PPO: steps that train only the critic")
+    max_bad_steps: int = spec(
+        3, ge=1, help="stop after this many steps in a row whose update was skipped for NaN/Inf"
+    )
     save_every: int = spec(0, ge=0, help="checkpoint every N steps (0 = never)")
     keep_last: int = spec(2, ge=1, help="checkpoints kept in run_dir/checkpoints")
     resume: str = spec(

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+from ray.exceptions import RayActorError
 
 from algos import (
     AdaptiveKLController,
@@ -36,7 +38,8 @@ from rlpost.checkpoint import (
 )
 from rlpost.config import Config
 from rlpost.data import PromptStream
-from rlpost.result import RunResult
+from rlpost.faults import Interrupted
+from rlpost.result import RunError, RunResult
 from rlpost.rewards import RewardScorer
 from rlpost.rollout_group import PendingGeneration, RolloutGroup
 from rlpost.samples import encode_prompt, rollout_batch
@@ -55,6 +58,9 @@ class Workers:
     rollout: RolloutGroup
     reference: TrainerGroup | None = None
     critic: TrainerGroup | None = None
+
+
+TrainerGroups = tuple[TrainerGroup, TrainerGroup | None, TrainerGroup | None]
 
 
 @dataclasses.dataclass
@@ -88,8 +94,16 @@ class Controller:
         scorer: RewardScorer,
         tracker: Tracker,
         malformed_rows: int,
+        rebuild_trainers: Callable[[], TrainerGroups] | None = None,
+        stop_requested: Callable[[], int | None] | None = None,
     ):
+        """``rebuild_trainers`` closes the trainer groups and starts new ones (policy,
+        reference, critic) after a rank died; ``stop_requested`` returns the signal
+        that asked the run to stop, polled between steps."""
         self.cfg, self.run_dir, self.workers = cfg, run_dir, workers
+        self.rebuild_trainers, self.stop_requested = rebuild_trainers, stop_requested
+        self.trainer_restarts = 0
+        self.resumed_from: Path | None = None
         self.tokenizer, self.scorer, self.tracker = tokenizer, scorer, tracker
         self.val_rows = val_rows
         self.ckpt = CheckpointManager(run_dir, cfg.trainer.keep_last)
@@ -124,13 +138,27 @@ class Controller:
         )
         # Samples per step must split over ranks and mini-batches.
         self.group_multiple = cfg.trainer.world_size * a.mini_batches
+        self.bad_steps = 0  # updates skipped in a row (NaN/Inf)
 
     # -- the loop ---------------------------------------------------------------
     def run(self) -> RunResult:
         t = self.cfg.trainer
         first = self.restore() + 1
+        self.start_state = self.driver_snapshot()
         if first == 1:
             self.tracker.log(0, self.validate())
+        while True:
+            try:
+                self.train_steps(first)
+                break
+            except RayActorError as exc:
+                first = self.restart_trainers(exc) + 1
+        final = self.workers.policy.save_hf(str(self.run_dir / "final")) if t.save_final else None
+        return RunResult(self.run_dir, self.tracker.history, final)
+
+    def train_steps(self, first: int) -> None:
+        """Steps ``first`` .. ``total_steps``: train, validate, log, checkpoint."""
+        t = self.cfg.trainer
         one_step_off = t.async_mode == "one_step_off" and self.cfg.algo.name != "sft"
         steps: Iterator[dict[str, float]]
         todo = range(first, t.total_steps + 1)
@@ -147,11 +175,13 @@ class Controller:
                     # behind the generation in flight.
                     self.sync_weights()
                 metrics.update(self.validate())
+            metrics["trainer/restarts"] = float(self.trainer_restarts)
             self.tracker.log(step, metrics)
-            if t.save_every and (step % t.save_every == 0 or step == t.total_steps):
+            self.count_bad_step(step, metrics)
+            saved = bool(t.save_every) and (step % t.save_every == 0 or step == t.total_steps)
+            if saved:
                 self.save_checkpoint(step)
-        final = self.workers.policy.save_hf(str(self.run_dir / "final")) if t.save_final else None
-        return RunResult(self.run_dir, self.tracker.history, final)
+            self.stop_if_requested(step, saved)
 
     def sync_steps(self, todo: range) -> Iterator[dict[str, float]]:
         """Generate, then train, then sync: the batch of step k comes from step k's weights."""
@@ -253,6 +283,20 @@ class Controller:
         )
         return metrics
 
+    def count_bad_step(self, step: int, metrics: dict[str, float]) -> None:
+        """Updates skipped for a NaN or Inf loss or gradient; ``trainer.max_bad_steps``
+        of them in a row stop the run (the weights are still those of the last good step)."""
+        skipped = sum(v for k, v in metrics.items() if k.endswith("/skipped_updates"))
+        self.bad_steps = self.bad_steps + 1 if skipped else 0
+        limit = self.cfg.trainer.max_bad_steps
+        if self.bad_steps >= limit:
+            raise RunError(
+                f"step {step}: the update was skipped {limit} steps in a row "
+                f"(trainer.max_bad_steps={limit}) because the loss or the gradients were NaN "
+                "or Inf. Check the rewards and advantages for NaN and lower trainer.lr; the last "
+                "checkpoint holds good weights."
+            )
+
     # -- checkpoints ----------------------------------------------------------------
     def save_checkpoint(self, step: int) -> None:
         """Engines, data position, KL coefficient and RNG, atomically (run_dir/checkpoints).
@@ -275,13 +319,15 @@ class Controller:
         self.ckpt.prune()
         log.info("checkpoint of step %d written in %.1f s", step, time.perf_counter() - start)
 
-    def restore(self) -> int:
-        """Load ``trainer.resume``'s checkpoint, if any; returns its step (0 if none)."""
+    def restore(self, path: Path | None = None) -> int:
+        """Load ``path``, else ``trainer.resume``'s checkpoint, if any; returns its step
+        (0 if none)."""
         t = self.cfg.trainer
-        path = pick_checkpoint(t.resume, self.run_dir, t.keep_last)
+        path = path or pick_checkpoint(t.resume, self.run_dir, t.keep_last)
         if path is None:
             self.tracker.truncate(-1)  # a fresh run in a used directory starts a new log
             return 0
+        self.resumed_from = path
         w = self.workers
         w.policy.load_checkpoint(str(path / "policy"))
         if w.critic is not None:
@@ -293,6 +339,59 @@ class Controller:
         self.tracker.truncate(state["step"])
         log.info("resumed from %s (step %d)", path, state["step"])
         return int(state["step"])
+
+    # -- faults -------------------------------------------------------------------
+    def restart_trainers(self, exc: RayActorError) -> int:
+        """A trainer rank died: rebuild every trainer group, load the latest checkpoint
+        (or go back to step 0 if there is none) and re-sync the rollout; returns the
+        step the run continues after. Re-raises ``exc`` when the dead actor is not a
+        trainer rank or ``trainer.max_restarts`` restarts are used up."""
+        w = self.workers
+        groups = [g for g in (w.policy, w.reference, w.critic) if g is not None]
+        limit = self.cfg.trainer.max_restarts
+        if (
+            self.rebuild_trainers is None
+            or self.trainer_restarts >= limit
+            or not any(g.owns(exc.actor_id) for g in groups)
+        ):
+            raise exc
+        self.trainer_restarts += 1
+        start = time.perf_counter()
+        why = " ".join(str(exc).split())[:300]
+        log.warning("a trainer rank died; restart %d of %d: %s", self.trainer_restarts, limit, why)
+        w.policy, w.reference, w.critic = self.rebuild_trainers()
+        path = pick_checkpoint("auto", self.run_dir, self.cfg.trainer.keep_last)
+        path = path or self.resumed_from
+        step = self.restore(path) if path is not None else self.rewind()
+        seconds = time.perf_counter() - start
+        log.warning("trainer groups rebuilt in %.1f s; redoing the steps after %d", seconds, step)
+        return step
+
+    def driver_snapshot(self) -> tuple[Any, ...]:
+        """What ``rewind`` restores: data position, KL coefficient, RNG states."""
+        rng = (random.getstate(), torch.get_rng_state())
+        return (self.stream.state_dict(), self.kl_ctl.value, *rng)
+
+    def rewind(self) -> int:
+        """No checkpoint yet: back to where the run started (data position, KL
+        coefficient, RNG; rebuilt trainers hold the initial model). Returns 0."""
+        stream, kl_coef, python_rng, torch_rng = self.start_state
+        self.stream.load_state_dict(stream)
+        self.kl_ctl.value = kl_coef
+        random.setstate(python_rng)
+        torch.set_rng_state(torch_rng)
+        self.sync_weights()
+        self.tracker.truncate(0)
+        return 0
+
+    def stop_if_requested(self, step: int, saved: bool) -> None:
+        """A SIGINT or SIGTERM arrived: checkpoint ``step`` (unless just done) and unwind."""
+        signum = self.stop_requested() if self.stop_requested is not None else None
+        if signum is None:
+            return
+        if not saved:
+            self.save_checkpoint(step)
+        raise Interrupted(signum, step, self.ckpt.step_dir(step))
 
     # -- the named steps ----------------------------------------------------------
     def collect(self, step: int) -> tuple[Rollouts, dict[str, float]]:

@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from rlpost.checkpoint import CheckpointError
     from rlpost.data import DataError
+    from rlpost.result import RunError
     from rlpost.rewards import RewardError
     from trainers.files import UnsafeCheckpointError
 
@@ -45,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, RewardError, CheckpointError, UnsafeCheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RunError as exc:  # bad input was fine, the run itself went wrong
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     last = result.history[-1]
     first = result.history[0]
     print(

@@ -8,13 +8,19 @@ replaced) and a worker that dies takes only its own call with it. Either is
 reported as a failed call, like a raise; nothing reaches the driver but
 outcomes.
 
-Workers are started with ``spawn``: the driver has Ray's threads, and forking
-a threaded process can deadlock the child.
+Workers are fresh interpreters (``python -m rlpost.reward_pool``), not forks:
+the driver has Ray's threads, and forking a threaded process can deadlock the
+child; nor ``multiprocessing``'s spawn, which re-runs the user's script in
+each worker when it lacks an ``if __name__ == "__main__":`` guard.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import os
+import pickle
+import socket
+import subprocess
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -34,11 +40,12 @@ class Outcome:
     error: str = ""
 
 
-def _serve(spec: str, plan: Any, conn: Connection) -> None:
-    """Worker loop: load the function once, then answer ``(index, completion, row,
-    extras)`` messages with ``(index, status, value_or_traceback)``."""
+def _serve(conn: Connection) -> None:
+    """Worker loop: receive ``(spec, plan)``, load the function once, then answer
+    ``(index, completion, row, extras)`` messages with ``(index, status, value_or_traceback)``."""
     from rlpost.rewards import load_reward_fn
 
+    spec, plan = conn.recv()
     fn = load_reward_fn(spec)
     conn.send(("ready", None, None))
     while True:
@@ -50,25 +57,35 @@ def _serve(spec: str, plan: Any, conn: Connection) -> None:
             return
         index, completion, row, extras = msg
         try:
-            conn.send((index, "ok", plan.call(fn, completion, row, extras)))
+            value = plan.call(fn, completion, row, extras)
+            pickle.dumps(value)  # an unpicklable return fails this call, not the worker
+            conn.send((index, "ok", value))
         except Exception:
             conn.send((index, "error", traceback.format_exc()))
 
 
 class _Worker:
-    def __init__(self, ctx: Any, spec: str, plan: Any):
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(spec, plan, child), daemon=True)
-        self.proc.start()
+    """One worker interpreter, talking over a socket pair."""
+
+    def __init__(self, spec: str, plan: Any):
+        parent, child = socket.socketpair()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rlpost.reward_pool", str(child.fileno())],
+            pass_fds=[child.fileno()],
+            env=env,
+        )
         child.close()
+        self.conn = Connection(parent.detach())
+        self.conn.send((spec, plan))
         self.index: int | None = None  # the call it is running
         self.started = 0.0
         self.ready = False
 
     def kill(self) -> None:
-        if self.proc.is_alive():
+        if self.proc.poll() is None:
             self.proc.kill()
-        self.proc.join(timeout=5)
+        self.proc.wait(timeout=5)
         self.conn.close()
 
 
@@ -80,8 +97,7 @@ class RewardPool:
         if num_workers < 1:
             raise ValueError(f"num_workers={num_workers}: a pool needs at least one worker")
         self.spec, self.plan, self.timeout_s = spec, plan, timeout_s
-        self._ctx = mp.get_context("spawn")
-        self.workers = [_Worker(self._ctx, spec, plan) for _ in range(num_workers)]
+        self.workers = [_Worker(spec, plan) for _ in range(num_workers)]
         self.restarts = 0
 
     def map(
@@ -117,15 +133,13 @@ class RewardPool:
         try:
             index, status, payload = w.conn.recv()
         except (EOFError, OSError):  # the process died: its call is the one lost
-            w.proc.join(timeout=1)
+            code = w.proc.wait(timeout=5)
             if w.index is not None:
-                out[w.index] = Outcome(
-                    "crash", error=f"the reward process died (exit code {w.proc.exitcode})"
-                )
+                out[w.index] = Outcome("crash", error=f"the reward process died (exit code {code})")
             elif not w.ready:
                 raise RuntimeError(
                     f"reward worker for {self.spec!r} died while loading the function "
-                    f"(exit code {w.proc.exitcode})"
+                    f"(exit code {code}); its error is in the log above"
                 ) from None
             self._replace(k)
             return
@@ -139,7 +153,7 @@ class RewardPool:
 
     def _replace(self, k: int) -> None:
         self.workers[k].kill()
-        self.workers[k] = _Worker(self._ctx, self.spec, self.plan)
+        self.workers[k] = _Worker(self.spec, self.plan)
         self.restarts += 1
 
     def close(self) -> None:
@@ -149,6 +163,13 @@ class RewardPool:
             except OSError:
                 pass
         for w in self.workers:
-            w.proc.join(timeout=2)
+            try:
+                w.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
             w.kill()
         self.workers = []
+
+
+if __name__ == "__main__":
+    _serve(Connection(int(sys.argv[1])))

@@ -6,6 +6,7 @@ Legend: b = samples, t = tokens.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -194,9 +195,15 @@ class Updater:
             [p for p in self.model.parameters() if p.requires_grad], self.cfg.max_grad_norm
         )
         grad_norm = float(norm_t.full_tensor() if hasattr(norm_t, "full_tensor") else norm_t)
-        self.optimizer.step()
         lr = float(self.scheduler.get_last_lr()[0])
-        self.scheduler.step()
+        # The norm is global (every rank sees the same value), so every rank skips
+        # together: a NaN or Inf loss or gradient must not reach the weights or Adam.
+        skipped = not math.isfinite(grad_norm)
+        if skipped:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+            self.scheduler.step()
         keys = sorted(sums)
         totals = torch.tensor([sums[k] for k in keys] + [loss_sum], dtype=torch.float64)
         dist.all_reduce(totals)
@@ -207,6 +214,7 @@ class Updater:
         out[f"{prefix}/loss"] = totals[-1].item()
         out[f"{prefix}/grad_norm"] = grad_norm
         out[f"{prefix}/lr"] = lr
+        out[f"{prefix}/skipped_updates"] = float(skipped)
         return out
 
 
@@ -222,4 +230,8 @@ def run_epochs(
     for _ in range(epochs):
         for i in range(mini_batches):
             history.append(step(batch.select(slice(i * size, (i + 1) * size))))
-    return {k: sum(h[k] for h in history) / len(history) for k in history[0]}
+    # Counts add up over the optimizer steps; everything else is their mean.
+    return {
+        k: sum(h[k] for h in history) / (1 if k.endswith("skipped_updates") else len(history))
+        for k in history[0]
+    }
