@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from rlpost.schema import ConfigError, spec, validate
 
-GROUPS = ("algo", "model", "rollout", "trainer", "data", "reward")
+GROUPS = ("algo", "model", "rollout", "trainer", "data", "reward", "agent")
 
 
 def config_dir() -> Path:
@@ -258,6 +258,11 @@ class TrainerConfig:
     resume: str = spec(
         "auto", help="auto (latest checkpoint in run_dir, if any), none, or a checkpoint path"
     )
+    max_restarts: int = spec(
+        1,
+        ge=0,
+        help="times a run rebuilds its trainer groups from the last checkpoint after a rank dies",
+    )
     micro_batch_tokens: int = spec(
         0, ge=0, help="token budget per micro-batch (0 = micro_batch_size samples)"
     )
@@ -298,6 +303,28 @@ class RewardConfig:
 
 
 @dataclass(frozen=True)
+class AgentConfig:
+    tools: list[str] = spec(
+        [], help="tools the model may call: built-in names (calculator, python), file.py:fn or module:fn"
+    )
+    env: str | None = spec(
+        None, help="environment class (file.py:Class or module:Class), one instance per episode"
+    )
+    env_kwargs: dict[str, Any] = spec({}, help="keyword arguments of the environment's constructor")
+    parser: str = spec("hermes", help="tool-call format in the model's text (hermes: <tool_call>)")
+    max_turns: int = spec(4, ge=1, help="model turns per episode")
+    max_response_tokens: int = spec(
+        192, ge=1, help="model + environment tokens per episode after the prompt (agent/truncated)"
+    )
+    tool_timeout_s: float = spec(10.0, gt=0, help="a tool call running longer is stopped")
+
+    @property
+    def enabled(self) -> bool:
+        """Multi-turn episodes instead of single completions: set by tools or an env."""
+        return bool(self.tools) or self.env is not None
+
+
+@dataclass(frozen=True)
 class Config:
     algo: AlgoConfig
     model: ModelConfig
@@ -305,6 +332,7 @@ class Config:
     trainer: TrainerConfig
     data: DataConfig
     reward: RewardConfig
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
 
 SCHEMAS: dict[str, type] = {
@@ -314,6 +342,7 @@ SCHEMAS: dict[str, type] = {
     "trainer": TrainerConfig,
     "data": DataConfig,
     "reward": RewardConfig,
+    "agent": AgentConfig,
 }
 
 
@@ -367,6 +396,16 @@ def _cross_checks(cfg: Config) -> list[str]:
         problems.append("data.train_files: required when data.name=files")
     if cfg.data.name == "files" and not cfg.data.val_files:
         problems.append("data.val_files: required when data.name=files")
+    if cfg.agent.env is not None and cfg.agent.tools:
+        problems.append(
+            "agent.env and agent.tools are both set: an environment answers the model itself; "
+            "drop agent.tools, or drop agent.env to use the tools"
+        )
+    if cfg.agent.enabled and cfg.algo.name == "sft":
+        problems.append(
+            "agent.tools / agent.env: algo=sft trains on fixed chats (data rows with "
+            "'messages'); use an RL preset (e.g. algo=grpo) for agent episodes"
+        )
     if cfg.model.optimizer_offload and not cfg.model.param_offload:
         problems.append(
             "model.optimizer_offload=true: FSDP2 offloads optimizer state together with the "
@@ -396,7 +435,7 @@ def from_dict(raw: dict[str, Any]) -> Config:
             problems.append(f"{key}: unknown config group; groups are {', '.join(GROUPS)}")
     groups: dict[str, Any] = {}
     for name, schema in SCHEMAS.items():
-        data = raw.get(name)
+        data = raw.get(name, {} if name == "agent" else None)  # agent: newer than the rest
         if data is None:
             problems.append(f"{name}: missing config group")
             continue

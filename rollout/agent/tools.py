@@ -26,7 +26,10 @@ from rollout.agent.tool_pool import ToolWorkerPool, default_pool
 from rollout.agent.tool_schema import SchemaError, check_arguments, tool_schema
 
 # name -> spec; imported on use, so a tool's dependencies stay optional.
-TOOLS: dict[str, str] = {"calculator": "rollout.agent.builtin_tools:calculator"}
+TOOLS: dict[str, str] = {
+    "calculator": "rollout.agent.builtin_tools:calculator",
+    "python": "rollout.agent.sandbox:run_python",
+}
 
 Status = Literal["ok", "error", "timeout"]
 
