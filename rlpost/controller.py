@@ -96,6 +96,7 @@ class Controller:
         malformed_rows: int,
         rebuild_trainers: Callable[[], TrainerGroups] | None = None,
         stop_requested: Callable[[], int | None] | None = None,
+        agent: Any = None,
     ):
         """``rebuild_trainers`` closes the trainer groups and starts new ones (policy,
         reference, critic) after a rank died; ``stop_requested`` returns the signal
@@ -106,6 +107,7 @@ class Controller:
         self.resumed_from: Path | None = None
         self.tokenizer, self.scorer, self.tracker = tokenizer, scorer, tracker
         self.val_rows = val_rows
+        self.agent = agent  # an AgentRollout: samples are multi-turn episodes (agent.*)
         self.ckpt = CheckpointManager(run_dir, cfg.trainer.keep_last)
         self.stream = PromptStream(
             train_rows, seed=cfg.trainer.seed, batch_size=cfg.data.prompts_per_step
@@ -457,6 +459,8 @@ class Controller:
         """Send ``rows`` to the rollout; returns a reference to the results."""
         if seed is not None:
             sampling = dataclasses.replace(sampling, seed=self.cfg.trainer.seed * 100_003 + seed)
+        if self.agent is not None:
+            return self.agent.launch(rows, sampling)
         requests = [
             GenerationRequest(prompt_ids=encode_prompt(self.tokenizer, row), sampling=sampling)
             for row in rows
@@ -473,8 +477,12 @@ class Controller:
     def score(
         self, results: list[GenerationResult], rows: list[dict], repeat: int
     ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-        texts = [c.text for res in results for c in res.completions]
         flat_rows = [row for row in rows for _ in range(repeat)]
+        if self.agent is not None:
+            from rlpost.agent_rollout import score_episodes
+
+            return score_episodes(self.scorer, results, flat_rows)
+        texts = [c.text for res in results for c in res.completions]
         named, metrics = self.scorer.score(texts, flat_rows)
         scores = {k: torch.tensor(v, dtype=torch.float32) for k, v in named.items()}
         return scores, metrics
@@ -485,9 +493,9 @@ class Controller:
         """DAPO's overlong reward shaping, added to the total score in place."""
         ol = self.cfg.algo.overlong
         lengths = torch.tensor([len(c.token_ids) for res in results for c in res.completions])
-        penalty = ol.factor * overlong_penalty(
-            lengths, max_len=self.sampling.max_tokens, buffer=ol.buffer
-        )
+        # An episode's length limit is its whole response budget, not one turn's.
+        limit = self.cfg.agent.max_response_tokens if self.agent else self.sampling.max_tokens
+        penalty = ol.factor * overlong_penalty(lengths, max_len=limit, buffer=ol.buffer)
         scores["total"] = scores["total"] + penalty
         return {"reward/overlong_penalty_mean": float(penalty.mean())}
 

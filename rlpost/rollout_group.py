@@ -198,6 +198,16 @@ class RolloutGroup:
         """Generate and wait; results in input order."""
         return self.generate_async(requests).result()
 
+    async def agenerate(self, request: GenerationRequest) -> GenerationResult:
+        """One request from asyncio code (the agent loop's turns): the same routing,
+        session stickiness and failover as ``generate``, awaited instead of blocking."""
+        call = self._submit(request)
+        try:
+            await call[-1]  # the (decode) result's ObjectRef
+        except ray.exceptions.RayActorError:
+            pass  # _collect marks the replica and sends the request again
+        return self._collect(request, call)
+
     def _submit(self, request: GenerationRequest) -> Any:
         if self.pd_router is not None:
             return self._submit_pd(request)

@@ -20,13 +20,17 @@ def encode_prompt(tokenizer: Any, row: dict) -> list[int]:
 
 
 def rollout_batch(results: list[GenerationResult], pad_id: int) -> TrajectoryBatch:
-    """One row per completion, grouped by prompt (group id = prompt index)."""
+    """One row per completion, grouped by prompt (group id = prompt index).
+
+    A multi-turn episode's completion carries its own mask (environment tokens 0)
+    and may carry its own prompt."""
     ids, resp, logps, groups = [], [], [], []
     for g, res in enumerate(results):
-        p = len(res.prompt_ids)
         for c in res.completions:
-            ids.append(res.prompt_ids + c.token_ids)
-            resp.append([0] * p + [1] * len(c.token_ids))
+            prompt = c.prompt_ids if c.prompt_ids is not None else res.prompt_ids
+            p = len(prompt)
+            ids.append(prompt + c.token_ids)
+            resp.append([0] * p + (c.mask if c.mask is not None else [1] * len(c.token_ids)))
             logps.append([0.0] * p + c.logprobs)
             groups.append(g)
     input_ids = pad_sequences(ids, pad_id)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -37,6 +37,12 @@ class Completion:
     logprobs: list[float]  # log-prob of each sampled token under the engine's policy
     text: str
     finish_reason: str  # "stop" (end token) or "length"
+    # A multi-turn episode: 1 on sampled tokens, 0 on environment tokens (None: all
+    # sampled); its own prompt when its environment opened it differently from the
+    # group's; and the episode itself (messages, environment reward) for scoring.
+    mask: list[int] | None = None
+    prompt_ids: list[int] | None = None
+    episode: Any = None
 
 
 @dataclass
