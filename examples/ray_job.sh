@@ -11,6 +11,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export RAY_ADDRESS="${RAY_ADDRESS:-http://127.0.0.1:8265}"
+# `ray start --head` turns Ray's token authentication on and writes the token to
+# ~/.ray/auth_token; a client outside the cluster must then say so. Use token mode
+# whenever a token is at hand (RAY_AUTH_MODE set by the caller wins).
+if [ -z "${RAY_AUTH_MODE:-}" ] && { [ -n "${RAY_AUTH_TOKEN:-}" ] || [ -s "${HOME}/.ray/auth_token" ]; }; then
+  export RAY_AUTH_MODE=token
+fi
 # --working-dir uploads this checkout (minus .gitignore'd files) to the cluster; the job's
 # driver and every worker import rlpost from that copy. The job's current directory
 # is a temporary copy, hence the absolute run directory.

@@ -91,6 +91,8 @@ def node_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["TQDM_DISABLE"] = "1"
+    # `python` in a job's entrypoint is this environment's, as on a node started from it
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     # Whether Ray turns token authentication on depends on whether a token
     # file happens to exist on the machine; these short-lived test clusters go
     # without, so any client (token or not) can talk to them.
@@ -100,9 +102,15 @@ def node_env() -> dict[str, str]:
 
 @contextmanager
 def ray_head(
-    num_cpus: int, resources: dict | None = None, dashboard_port: int | None = None
+    num_cpus: int,
+    resources: dict | None = None,
+    dashboard_port: int | None = None,
+    home: Path | None = None,
 ) -> Iterator[tuple[RayNode, str]]:
-    """A head node; yields it and the GCS address. Stopped even when the test fails."""
+    """A head node; yields it and the GCS address. Stopped even when the test fails.
+
+    With ``home`` it starts as ``ray start --head`` does for a user: Ray's token
+    authentication on, the token written to ``home/.ray/auth_token``."""
     args = ["--head", f"--port={free_port()}", f"--num-cpus={num_cpus}"]
     args += [f"--ray-client-server-port={free_port()}"]
     if resources:
@@ -112,7 +120,11 @@ def ray_head(
         args += [f"--dashboard-port={dashboard_port}"]
     else:
         args.append("--include-dashboard=false")
-    node = RayNode(args, node_env())
+    env = node_env()
+    if home is not None:
+        env.pop("RAY_AUTH_MODE")
+        env["HOME"] = str(home)
+    node = RayNode(args, env)
     try:
         yield node, node.wait_started()
     finally:

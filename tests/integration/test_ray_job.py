@@ -1,16 +1,18 @@
 """``ray job submit``: the CLI runs as a Ray job on a running cluster.
 
 A head node with the dashboard (the Jobs API lives there) starts on this
-machine; the test submits ``python -m rlpost.main`` with the checkout as the
-job's working directory, as ``examples/ray_job.sh`` does, waits for SUCCEEDED
-and reads the run directory the job wrote.
+machine the way ``ray start --head`` starts for a user who has a Ray token
+(token authentication on). ``examples/ray_job.sh`` submits ``python -m
+rlpost.main`` with the checkout as the job's working directory, from a shell
+without ``RAY_AUTH_MODE``, waits for the job, and the test reads the run
+directory the job wrote.
 """
 
 from __future__ import annotations
 
 import json
-import sys
-import time
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,53 +20,38 @@ import pytest
 pytest.importorskip("ray")
 pytest.importorskip("vllm")
 
-from ray_nodes import REPO, free_port, ray_head  # noqa: E402
+from ray_nodes import RAY, REPO, free_port, node_env, ray_head  # noqa: E402
 
 STEPS = 2
 
 
-def wait_for_jobs_api(address: str, timeout: float = 60):
-    from ray.job_submission import JobSubmissionClient
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return JobSubmissionClient(address)
-        except (ConnectionError, RuntimeError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(1)
-
-
-def test_job_trains_on_an_existing_cluster(tmp_path: Path):
-    from ray.job_submission import JobStatus
-
+def test_example_script_trains_as_a_job_on_a_token_auth_cluster(tmp_path: Path):
     from rlpost.tiny import build_tiny_model
 
     model = build_tiny_model("micro", tmp_path / "model", seed=0)
     run_dir = tmp_path / "run"  # absolute: the job's cwd is a temporary copy of the checkout
-    overrides = [
-        "algo=grpo", f"model.path={model}", f"trainer.run_dir={run_dir}",
-        f"trainer.total_steps={STEPS}", "trainer.val_every=1", "data.prompts_per_step=4",
-        "rollout.n=2", "data.val_size=8", "rollout.kv_cache_gib=0.0625",
-    ]  # fmt: skip
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    # A user's machine has a token once any local Ray started there; with one,
+    # `ray start --head` turns token authentication on.
+    (home / ".ray" / "auth_token").write_text(os.urandom(32).hex())
     dashboard = free_port()
-    with ray_head(num_cpus=2, dashboard_port=dashboard) as (head, _):
-        client = wait_for_jobs_api(f"http://127.0.0.1:{dashboard}")
-        job = client.submit_job(
-            entrypoint=" ".join([sys.executable, "-m", "rlpost.main", *overrides]),
-            runtime_env={"working_dir": str(REPO), "excludes": [".git", "outputs"]},
-        )
-        deadline = time.monotonic() + 120
-        while not (status := client.get_job_status(job)).is_terminal():
-            assert time.monotonic() < deadline, client.get_job_logs(job)[-4000:]
-            time.sleep(1)
-        logs = client.get_job_logs(job)
-        assert status == JobStatus.SUCCEEDED, logs[-4000:] + head.logs()
-        head_node = client.get_job_info(job).driver_node_id
+    with ray_head(num_cpus=2, dashboard_port=dashboard, home=home) as (head, _):
+        assert "Token authentication is enabled" in head.logs()
+        env = {**node_env(), "HOME": str(home), "RAY": RAY, "RUN_DIR": str(run_dir)}
+        env.pop("RAY_AUTH_MODE")  # the script works it out
+        env["RAY_ADDRESS"] = f"http://127.0.0.1:{dashboard}"
+        proc = subprocess.run(
+            ["bash", str(REPO / "examples" / "ray_job.sh"), f"model.path={model}",
+             f"trainer.total_steps={STEPS}", "trainer.val_every=1", "data.prompts_per_step=4",
+             "rollout.n=2", "data.val_size=8", "rollout.kv_cache_gib=0.0625"],
+            capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+        )  # fmt: skip
+        logs = proc.stdout + proc.stderr
+        assert proc.returncode == 0, logs[-4000:] + head.logs()
 
-    # The job's progress and closing line are in the job's log.
-    assert "done: val/accuracy" in logs
+    # The job's progress and closing line are in the job's log, streamed by submit.
+    assert "succeeded" in logs and "done: val/accuracy" in logs
     assert f"run dir {run_dir}" in logs
     history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [h["step"] for h in history] == list(range(STEPS + 1))
@@ -75,5 +62,6 @@ def test_job_trains_on_an_existing_cluster(tmp_path: Path):
     # Its workers ran on the cluster's (only) node, not on a Ray of the job's own.
     placement = json.loads((run_dir / "placement.json").read_text())
     assert set(placement["roles"]) == {"policy", "rollout"}
-    assert set(placement["nodes"]) == {head_node}
+    assert len(set(placement["nodes"])) == 1
+    assert "Started a local Ray instance" not in logs
     assert (run_dir / "final" / "config.json").exists()
