@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from rlpost.checkpoint import CheckpointError
     from rlpost.data import DataError
+    from rlpost.faults import Interrupted, StopOnSignal
     from rlpost.result import RunError
     from rlpost.rewards import RewardError
     from trainers.files import UnsafeCheckpointError
@@ -42,13 +43,16 @@ def main(argv: list[str] | None = None) -> int:
         cfg = compose(argv)
         from rlpost.run import train
 
-        result = train(cfg)
+        result = train(cfg, StopOnSignal())
     except (ConfigError, DataError, RewardError, CheckpointError, UnsafeCheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except RunError as exc:  # bad input was fine, the run itself went wrong
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except Interrupted as exc:  # SIGINT / SIGTERM: checkpointed, workers and Ray stopped
+        print(exc.advice(), file=sys.stderr)
+        return exc.exit_code
     last = result.history[-1]
     first = result.history[0]
     print(

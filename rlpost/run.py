@@ -11,6 +11,7 @@ import yaml
 
 from rlpost.config import Config, to_dict
 from rlpost.data import DataError, load_rows, validate_row
+from rlpost.faults import StopOnSignal
 from rlpost.result import RunResult
 from rlpost.rewards import RewardError, RewardScorer, call_plan, load_reward_fn
 from rlpost.schema import ConfigError
@@ -143,15 +144,19 @@ def preflight(cfg: Config) -> tuple[Any, list[dict], list[dict], int]:
     return (reward_fn, *rows)
 
 
-def train(cfg: Config) -> RunResult:
-    """Run ``cfg`` to the end; returns the metric history and the final model's path."""
+def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
+    """Run ``cfg`` to the end; returns the metric history and the final model's path.
+
+    ``stop`` (the CLI's): SIGINT and SIGTERM stop the run at the next step
+    boundary with a checkpoint, raising ``Interrupted`` after the cleanup.
+    """
     # Everything that can fail on user input fails here, before Ray starts.
     reward_fn, train_rows, val_rows, bad_rows = preflight(cfg)
 
     import ray
     from transformers import AutoTokenizer
 
-    from rlpost.controller import Controller, Workers
+    from rlpost.controller import Controller, TrainerGroups, Workers
     from rlpost.device import resolve_device
     from rlpost.placement import start
     from rlpost.rollout_group import RolloutGroup, engine_config
@@ -222,6 +227,8 @@ def train(cfg: Config) -> RunResult:
     tracker: Tracker | None = None
     scorer: RewardScorer | None = None
     try:
+        if stop is not None:  # after Ray's start, which installs its own SIGTERM handler
+            stop.install()
         placement.save(run_dir)
         model_path = cfg.model.path or builtin_model(cfg, make_trainer)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -232,20 +239,30 @@ def train(cfg: Config) -> RunResult:
             train_rows, too_long = drop_long_prompts(train_rows, tokenizer, limit)
             val_rows, too_long_val = drop_long_prompts(val_rows, tokenizer, limit)
             bad_rows += too_long + too_long_val
-        policy = make_trainer(model_path, t.lr, t.lr_warmup_steps)
-        workers.append(policy)
-        reference = critic = None
-        # Under LoRA the reference is the policy with its adapter disabled: no copy.
-        if cfg.algo.needs_reference and not lora.enabled:
-            reference = make_trainer(
-                model_path, t.lr, 0, kind="policy", trainable=False, role="reference"
-            )
-            workers.append(reference)
-        if cfg.algo.needs_critic:
-            critic = make_trainer(
-                model_path, t.critic_lr, t.lr_warmup_steps, kind="critic", role="critic"
-            )
-            workers.append(critic)
+
+        def build_trainers() -> TrainerGroups:
+            """Policy, reference and critic groups; first closes any from before (the
+            controller rebuilds them all when a rank dies)."""
+            for group in workers:
+                group.close()
+            workers.clear()
+            policy = make_trainer(model_path, t.lr, t.lr_warmup_steps)
+            workers.append(policy)
+            reference = critic = None
+            # Under LoRA the reference is the policy with its adapter disabled: no copy.
+            if cfg.algo.needs_reference and not lora.enabled:
+                reference = make_trainer(
+                    model_path, t.lr, 0, kind="policy", trainable=False, role="reference"
+                )
+                workers.append(reference)
+            if cfg.algo.needs_critic:
+                critic = make_trainer(
+                    model_path, t.critic_lr, t.lr_warmup_steps, kind="critic", role="critic"
+                )
+                workers.append(critic)
+            return policy, reference, critic
+
+        policy, reference, critic = build_trainers()
         r = cfg.rollout
         rollout = RolloutGroup(
             engine_config(cfg, model_path, device.kind),
@@ -264,8 +281,11 @@ def train(cfg: Config) -> RunResult:
         )  # fmt: skip
         controller = Controller(
             cfg, run_dir, Workers(policy, rollout, reference, critic), tokenizer,
-            train_rows, val_rows, scorer, tracker, bad_rows,
+            train_rows, val_rows, scorer, tracker, bad_rows, rebuild_trainers=build_trainers,
+            stop_requested=stop.requested if stop is not None else None,
         )  # fmt: skip
+        if stop is not None:
+            stop.armed = True  # from here a signal waits for the end of the step
         result = controller.run()
         tracker.plot()
         return result
@@ -281,3 +301,5 @@ def train(cfg: Config) -> RunResult:
         placement.remove()
         if started_ray:
             ray.shutdown()
+        if stop is not None:
+            stop.restore()

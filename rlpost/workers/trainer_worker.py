@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 from typing import Any
 
@@ -17,6 +19,10 @@ class TrainerWorker:
     def __init__(self, threads: int):
         torch.set_num_threads(threads)
         self.engine: Any = None
+
+    def pid(self) -> int:
+        """This rank's process id (fault-injection tests kill it)."""
+        return os.getpid()
 
     def address(self) -> str:
         """A free TCP rendezvous address on this worker's node."""
@@ -72,11 +78,18 @@ class TrainerGroup:
         self.num_params = sizes[0]
 
     def _each(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        return ray.get([w.call.remote(method, *args, **kwargs) for w in self.workers])
+        return _gather([w.call.remote(method, *args, **kwargs) for w in self.workers])
 
     def _sharded(self, method: str, batch: TrajectoryBatch, **kwargs: Any) -> list[Any]:
         shards = [batch.shard(r, self.world_size) for r in range(self.world_size)]
-        return ray.get([w.call.remote(method, s, **kwargs) for w, s in zip(self.workers, shards)])
+        return _gather([w.call.remote(method, s, **kwargs) for w, s in zip(self.workers, shards)])
+
+    def owns(self, actor_id: str | None) -> bool:
+        """Whether ``actor_id`` (hex, as in ``RayActorError.actor_id``) is one of the ranks."""
+        return any(w._actor_id.hex() == actor_id for w in self.workers)
+
+    def pids(self) -> list[int]:
+        return _gather([w.pid.remote() for w in self.workers])
 
     def logprobs(self, batch: TrajectoryBatch, temperature: float) -> torch.Tensor:
         parts = self._sharded("logprobs", batch, temperature=temperature)
@@ -106,13 +119,13 @@ class TrainerGroup:
     def adapter_ref(self) -> ray.ObjectRef:
         """An object-store reference to rank 0's LoRA adapter ``(tensors, peft_config)``."""
         refs = [w.call.remote("adapter_weights") for w in self.workers]
-        ray.get(refs[1:])
+        _gather(refs[1:])
         return refs[0]
 
     def weights_ref(self) -> ray.ObjectRef:
         """An object-store reference to rank 0's full weights (one copy, fetched by replicas)."""
         refs = [w.call.remote("named_weights") for w in self.workers]
-        ray.get(refs[1:])
+        _gather(refs[1:])
         return refs[0]
 
     def save_checkpoint(self, path: str) -> None:
@@ -124,12 +137,28 @@ class TrainerGroup:
     def save_hf(self, out_dir: str) -> str:
         return self._each("save_hf", out_dir)[0]
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Close each rank's engine, then end the actors. A rank that died has nothing
+        to close, and one stuck in a collective with a dead peer is ended as it is."""
+        refs = [w.call.remote("close") for w in self.workers]
         try:
-            self._each("close")
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+            for ref in ready:
+                with contextlib.suppress(ray.exceptions.RayActorError):
+                    ray.get(ref)
         finally:
             for w in self.workers:
                 ray.kill(w)
+
+
+def _gather(refs: list[Any]) -> list[Any]:
+    """``ray.get(refs)``, but raising as soon as one rank fails: the others may be
+    waiting for the dead one in a collective until the backend's timeout."""
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        ray.get(ready)
+    return ray.get(refs)
 
 
 def _padded(batch: TrajectoryBatch, world_size: int) -> TrajectoryBatch:
