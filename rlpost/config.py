@@ -276,7 +276,9 @@ class TrainerConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    name: Literal["arith", "files"] = spec("arith", help="built-in task or user files")
+    name: Literal["arith", "calc", "files"] = spec(
+        "arith", help="built-in task (arith: a+b=; calc: a*b= with a multiply tool) or user files"
+    )
     train_files: list[str] = spec([], help="JSONL or Parquet files with a 'prompt' column")
     val_files: list[str] = spec([], help="held-out JSONL or Parquet files")
     prompts_per_step: int = spec(16, ge=1, help="prompts per RL step (batch = this x rollout.n)")

@@ -31,13 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rlpost.tasks import arith
+from rlpost.tasks import arith, calc
 
 logger = logging.getLogger(__name__)
 
 RewardFn = Callable[..., Any]
 
-BUILTIN_REWARDS: dict[str, RewardFn] = {"arith": arith.reward}
+BUILTIN_REWARDS: dict[str, RewardFn] = {"arith": arith.reward, "calc": calc.reward}
 
 SPEC_FORMS = (
     f"a built-in name ({', '.join(sorted(BUILTIN_REWARDS))}), "

@@ -32,11 +32,14 @@ def make_run_dir(cfg: Config) -> Path:
 
 def load_data(cfg: Config) -> tuple[list[dict], list[dict], int]:
     """Train rows, held-out rows and the number of malformed rows dropped."""
-    if cfg.data.name == "arith":
-        from rlpost.tasks.arith import ArithTask
+    if cfg.data.name != "files":
+        from rlpost.tasks import build_task
 
-        task = ArithTask(
-            seed=cfg.trainer.seed, max_operand=cfg.data.max_operand, num_val=cfg.data.val_size
+        task = build_task(
+            cfg.data.name,
+            seed=cfg.trainer.seed,
+            max_operand=cfg.data.max_operand,
+            num_val=cfg.data.val_size,
         )
         rows = task.sft_rows() if cfg.algo.name == "sft" else task.train_rows()
         return rows, task.val_rows(), 0

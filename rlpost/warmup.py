@@ -20,7 +20,7 @@ from tqdm import tqdm
 from rlpost.config import Config
 from rlpost.data import PromptStream
 from rlpost.samples import sft_batch
-from rlpost.tasks.arith import ArithTask
+from rlpost.tasks import TASKS, build_task
 
 log = logging.getLogger(__name__)
 WARMUP_VERSION = 2
@@ -34,10 +34,16 @@ def cache_root(cfg: Config) -> Path:
     return Path(base) / "rlpost"
 
 
+def warmup_task(cfg: Config) -> str:
+    """The built-in task the base policy imitates: ``data.name``'s, or arith for user files."""
+    return cfg.data.name if cfg.data.name in TASKS else "arith"
+
+
 def warmup_key(cfg: Config) -> str:
     w = cfg.model.warmup
     fields = {
         "version": WARMUP_VERSION,
+        "task": warmup_task(cfg),
         "preset": cfg.model.preset,
         "steps": w.steps,
         "batch_size": w.batch_size,
@@ -75,8 +81,11 @@ def builtin_model(cfg: Config, make_trainer: Callable[[str, float, int], Any]) -
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(init_dir)
-    task = ArithTask(
-        seed=cfg.trainer.seed, max_operand=cfg.data.max_operand, num_val=cfg.data.val_size
+    task = build_task(
+        warmup_task(cfg),
+        seed=cfg.trainer.seed,
+        max_operand=cfg.data.max_operand,
+        num_val=cfg.data.val_size,
     )
     rows = task.sft_rows()
     stream = PromptStream(rows, seed=cfg.trainer.seed, batch_size=w.batch_size)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from rlpost.tasks.arith import ArithTask
+from rlpost.tasks.calc import CalcTask
 
-TASKS: dict[str, type] = {"arith": ArithTask}
+TASKS: dict[str, type] = {"arith": ArithTask, "calc": CalcTask}
 
 
 def build_task(name: str, **kwargs: Any) -> Any:
@@ -16,4 +17,4 @@ def build_task(name: str, **kwargs: Any) -> Any:
     return TASKS[name](**kwargs)
 
 
-__all__ = ["TASKS", "ArithTask", "build_task"]
+__all__ = ["TASKS", "ArithTask", "CalcTask", "build_task"]

@@ -29,6 +29,16 @@ def calculator(expression: str) -> str:
     return str(_eval(ast.parse(expression, mode="eval").body))
 
 
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+        a: The first factor.
+        b: The second factor.
+    """
+    return a * b
+
+
 def _eval(node: ast.AST) -> int | float:
     value = node.value if isinstance(node, ast.Constant) else None
     if isinstance(value, int | float) and not isinstance(value, bool):

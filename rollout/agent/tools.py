@@ -28,6 +28,7 @@ from rollout.agent.tool_schema import SchemaError, check_arguments, tool_schema
 # name -> spec; imported on use, so a tool's dependencies stay optional.
 TOOLS: dict[str, str] = {
     "calculator": "rollout.agent.builtin_tools:calculator",
+    "multiply": "rollout.agent.builtin_tools:multiply",
     "python": "rollout.agent.sandbox:run_python",
 }
 
