@@ -112,6 +112,6 @@ def alive(procs: dict, grace_s: float = 10.0) -> list[str]:
         time.sleep(0.2)
 
 
-def trainer_pids(pid: int) -> list[int]:
-    """The processes below ``pid`` that run a trainer rank."""
-    return [p.pid for p, cmdline in descendants(pid).items() if "ray::TrainerWorker" in cmdline]
+def actor_pids(pid: int, cls: str) -> list[int]:
+    """The processes below ``pid`` that run an actor of class ``cls`` (e.g. TrainerWorker)."""
+    return [p.pid for p, cmdline in descendants(pid).items() if f"ray::{cls}" in cmdline]
