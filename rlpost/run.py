@@ -142,9 +142,31 @@ def preflight(cfg: Config) -> tuple[Any, list[dict], list[dict], int]:
             call_plan(reward_fn, set(rows[0][0]) if isinstance(rows[0][0], dict) else set())
         except RewardError as exc:
             problems.append(f"reward.fn={cfg.reward.fn}: {exc}")
+    if cfg.agent.enabled:
+        problems.extend(check_agent(cfg))
     if problems:
         raise ConfigError(problems)
     return (reward_fn, *rows)
+
+
+def check_agent(cfg: Config) -> list[str]:
+    """``agent.tools`` / ``agent.env`` load, before any worker starts."""
+    from rlpost.agent_rollout import env_factory
+    from rollout.agent import EnvError, ToolError, get_parser
+    from rollout.agent.parsers import ParserError
+
+    problems = []
+    try:
+        env_factory(cfg)
+    except ToolError as exc:
+        problems.append(f"agent.tools={list(cfg.agent.tools)}: {exc}")
+    except EnvError as exc:
+        problems.append(f"agent.env={cfg.agent.env}: {exc}")
+    try:
+        get_parser(cfg.agent.parser)
+    except ParserError as exc:
+        problems.append(f"agent.parser={cfg.agent.parser}: {exc}")
+    return problems
 
 
 def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
@@ -159,6 +181,7 @@ def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
     import ray
     from transformers import AutoTokenizer
 
+    from rlpost.agent_rollout import AgentRollout
     from rlpost.controller import Controller, TrainerGroups, Workers
     from rlpost.device import resolve_device
     from rlpost.placement import start
@@ -286,6 +309,7 @@ def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
             cfg, run_dir, Workers(policy, rollout, reference, critic), tokenizer,
             train_rows, val_rows, scorer, tracker, bad_rows, rebuild_trainers=build_trainers,
             stop_requested=stop.requested if stop is not None else None,
+            agent=AgentRollout(cfg, rollout, tokenizer) if cfg.agent.enabled else None,
         )  # fmt: skip
         if stop is not None:
             stop.armed = True  # from here a signal waits for the end of the step

@@ -97,6 +97,7 @@ def test_custom_tool_with_column_style_reward(model, tmp_path):
         ("agent.tools=examples/agent/unit_reward.py:score", "score has no docstring"),
         ("agent.env=examples/agent/unit_tool.py:TO_METRES", "not a class"),
         ("agent.env=examples/agent/guess_env.py:GuessEnv agent.env_kwargs.colour=1", "env kwargs"),
+        ("agent.tools=calculator agent.parser=xml", "agent.parser=xml: tool-call parser 'xml'"),
     ],
 )
 def test_bad_agent_specs_are_config_errors_before_ray(override, expected, tmp_path):
