@@ -125,6 +125,11 @@ class VLLMEngine:
             kwargs["kv_transfer_config"] = cfg.kv_transfer.vllm_config()
         if cfg.device == "cpu":
             kwargs["kv_cache_memory_bytes"] = int(cfg.kv_cache_gib * 2**30)
+            # A seeded request whose prefill is split over two engine steps fails on
+            # the CPU ("CPU Generator does not use offset"): many long multi-turn
+            # prompts at once split. Whole prefills only; a step fits any one prompt.
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(cfg.max_model_len, 4096)
         else:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         self._cache = _PrefixCacheCounter()
