@@ -58,3 +58,46 @@ def safe_torch_load(path: str | Path) -> Any:
             f"do not resume from this checkpoint unless you know where it came from "
             f"({str(exc).splitlines()[0]})"
         ) from None
+
+
+# What a torch.distributed.checkpoint ``.metadata`` pickle may name: its own
+# dataclasses, tensor sizes, dtypes and layouts, and paths.
+_DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+_DCP_NAMES = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PureWindowsPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+def check_dcp_metadata(state_dir: str | Path) -> None:
+    """Unpickle a distributed checkpoint's ``.metadata`` with only the classes such a
+    file holds allowed (torch's loader unpickles it without limits); anything else
+    raises :class:`UnsafeCheckpointError` before torch reads the file."""
+    import pickle
+
+    import torch
+
+    path = Path(state_dir) / ".metadata"
+
+    class Restricted(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            allowed = (
+                module in _DCP_MODULES
+                or (module, name) in _DCP_NAMES
+                or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
+            )
+            if not allowed:
+                raise UnsafeCheckpointError(
+                    f"{path}: refused to load: it names {module}.{name}, which a checkpoint's "
+                    "metadata never holds, and loading it could run code; do not resume from "
+                    "this checkpoint unless you know where it came from"
+                )
+            return super().find_class(module, name)
+
+    with open(path, "rb") as f:
+        Restricted(f).load()

@@ -90,3 +90,23 @@ def test_a_checkpoint_file_with_a_pickled_payload_is_refused(tmp_path, name):
         else:
             safe_torch_load(tmp_path / name)
     assert not marker.exists()  # the payload never ran
+
+
+def test_distributed_checkpoint_metadata_with_a_payload_is_refused(tmp_path):
+    import pickle
+
+    import torch.distributed.checkpoint as dcp
+
+    from trainers.files import check_dcp_metadata
+
+    state = tmp_path / "state"
+    # a real single-process distributed checkpoint: its metadata passes
+    dcp.save({"w": torch.ones(4)}, checkpoint_id=str(state), no_dist=True)
+    check_dcp_metadata(state)
+    marker = tmp_path / "owned"
+    (state / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    with pytest.raises(
+        UnsafeCheckpointError, match=r"\.metadata: refused to load: it names posix.system"
+    ):
+        check_dcp_metadata(state)
+    assert not marker.exists()

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainers.files import safe_torch_load
+from trainers.files import check_dcp_metadata, safe_torch_load
 
 PARTIAL_SUFFIX = ".partial"
 
@@ -142,6 +142,7 @@ def load_engine(
             "build the engine with the same model.lora settings"
         )
     opts = _options(frozen_base)
+    check_dcp_metadata(path / "state")  # torch unpickles it without limits
     if meta["optimizer"] and optimizer is not None:
         model_sd, optim_sd = get_state_dict(model, optimizer, options=opts)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
