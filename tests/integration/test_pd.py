@@ -22,6 +22,8 @@ import torch
 ray = pytest.importorskip("ray")
 pytest.importorskip("vllm")
 
+from rollout_utils import max_logprob_diff  # noqa: E402
+
 from rlpost.rollout_group import RolloutGroup  # noqa: E402
 from rlpost.tiny import build_tiny_model  # noqa: E402
 from rlpost.workers.rollout_worker import RolloutWorker, prompt_hash  # noqa: E402
@@ -130,20 +132,6 @@ def test_session_stays_on_one_decode_replica(setup):
     assert independent == [2 * TURNS, 2 * TURNS]  # 4 per batch, least in flight: 2 and 2
 
 
-@torch.no_grad()
-def _max_logprob_diff(model, results, temperature: float) -> float:
-    """Largest |rollout log-prob - teacher-forced log-prob| over sampled tokens."""
-    worst = 0.0
-    for res in results:
-        p = len(res.prompt_ids)
-        for c in res.completions:
-            ids = torch.tensor([res.prompt_ids + c.token_ids])
-            logits_tv = model(ids).logits[0, p - 1 : -1] / temperature
-            ref_t = torch.log_softmax(logits_tv, -1).gather(-1, ids[0, p:, None])[:, 0]
-            worst = max(worst, float((torch.tensor(c.logprobs) - ref_t).abs().max()))
-    return worst
-
-
 def test_weight_sync_reaches_both_pools_and_drops_stale_kv(setup):
     from transformers import AutoModelForCausalLM
 
@@ -160,7 +148,7 @@ def test_weight_sync_reaches_both_pools_and_drops_stale_kv(setup):
     requests = [GenerationRequest(p, sampling, session_id=s) for p, s in zip(prompts, ids)]
 
     stale = pd.generate(requests)  # stores these prompts' KV under the old weights
-    assert _max_logprob_diff(model, stale, 0.8) > 1e-2  # the check below can fail
+    assert max_logprob_diff(model, stale, 0.8) > 1e-2  # the check below can fail
     assert os.listdir(kv_dir)
 
     pd.stats()
@@ -168,6 +156,6 @@ def test_weight_sync_reaches_both_pools_and_drops_stale_kv(setup):
     assert os.listdir(kv_dir) == []  # the old weights' KV is gone
 
     fresh = pd.generate(requests)  # the same prompts again
-    assert _max_logprob_diff(model, fresh, 0.8) < 1e-3
+    assert max_logprob_diff(model, fresh, 0.8) < 1e-3
     # ...and the decode replicas did load the new KV from the prefill replica.
     assert pd.stats()["rollout/pd/kv_transfer_rate"] > 0.3

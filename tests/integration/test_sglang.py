@@ -23,6 +23,8 @@ pytestmark = pytest.mark.gpu
 
 ray = pytest.importorskip("ray")
 
+from rollout_utils import max_logprob_diff  # noqa: E402
+
 from rlpost.rollout_group import RolloutGroup  # noqa: E402
 from rlpost.tiny import build_tiny_model  # noqa: E402
 from rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
@@ -63,19 +65,6 @@ def _prompt(k: int) -> list[int]:
     return [5 + (7 * k + 3 * i) % 90 for i in range(20 + k)]
 
 
-@torch.no_grad()
-def _max_logprob_diff(model, results, temperature: float) -> float:
-    worst = 0.0
-    for res in results:
-        p = len(res.prompt_ids)
-        for c in res.completions:
-            ids = torch.tensor([res.prompt_ids + c.token_ids])
-            logits_tv = model(ids).logits[0, p - 1 : -1] / temperature
-            ref_t = torch.log_softmax(logits_tv, -1).gather(-1, ids[0, p:, None])[:, 0]
-            worst = max(worst, float((torch.tensor(c.logprobs) - ref_t).abs().max()))
-    return worst
-
-
 def test_sessions_stick_and_replicas_agree(group):
     sessions = [f"conv-{k}" for k in range(6)]
     assert {group.router.pick(s) for s in sessions} == {0, 1}
@@ -104,14 +93,14 @@ def test_logprobs_and_weight_sync(group, model_path):
     ids = [next(f"w{k}" for k in range(100) if group.router.pick(f"w{k}") == i) for i in range(2)]
     sampling = SamplingConfig(n=4, temperature=0.8, max_tokens=6, seed=1)
     requests = [GenerationRequest(_prompt(5), sampling, session_id=s) for s in ids]
-    assert _max_logprob_diff(model, group.generate(requests), 0.8) < 1e-3
+    assert max_logprob_diff(model, group.generate(requests), 0.8) < 1e-3
 
     with torch.no_grad():
         model.model.embed_tokens.weight.mul_(1.7)
     stale = group.generate(requests)
-    assert _max_logprob_diff(model, stale, 0.8) > 1e-2
+    assert max_logprob_diff(model, stale, 0.8) > 1e-2
     group.load_weights([(k, v.clone()) for k, v in model.state_dict().items()])
-    assert _max_logprob_diff(model, group.generate(requests), 0.8) < 1e-3
+    assert max_logprob_diff(model, group.generate(requests), 0.8) < 1e-3
 
 
 def test_release_and_resume_memory_keeps_weights(group):
@@ -157,7 +146,7 @@ def test_sglang_pd_matches_a_plain_replica_and_syncs(model_path):
         pd.load_weights([(k, v.clone()) for k, v in model.state_dict().items()])
         sampling = SamplingConfig(n=4, temperature=0.8, max_tokens=6, seed=1)
         fresh = pd.generate([GenerationRequest(_prompt(5), sampling)])
-        assert _max_logprob_diff(model, fresh, 0.8) < 1e-3
+        assert max_logprob_diff(model, fresh, 0.8) < 1e-3
     finally:
         pd.close()
         plain.close()
