@@ -307,7 +307,8 @@ class RewardConfig:
 @dataclass(frozen=True)
 class AgentConfig:
     tools: list[str] = spec(
-        [], help="tools the model may call: built-in names (calculator, python), file.py:fn or module:fn"
+        [],
+        help="tools the model may call: built-in names (calculator, python), file.py:fn or module:fn",
     )
     env: str | None = spec(
         None, help="environment class (file.py:Class or module:Class), one instance per episode"
