@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,7 @@ def builtin_model(cfg: Config, make_trainer: Callable[[str, float, int], Any]) -
     probe = sft_batch(tokenizer, rows[:PROBE_ROWS])
     trainer = make_trainer(str(init_dir), w.lr, 0)
     try:
+        start = time.perf_counter()
         bar = tqdm(range(1, w.steps + 1), desc="warm-up (sft)", unit="step", dynamic_ncols=True)
         accuracy = 0.0
         for step in bar:
@@ -107,5 +109,8 @@ def builtin_model(cfg: Config, make_trainer: Callable[[str, float, int], Any]) -
     finally:
         trainer.close()
         shutil.rmtree(init_dir, ignore_errors=True)
-    log.info("built-in model: %s (%d warm-up steps, train accuracy %.3f)", out, step, accuracy)
+    log.info(
+        "built-in model: %s (%d warm-up steps in %.0f s, train accuracy %.3f)",
+        out, step, time.perf_counter() - start, accuracy,
+    )  # fmt: skip
     return str(out)
