@@ -10,11 +10,10 @@ once (a fresh interpreter would spend ~7 s importing on 2 cores).
 
 from __future__ import annotations
 
-import socket
-
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from ports import free_port  # noqa: F401  (re-exported for the engine tests)
 
 from trainers.batch import TrajectoryBatch, pad_sequences
 from trainers.fsdp.engine import FSDPEngine, FSDPEngineConfig
@@ -22,12 +21,6 @@ from trainers.fsdp.engine import FSDPEngine, FSDPEngineConfig
 PRELOAD = ["torch.distributed.fsdp", "rlpost.tiny", "trainers.fsdp.engine", "peft"]
 # (prompt tokens, response tokens): ragged on purpose
 LENGTHS = [(3, 4), (5, 2), (2, 7), (6, 1), (4, 5), (3, 3), (7, 6), (2, 2)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spawn(fn, args: tuple, nprocs: int = 1) -> None:
