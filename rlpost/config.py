@@ -284,7 +284,7 @@ class DataConfig:
     prompts_per_step: int = spec(16, ge=1, help="prompts per RL step (batch = this x rollout.n)")
     val_size: int = spec(200, ge=1, help="held-out prompts scored at each validation")
     max_operand: int = spec(
-        99, ge=1, help="built-in task: operands are drawn from [0, max_operand]"
+        99, ge=1, help="built-in tasks: operands go up to max_operand (arith from 0, calc from 10)"
     )
     max_prompt_tokens: int = spec(64, ge=1, help="longer prompts are dropped and counted")
 
@@ -308,7 +308,7 @@ class RewardConfig:
 class AgentConfig:
     tools: list[str] = spec(
         [],
-        help="tools the model may call: built-in names (calculator, python), file.py:fn or module:fn",
+        help="tools the model may call: built-in names (calculator, multiply, python), file.py:fn or module:fn",
     )
     env: str | None = spec(
         None, help="environment class (file.py:Class or module:Class), one instance per episode"
@@ -403,6 +403,11 @@ def _cross_checks(cfg: Config) -> list[str]:
         problems.append(
             "agent.env and agent.tools are both set: an environment answers the model itself; "
             "drop agent.tools, or drop agent.env to use the tools"
+        )
+    if cfg.data.name == "calc" and not cfg.agent.enabled and cfg.algo.name != "sft":
+        problems.append(
+            "data.name=calc: the calc task is solved by calling the multiply tool; "
+            "use agent=calculator (or set agent.tools=[multiply])"
         )
     if cfg.agent.enabled and cfg.algo.name == "sft":
         problems.append(

@@ -261,3 +261,12 @@ def test_readme_documents_every_key():
     table = re.search(r"<!-- keys:start -->\n(.*)\n<!-- keys:end -->", readme, re.S)
     assert table is not None
     assert table.group(1) == keys_markdown()
+
+
+def test_calc_task_without_its_tool_is_an_error():
+    problems, _ = _problems(["data=calc"])
+    assert problems == [
+        "data.name=calc: the calc task is solved by calling the multiply tool; "
+        "use agent=calculator (or set agent.tools=[multiply])"
+    ]
+    assert compose(["agent=calculator"]).data.name == "calc"
