@@ -20,7 +20,12 @@ import json
 import random
 from dataclasses import dataclass
 
-from rlpost.tasks.arith import SPECIAL_TOKEN_PREFIX
+# The episode's final answer is scored as the arithmetic task scores its completion:
+# ``correctness`` (the text up to the end token equals the answer) and ``format``
+# (digits only), correctness alone in the default total.
+from rlpost.tasks.arith import correctness, format_reward, reward
+
+__all__ = ["CalcTask", "correctness", "format_reward", "reward", "solved_chat", "tool_call_text"]
 
 DATA_SOURCE = "calc"
 TOOL = "multiply"
@@ -91,27 +96,3 @@ def solved_chat(row: dict) -> list[dict]:
         {"role": "tool", "name": TOOL, "content": str(a * b), "tool_call_id": "call_0"},
         {"role": "assistant", "content": row["answer"]},
     ]
-
-
-def _answer_text(completion: str) -> str:
-    """The final answer up to its first special token, stripped of whitespace."""
-    return completion.split(SPECIAL_TOKEN_PREFIX, 1)[0].strip()
-
-
-def correctness(completion: str, row: dict) -> float:
-    """1.0 iff the final answer (up to the end token, stripped) is the product."""
-    return float(_answer_text(completion) == row["answer"])
-
-
-def format_reward(completion: str, row: dict) -> float:
-    """1.0 iff the final answer (up to the end token, stripped) is only ASCII digits."""
-    text = _answer_text(completion)
-    return float(text.isascii() and text.isdigit())
-
-
-def reward(completion: str, row: dict) -> dict[str, float]:
-    """Named rewards of an episode's final answer; the default total is ``correctness``."""
-    return {"correctness": correctness(completion, row), "format": format_reward(completion, row)}
-
-
-reward.default_weights = {"correctness": 1.0, "format": 0.0}  # type: ignore[attr-defined]
