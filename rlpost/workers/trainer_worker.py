@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 from typing import Any
 
@@ -25,12 +26,25 @@ class TrainerWorker:
         return os.getpid()
 
     def address(self) -> str:
-        """A free TCP rendezvous address on this worker's node."""
+        """A free TCP rendezvous address on this worker's node.
+
+        The port comes from below the usual ephemeral range (32768 and up), where
+        the outgoing connections of every other process take theirs: one of those
+        could take a port from that range between this check and the rendezvous
+        server's bind (EADDRINUSE).
+        """
         ip = ray.util.get_node_ip_address()
-        with socket.socket() as s:
+        for _ in range(100):
+            port = random.randrange(20000, 32000)
+            with socket.socket() as s:
+                try:
+                    s.bind(("", port))
+                except OSError:
+                    continue
+            return f"tcp://{ip}:{port}"
+        with socket.socket() as s:  # that range is full: any free port
             s.bind(("", 0))
-            port = s.getsockname()[1]
-        return f"tcp://{ip}:{port}"
+            return f"tcp://{ip}:{s.getsockname()[1]}"
 
     def init_engine(self, kind: str, cfg: Any, rank: int, world_size: int, init_method: str) -> int:
         from trainers.fsdp import CriticEngine, FSDPEngine
