@@ -17,6 +17,17 @@ DATA_SOURCE = "arith"
 SPECIAL_TOKEN_PREFIX = "<|"
 
 
+def split_pairs(
+    low: int, high: int, num_val: int, seed: int
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """All ordered pairs with operands in ``[low, high]``, shuffled by ``seed``:
+    (training pairs, the ``num_val`` held-out pairs); the two share no pair."""
+    span = range(low, high + 1)
+    pairs = [(a, b) for a in span for b in span]
+    random.Random(seed).shuffle(pairs)
+    return pairs[num_val:], pairs[:num_val]
+
+
 @dataclass(frozen=True)
 class ArithTask:
     """All pairs ``(a, b)`` with ``0 <= a, b <= max_operand``, split by ``seed``.
@@ -41,10 +52,7 @@ class ArithTask:
             )
 
     def _split(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-        n = self.max_operand + 1
-        pairs = [(a, b) for a in range(n) for b in range(n)]
-        random.Random(self.seed).shuffle(pairs)
-        return pairs[self.num_val :], pairs[: self.num_val]
+        return split_pairs(0, self.max_operand, self.num_val, self.seed)
 
     def train_rows(self) -> list[dict]:
         """Every pair not held out, in a seeded shuffled order."""

@@ -17,13 +17,12 @@ render token for token like the episodes the agent loop produces.
 from __future__ import annotations
 
 import json
-import random
 from dataclasses import dataclass
 
 # The episode's final answer is scored as the arithmetic task scores its completion:
 # ``correctness`` (the text up to the end token equals the answer) and ``format``
 # (digits only), correctness alone in the default total.
-from rlpost.tasks.arith import correctness, format_reward, reward
+from rlpost.tasks.arith import correctness, format_reward, reward, split_pairs
 
 __all__ = ["CalcTask", "correctness", "format_reward", "reward", "solved_chat", "tool_call_text"]
 
@@ -55,10 +54,7 @@ class CalcTask:
             )
 
     def _split(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-        span = range(self.min_operand, self.max_operand + 1)
-        pairs = [(a, b) for a in span for b in span]
-        random.Random(self.seed).shuffle(pairs)
-        return pairs[self.num_val :], pairs[: self.num_val]
+        return split_pairs(self.min_operand, self.max_operand, self.num_val, self.seed)
 
     def train_rows(self) -> list[dict]:
         """Every pair not held out, in a seeded shuffled order."""
