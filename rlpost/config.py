@@ -195,6 +195,11 @@ class RolloutConfig:
     top_p: float = spec(1.0, gt=0, le=1, help="nucleus sampling")
     max_model_len: int = spec(256, ge=16, help="prompt + completion length the engine accepts")
     kv_cache_gib: float = spec(0.25, gt=0, help="KV cache memory per replica (CPU)")
+    max_logprob_gap: float | None = spec(
+        1e-2,
+        gt=0,
+        help="sync mode: stop when a sampled token's rollout and trainer log-probs differ by more (a weight sync gone wrong; float32 stays under 1e-4, bf16 needs more; null: no check)",
+    )
     gpu_memory_utilization: float = spec(0.5, gt=0, le=1, help="vLLM memory share on GPU")
     enforce_eager: bool = spec(True, help="disable graph capture (faster start, slower decode)")
     num_cpus: float = spec(1.0, gt=0, help="Ray CPUs reserved by each rollout replica")

@@ -180,6 +180,8 @@ class Controller:
             metrics["trainer/restarts"] = float(self.trainer_restarts)
             self.tracker.log(step, metrics)
             self.count_bad_step(step, metrics)
+            if not one_step_off:  # there the batch comes from the weights before the last update
+                self.check_logprob_gap(step, metrics)
             saved = bool(t.save_every) and (step % t.save_every == 0 or step == t.total_steps)
             if saved:
                 self.save_checkpoint(step)
@@ -284,6 +286,22 @@ class Controller:
             float(batch.attention_mask_bt.sum()) / metrics["timing/step_s"]
         )
         return metrics
+
+    def check_logprob_gap(self, step: int, metrics: dict[str, float]) -> None:
+        """The rollout must sample from the weights being trained: a gap between its
+        log-probs and the trainer's above ``rollout.max_logprob_gap`` stops the run."""
+        limit = self.cfg.rollout.max_logprob_gap
+        gap = metrics.get("rollout/logprob_abs_diff_max")
+        if limit is None or gap is None or gap <= limit:
+            return
+        when = "before the first weight sync" if step == 1 else "after the weight sync"
+        raise RunError(
+            f"step {step}: the rollout's log-probs differ from the trainer's by up to {gap:.3g} "
+            f"{when} (rollout.max_logprob_gap={limit:g}): the rollout engine is not sampling "
+            f"from the policy being trained. With model.path={self.cfg.model.path}, check that "
+            "the engine supports this architecture (SUPPORT.md); with bf16 on either side raise "
+            "rollout.max_logprob_gap, or set it to null to turn the check off."
+        )
 
     def count_bad_step(self, step: int, metrics: dict[str, float]) -> None:
         """Updates skipped for a NaN or Inf loss or gradient; ``trainer.max_bad_steps``

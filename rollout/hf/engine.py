@@ -46,6 +46,7 @@ class HFEngine:
         self._lock = asyncio.Lock()  # one generate or load at a time
         self._requests = 0
         self._weight_loads = 0
+        self._layout: Any = None  # built on the first load_weights
         self.start_s = time.perf_counter() - start
 
     @torch.no_grad()
@@ -58,15 +59,17 @@ class HFEngine:
 
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.model.named_parameters())
-        unknown = []
-        for name, tensor in named_tensors:
-            if name not in params:
-                unknown.append(name)
-                continue
-            params[name].copy_(tensor.to(params[name].device, params[name].dtype))
-        if unknown:
-            raise KeyError(f"weights with no matching parameter: {unknown[:5]}")
+        """Load checkpoint-format weights; a sync that leaves a parameter (or part of
+        one) unwritten is an error naming it."""
+        from trainers.hf_format import CheckpointLayout
+
+        if self._layout is None:
+            self._layout = CheckpointLayout(self.model)
+        missing = self._layout.unwritten(self._layout.load(list(named_tensors)))
+        if missing:
+            raise ValueError(
+                f"weight sync left {len(missing)} parameter(s) unwritten: {missing[:5]}"
+            )
         self._weight_loads += 1
 
     async def aload_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

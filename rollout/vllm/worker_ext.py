@@ -10,6 +10,77 @@ import torch
 
 class WeightSyncExtension:
     def rlpost_load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
-        """Reload weights in place through the model runner (works for CPU-processed layers)."""
-        self.model_runner.reload_weights(weights_iterator=iter(named_tensors))  # type: ignore[attr-defined]
+        """Reload weights in place through the model runner (works for CPU-processed
+        layers); returns how many tensors were given.
+
+        Every parameter of the engine's model must be written: a parameter that no
+        given name reached (a name the model's loader skips, e.g. a fused-expert
+        name where it expects per-expert ones) raises, naming it, instead of leaving
+        the rollout sampling from stale weights.
+        """
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        expected = {name.replace(".base_layer.", ".") for name, _ in model.named_parameters()}
+        written: set[str] = set()
+        checked = True
+        load = model.load_weights
+
+        def load_and_record(weights):  # what the model's own loader reports it wrote
+            nonlocal checked
+            names = load(weights)
+            if names is None:
+                checked = False
+            else:
+                written.update(names)
+            return names
+
+        model.load_weights = load_and_record
+        try:
+            self.model_runner.reload_weights(weights_iterator=iter(named_tensors))  # type: ignore[attr-defined]
+        finally:
+            del model.load_weights
+        _repack_cpu_experts(model)
+        missing = sorted(expected - written) if checked else []
+        if missing:
+            given = [name for name, _ in named_tensors[:3]]
+            raise ValueError(
+                f"weight sync left {len(missing)} rollout parameter(s) unwritten, e.g. "
+                f"{missing[:5]}; the trainer sent {len(named_tensors)} tensors named like "
+                f"{given}: the names do not match what the engine's loader expects"
+            )
         return len(named_tensors)
+
+
+def _repack_cpu_experts(model: torch.nn.Module) -> int:
+    """Pack reloaded MoE expert weights into the CPU kernel's layout again.
+
+    On the CPU, vLLM's unquantized MoE experts repack ``w13_weight`` and
+    ``w2_weight`` into a grouped-gemm layout once, when the kernel is first
+    built. An in-place reload writes the checkpoint layout back into those
+    parameters but skips the packing (it runs only on that first build), so the
+    kernel would read plain weights as packed ones: log-probs off by ~15 nats on
+    a tiny Qwen3-MoE. Returns how many layers were packed.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return 0
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    packed = 0
+    for name, module in model.named_modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if not isinstance(experts, CPUUnquantizedExperts):
+            continue
+        moe = experts.moe_config
+        if experts._padded_intermediate_size(moe) != moe.intermediate_size_per_partition:
+            # The load padded the intermediate dimension; a reload writes the
+            # unpadded checkpoint rows into the padded parameter.
+            raise ValueError(
+                f"{name}: weight sync into a CPU MoE layer whose intermediate size "
+                f"({moe.intermediate_size_per_partition}) is not a multiple of "
+                f"{experts._intermediate_alignment()} is not supported"
+            )
+        experts.process_weights_after_loading(module)
+        packed += 1
+    return packed

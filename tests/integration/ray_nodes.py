@@ -69,6 +69,14 @@ class RayNode:
                 found.add(path.resolve())
         return sorted(found)
 
+    def grep_logs(self, pattern: str, files: str = "gcs_server.out") -> str:
+        """Lines of this node's Ray logs ``files`` containing ``pattern``: what a
+        failed test shows of why Ray stopped an actor."""
+        lines = []
+        for path in self.temp_dir.glob(f"session_*/logs/{files}"):
+            lines += [ln for ln in path.read_text(errors="replace").splitlines() if pattern in ln]
+        return "\n".join(lines[-40:])
+
     def stop(self) -> None:
         # The node's processes share the session (and process group) that
         # `ray start` leads; SIGKILL skips Ray's 30 s drain.

@@ -3,14 +3,18 @@
 A head (1 CPU, custom resource ``head``) and a second node (2 CPUs,
 ``worker_node``) form one cluster. The FSDP group's two ranks are placed one
 per node (``trainer.placement=separate``, ``strict_spread``) and train over
-gloo between the nodes; the driver is this test process, joining through
-``RAY_ADDRESS`` as a script on a cluster node would.
+gloo between the nodes; the driver is ``python -m rlpost.main`` started with
+``RAY_ADDRESS`` naming the cluster, as on a cluster node. (A driver of its own,
+not this test process: the pytest process has joined and left many Ray
+sessions by then, and a driver should start as clean as a user's.)
 """
 
 from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -101,7 +105,8 @@ def test_pack_spills_onto_a_second_node_and_strict_pack_fails_fast(joined):
 
 
 def test_fsdp_group_spans_both_nodes_and_trains(joined, cluster, tmp_path: Path):
-    from rlpost import train
+    from cli_utils import ENV, metrics
+
     from rlpost.tiny import build_tiny_model
 
     _, head, worker = cluster
@@ -109,17 +114,22 @@ def test_fsdp_group_spans_both_nodes_and_trains(joined, cluster, tmp_path: Path)
     reward = tmp_path / "reward.py"
     reward.write_text(REWARD_PY)
     run_dir = tmp_path / "run"
-    cfg = compose(
-        [
-            "algo=grpo", f"model.path={model}", f"trainer.run_dir={run_dir}",
-            f"trainer.total_steps={STEPS}", "trainer.val_every=1", "data.prompts_per_step=4",
-            "rollout.n=2", "data.val_size=8", "rollout.kv_cache_gib=0.0625",
-            "trainer.world_size=2", "trainer.placement=separate",
-            "trainer.placement_strategy=strict_spread", "trainer.lr=1e-2",
-            "trainer.lr_warmup_steps=0", "reward=custom", f"reward.fn={reward}:score",
-        ]
+    args = [
+        "algo=grpo", f"model.path={model}", f"trainer.run_dir={run_dir}",
+        f"trainer.total_steps={STEPS}", "trainer.val_every=1", "data.prompts_per_step=4",
+        "rollout.n=2", "data.val_size=8", "rollout.kv_cache_gib=0.0625",
+        "trainer.world_size=2", "trainer.placement=separate",
+        "trainer.placement_strategy=strict_spread", "trainer.lr=1e-2",
+        "trainer.lr_warmup_steps=0", "reward=custom", f"reward.fn={reward}:score",
+    ]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlpost.main", *args],
+        capture_output=True, text=True, timeout=600, env={**ENV, "RAY_ADDRESS": joined},
     )  # fmt: skip
-    result = train(cfg)
+    if proc.returncode != 0:  # with Ray's own account of each actor it stopped
+        gcs = head.grep_logs("ctor")
+        raise AssertionError(f"exit {proc.returncode}:\n{proc.stderr[-3000:]}\nGCS:\n{gcs}")
+    history = metrics(run_dir)
 
     # One rank per node: the placement says so, and each node's own logs hold
     # exactly one trainer-rank actor.
@@ -130,15 +140,15 @@ def test_fsdp_group_spans_both_nodes_and_trains(joined, cluster, tmp_path: Path)
     assert len(head.actor_logs("TrainerWorker")) == 1
     assert len(worker.actor_logs("TrainerWorker")) == 1
 
-    steps = [h for h in result.history if h["step"] > 0]
+    steps = [h for h in history if h["step"] > 0]
     assert len(steps) == STEPS
     assert all(math.isfinite(h["actor/loss"]) and h["actor/grad_norm"] > 0 for h in steps)
-    assert all("val/accuracy" in h for h in result.history)
+    assert all("val/accuracy" in h for h in history)
     # The replica sampled from the weights the two ranks trained (sync across nodes).
     assert max(h["rollout/logprob_abs_diff_max"] for h in steps) < 1e-3
     # The update changed the policy that rank 0 gathered and saved.
     from transformers import AutoModelForCausalLM
 
     before = AutoModelForCausalLM.from_pretrained(model).state_dict()
-    after = AutoModelForCausalLM.from_pretrained(result.final_model).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(run_dir / "final").state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)

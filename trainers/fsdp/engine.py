@@ -52,6 +52,7 @@ from trainers.fsdp.lora import (
     merged_hf_weights,
     save_adapter,
 )
+from trainers.hf_format import to_checkpoint_format
 
 
 @dataclass(frozen=True)
@@ -323,7 +324,8 @@ class FSDPEngine:
         return out if self.rank == 0 else None
 
     def named_weights(self, merged: bool = True) -> list[tuple[str, torch.Tensor]] | None:
-        """Full HF-named weights on rank 0 (None elsewhere). Collective: call on every rank.
+        """Full weights on rank 0 (None elsewhere), named and laid out as in the model's
+        checkpoint files (``trainers.hf_format``). Collective: call on every rank.
 
         Under LoRA the adapter is folded in (``W + alpha/r * B A``) and the names are
         the base model's, so an engine without LoRA support loads them as they are
@@ -337,7 +339,7 @@ class FSDPEngine:
             return None
         if self.cfg.lora.enabled:
             state = merged_hf_weights(state, self.cfg.lora)
-        return list(state.items())
+        return list(to_checkpoint_format(self.model, state).items())
 
     def adapter_weights(self) -> tuple[dict[str, torch.Tensor], dict] | None:
         """The LoRA adapter on rank 0 as ``(tensors, peft_config)`` (None elsewhere).

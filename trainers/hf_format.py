@@ -1,0 +1,100 @@
+"""Weights in the layout of a model's checkpoint files, the format every rollout
+engine and every export reads.
+
+transformers 5 loads some checkpoints into a different in-memory layout than
+the files hold: a Qwen3-MoE or Mixtral layer keeps its experts as one fused
+``mlp.experts.gate_up_proj`` tensor of shape ``[experts, 2 * inter, hidden]``
+where the files have ``mlp.experts.{e}.gate_proj.weight`` and
+``...up_proj.weight`` per expert. An engine given the in-memory names finds no
+parameter for them, so weights leave the trainer in the checkpoint layout
+(``to_checkpoint_format``) and an engine that runs a transformers model maps
+them back (``CheckpointLayout``).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from typing import Any
+
+import torch
+
+
+def _base(model: Any) -> Any:
+    """The transformers model under a PEFT wrapper (or the model itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def to_checkpoint_format(model: Any, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` (the model's own parameter names) renamed and split as its
+    checkpoint files hold it; unchanged for models without a conversion."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    return revert_weight_conversion(_base(model), dict(state))
+
+
+class CheckpointLayout:
+    """Where each checkpoint-format tensor lands in ``model``'s parameters.
+
+    Built once by converting a state dict of element indices: every element of
+    every parameter gets its own number, the conversion moves the numbers
+    exactly as it moves weights, and a checkpoint tensor's numbers then say
+    which parameter elements it holds. This needs nothing per architecture.
+    """
+
+    def __init__(self, model: Any):
+        state = model.state_dict(keep_vars=True)  # tied names included
+        self.params: dict[str, torch.Tensor] = {}
+        numbered: dict[str, torch.Tensor] = {}
+        start = 0
+        for name, tensor in state.items():
+            if not isinstance(tensor, torch.nn.Parameter):
+                continue  # buffers (rotary tables, ...) are not synced
+            n = tensor.numel()
+            numbered[name] = torch.arange(start, start + n, dtype=torch.int64).view(tensor.shape)
+            self.params[name] = tensor
+            start += n
+        starts = {name: int(t.flatten()[0]) for name, t in numbered.items() if t.numel()}
+        self._starts = sorted((start, name) for name, start in starts.items())
+        self.places: dict[str, tuple[str, torch.Tensor]] = {}
+        for ckpt_name, idx in to_checkpoint_format(model, numbered).items():
+            owner = self._owner(int(idx.flatten()[0]))
+            local = idx - starts[owner]
+            if local.min() < 0 or local.max() >= self.params[owner].numel():
+                raise NotImplementedError(
+                    f"checkpoint tensor {ckpt_name} spans several parameters; "
+                    "this engine cannot load it"
+                )
+            self.places[ckpt_name] = (owner, local)
+
+    def _owner(self, index: int) -> str:
+        """The parameter whose index range holds ``index``."""
+        return self._starts[bisect_right(self._starts, (index, "\uffff")) - 1][1]
+
+    @torch.no_grad()
+    def load(self, named_tensors: list[tuple[str, torch.Tensor]]) -> dict[str, int]:
+        """Copy checkpoint-format tensors into the parameters; returns how many
+        elements of each parameter were written. A name or shape that fits nowhere
+        is a KeyError or ValueError naming it."""
+        unknown = [name for name, _ in named_tensors if name not in self.places]
+        if unknown:
+            raise KeyError(f"weights with no matching parameter: {unknown[:5]}")
+        written: dict[str, int] = {}
+        for name, tensor in named_tensors:
+            owner, local = self.places[name]
+            if tuple(tensor.shape) != tuple(local.shape):
+                raise ValueError(
+                    f"weight {name} has shape {tuple(tensor.shape)}, the model expects "
+                    f"{tuple(local.shape)}"
+                )
+            param = self.params[owner]
+            flat = param.data.view(-1)
+            flat[local.flatten().to(flat.device)] = tensor.flatten().to(flat.device, flat.dtype)
+            written[owner] = written.get(owner, 0) + local.numel()
+        return written
+
+    def unwritten(self, written: dict[str, int]) -> list[str]:
+        """Parameters not wholly written by ``load`` (a tied twin's write counts)."""
+        done: dict[int, int] = {}
+        for name, n in written.items():
+            done[id(self.params[name])] = done.get(id(self.params[name]), 0) + n
+        return sorted(n for n, p in self.params.items() if done.get(id(p), 0) < p.numel())
