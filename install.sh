@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Install rlpost with vLLM for the CPU into a virtual environment.
 #   VENV=path  where to put it (default: .venv)
-#   EXTRAS=... pip extras (default: cpu,test)
+#   EXTRAS=... pip extras (default: cpu,test,megatron)
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV="${VENV:-.venv}"
-EXTRAS="${EXTRAS:-cpu,test}"
+EXTRAS="${EXTRAS:-cpu,test,megatron}"
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
@@ -16,3 +16,8 @@ fi
 # none of them (transformers falls back to PIL image processors).
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 "$VENV/bin/python" -c "import torch, transformers, vllm; from transformers import Qwen2ForCausalLM; print('rlpost env ok: torch', torch.__version__, 'vllm', vllm.__version__)"
+# megatron-core (the megatron extra) imports without CUDA, Transformer Engine or
+# Apex; it warns that it falls back to torch's optimizers and norms.
+case ",$EXTRAS," in
+  *,megatron,*) "$VENV/bin/python" -W ignore -c "import megatron.core; from megatron.core.models.gpt import GPTModel; print('megatron-core', megatron.core.__version__)" ;;
+esac
