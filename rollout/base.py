@@ -29,6 +29,11 @@ class GenerationRequest:
     prompt_ids: list[int]
     sampling: SamplingConfig
     session_id: str | None = None
+    # A vision-language prompt's images (PIL), in order. ``prompt_ids`` then hold
+    # one placeholder per image, as the chat template renders it; the engine
+    # expands each into the image's tokens, and the result's ``prompt_ids`` are
+    # the expanded ids (what the trainer scores).
+    images: list[Any] | None = None
 
 
 @dataclass

@@ -48,6 +48,8 @@ class VLLMEngineConfig:
     kv_transfer: KVTransferSpec | None = None
     # CPU only: the cores vLLM's OpenMP threads are bound to ("auto": vLLM decides).
     cpu_threads_bind: str = "auto"
+    # Vision-language models: most images in one prompt (vLLM sizes its budget by it).
+    max_images: int = 1
 
 
 class _PrefixCacheCounter:
@@ -102,6 +104,10 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if cfg.device == "cpu":
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_threads_bind
+        if _is_vision_language(cfg.model_path):
+            from rlpost.vl.compat import install
+
+            install(vllm=True)  # vLLM's VL model modules import torchvision processors
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -121,6 +127,10 @@ class VLLMEngine:
         )
         if cfg.block_size is not None:
             kwargs["block_size"] = cfg.block_size
+        # Images per prompt a vision-language model accepts (0: a text model); no video.
+        self._image_limit = cfg.max_images if _is_vision_language(cfg.model_path) else 0
+        if self._image_limit:
+            kwargs["limit_mm_per_prompt"] = {"image": self._image_limit, "video": 0}
         if cfg.kv_transfer is not None:
             kwargs["kv_transfer_config"] = cfg.kv_transfer.vllm_config()
         if cfg.device == "cpu":
@@ -244,12 +254,12 @@ class VLLMEngine:
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
         rid = str(next(self._ids))
-        self.engine.add_request(
-            rid,
-            TokensPrompt(prompt_token_ids=request.prompt_ids),
-            params,
-            lora_request=self._lora_request,
-        )
+        prompt = TokensPrompt(prompt_token_ids=request.prompt_ids)
+        if request.images:
+            if not self._image_limit:
+                raise ValueError(f"{self.cfg.model_path} is not a vision-language model: no images")
+            prompt["multi_modal_data"] = {"image": request.images}
+        self.engine.add_request(rid, prompt, params, lora_request=self._lora_request)
         self._requests += 1
         return rid
 
@@ -337,7 +347,9 @@ def _result(request: GenerationRequest, out: Any) -> GenerationResult:
                 finish_reason="length" if c.finish_reason == "length" else "stop",
             )
         )
-    return GenerationResult(prompt_ids=list(request.prompt_ids), completions=completions)
+    # With images the engine expanded their placeholders: its prompt ids are the real ones.
+    prompt = out.prompt_token_ids if request.images else request.prompt_ids
+    return GenerationResult(prompt_ids=list(prompt), completions=completions)
 
 
 # vLLM-CPU's fused ``rotary_embedding`` op rotates a 3-D (tokens, heads, dim) query
@@ -352,6 +364,14 @@ def cpu_custom_ops(model_type: str | None) -> list[str] | None:
     if model_type in CPU_NATIVE_ROTARY_MODEL_TYPES:
         return ["all", "-rotary_embedding"]  # "all": vLLM's CPU kernels for every other op
     return None
+
+
+def _is_vision_language(model_path: str) -> bool:
+    """Whether the checkpoint's config has a vision tower (``vision_config``)."""
+    from transformers import PretrainedConfig
+
+    config, _ = PretrainedConfig.get_config_dict(model_path)
+    return "vision_config" in config
 
 
 def _model_type(model_path: str) -> str | None:

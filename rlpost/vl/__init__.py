@@ -1,0 +1,1 @@
+"""Vision-language models: the torchvision-less compatibility layer and tiny VL models."""

@@ -1,0 +1,50 @@
+"""The torchvision-less layer: image processors resolve to their PIL twins, video
+processors refuse to be built, and a VL processor saves and loads without one."""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+import pytest
+
+from rlpost.vl.compat import install, torchvision_available
+
+pytestmark = pytest.mark.skipif(torchvision_available(), reason="the layer is off with torchvision")
+
+
+def test_a_torchvision_image_processor_module_is_its_pil_twin():
+    """Imported by its full name, as vLLM's model modules import it."""
+    assert install()
+    pil = import_module("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
+    tv = import_module("transformers.models.qwen2_vl.image_processing_qwen2_vl")
+
+    assert tv.Qwen2VLImageProcessor is pil.Qwen2VLImageProcessorPil
+    assert tv.Qwen2VLImageProcessorFast is pil.Qwen2VLImageProcessorPil
+    assert tv.smart_resize is pil.smart_resize  # helpers vLLM imports by name
+
+
+def test_a_video_processor_refuses_to_be_built_with_the_reason():
+    install()
+    video = import_module("transformers.models.qwen2_vl.video_processing_qwen2_vl")
+    with pytest.raises(ImportError, match="needs torchvision"):
+        video.Qwen2VLVideoProcessor()
+
+
+def test_a_vl_processor_saves_and_loads_and_expands_the_image(tmp_path):
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    from rlpost.vl.models import IMAGE_SIDE, build_vl_model
+
+    path = build_vl_model("Qwen2VLForConditionalGeneration", tmp_path / "vl", seed=0)
+    processor = AutoProcessor.from_pretrained(path)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    image = Image.new("RGB", (IMAGE_SIDE, IMAGE_SIDE), (255, 0, 0))
+    enc = processor(text=[text], images=[image], return_tensors="pt")
+    # 56 px / 14 px patches = 4 x 4 patches, merged 2 x 2 -> 4 image tokens
+    pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    assert int((enc["input_ids"] == pad).sum()) == 4
+    assert enc["image_grid_thw"].tolist() == [[1, 4, 4]]
+    # each patch row: 3 channels x 2 frames x 14 x 14 pixels
+    assert tuple(enc["pixel_values"].shape) == (16, 3 * 2 * 14 * 14)
