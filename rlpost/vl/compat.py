@@ -94,7 +94,7 @@ class _Loader(importlib.abc.Loader):
                     raise AttributeError(name)
                 return _unbuildable(name)
 
-            module.__getattr__ = missing  # type: ignore[attr-defined]
+            setattr(module, "__getattr__", missing)  # noqa: B010  (PEP 562 module __getattr__)
             return
         pil = importlib.import_module(self.twin)
         public = {k: v for k, v in vars(pil).items() if not k.startswith("__")}
@@ -131,7 +131,7 @@ def _patch_processors() -> None:
             return None
         return check(self, argument_name, argument)
 
-    mixin.check_argument_for_proper_class = check_or_none  # type: ignore[method-assign]
+    setattr(mixin, "check_argument_for_proper_class", check_or_none)  # noqa: B010
     # Loading a processor resolves its video processor through this table.
     names = processing_utils._LazyAutoProcessorMapping._MAPPING_NAMES
     names["video_processor"] = (__name__, "NoVideo")
@@ -149,7 +149,7 @@ def _patch_vllm() -> None:
     import torch
 
     if not torch.cuda.is_available():
-        registry._run_in_subprocess = lambda inspect: inspect()
+        registry._run_in_subprocess = lambda fn: fn()
     cached = processor.cached_video_processor_from_config
 
     def video_processor_or_none(*args: Any, **kwargs: Any) -> Any:

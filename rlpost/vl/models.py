@@ -45,7 +45,7 @@ def _qwen_tokenizer() -> Any:
     return tok
 
 
-def _token_ids(tok: Any) -> dict[str, int]:
+def _token_ids(tok: Any) -> dict[str, Any]:
     ids = {name: tok.convert_tokens_to_ids(name) for name in QWEN_VL_TOKENS}
     return dict(
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
