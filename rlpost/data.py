@@ -14,6 +14,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+from rlpost.vl.images import check_images, resolve_paths
+
 logger = logging.getLogger(__name__)
 
 ACCEPTED_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -34,6 +36,12 @@ def load_rows(path: str | Path) -> list[dict]:
         )
     if not path.is_file():
         raise DataError(f"{path}: no such file")
+    rows = _read_rows(path)
+    resolve_paths(rows, path.parent)  # a row's image paths are relative to its file
+    return rows
+
+
+def _read_rows(path: Path) -> list[dict]:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -64,7 +72,7 @@ def validate_row(row: Any) -> str | None:
         return f"row has no 'prompt' field (fields: {sorted(row)})"
     prompt = row["prompt"]
     if isinstance(prompt, str):
-        return None if prompt else "'prompt' is an empty string"
+        return check_images(row) if prompt else "'prompt' is an empty string"
     if not isinstance(prompt, list):
         return f"'prompt' has type {type(prompt).__name__}, expected a string or a list of messages"
     if not prompt:
@@ -85,7 +93,7 @@ def validate_row(row: Any) -> str | None:
                 f"'prompt'[{i}]['content'] has type {type(message['content']).__name__}, "
                 "expected a string or a list of content parts"
             )
-    return None
+    return check_images(row)
 
 
 def prompt_messages(row: dict) -> list[dict]:
