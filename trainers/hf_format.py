@@ -26,10 +26,18 @@ def _base(model: Any) -> Any:
 
 def to_checkpoint_format(model: Any, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``state`` (the model's own parameter names) renamed and split as its
-    checkpoint files hold it; unchanged for models without a conversion."""
+    checkpoint files hold it; unchanged for models without a conversion.
+
+    Tied copies (``lm_head.weight`` where the embeddings are tied) are left out,
+    as ``save_pretrained`` leaves them out of the files: some engines have no
+    parameter of that name (vLLM's Gemma 2 refuses it) and write the tie's
+    source, which they share, instead.
+    """
     from transformers.core_model_loading import revert_weight_conversion
 
-    return revert_weight_conversion(_base(model), dict(state))
+    base = _base(model)
+    tied = getattr(base, "all_tied_weights_keys", None) or {}
+    return revert_weight_conversion(base, {k: v for k, v in state.items() if k not in tied})
 
 
 class CheckpointLayout:
