@@ -5,13 +5,15 @@
 that transformers class (hidden 256, head_dim 64) with random weights, and a
 byte-level BPE tokenizer trained here on a small built-in corpus, with a chat
 template. Nothing is downloaded. ``python -m rlpost.support`` sends each of
-these through the whole loop to produce ``SUPPORT.md``.
+these through the whole loop to produce ``SUPPORT.md``;
+``python -m rlpost.archs ARCH OUT_DIR`` writes one.
 
 Shapes are the smallest that every engine accepts: vLLM's CPU attention
 refuses head_dim 16 (32 and 64 work) and its CPU MLA kernel (DeepSeek) needs
 ``kv_lora_rank=512`` and ``qk_rope_head_dim=64``. Weights are drawn with std
 0.1 rather than transformers' 0.02, so that an untrained model's next-token
-distribution is far from uniform and log-prob comparisons mean something.
+distribution is far from uniform and log-prob comparisons mean something
+(Gemma, whose embeddings are scaled up, gets 0.05).
 """
 
 from __future__ import annotations
@@ -310,6 +312,20 @@ def build_arch_model(arch: str, out_dir: str | Path, seed: int = 0) -> Path:
     return out_dir
 
 
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m rlpost.archs", description="Write a tiny random-weight model directory."
+    )
+    parser.add_argument("arch", choices=list(ARCHS), help="transformers class")
+    parser.add_argument("out_dir", help="directory to write (replaced if it exists)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    print(build_arch_model(args.arch, args.out_dir, args.seed))
+    return 0
+
+
 __all__ = [
     "ARCHS",
     "CHATML_TEMPLATE",
@@ -318,3 +334,9 @@ __all__ = [
     "build_config",
     "build_tokenizer",
 ]
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -88,6 +88,12 @@ class CheckFailed(Exception):
     """A check ran and found the architecture not working; the message says how."""
 
 
+def describe(exc: BaseException) -> str:
+    """One line, at most 300 characters: the message of a CheckFailed, else ``Type: message``."""
+    text = str(exc) if isinstance(exc, CheckFailed) else f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split())[:300]
+
+
 def model_dir(work: Path) -> Path:
     return work / "model"
 
@@ -219,7 +225,10 @@ def step_lora(arch: str, work: Path) -> dict[str, Outcome]:
     layers = model.config.num_hidden_layers
     peft = apply_lora(model, settings, path)
     adapted = [name for name, module in peft.named_modules() if hasattr(module, "lora_A")]
-    names = sorted({n.rsplit(".", 1)[-1] for n in adapter_config(peft)["target_modules"]})
+    config = adapter_config(peft)
+    names = sorted({n.rsplit(".", 1)[-1] for n in config["target_modules"]})
+    # PEFT adapts fused 3-D parameters (transformers' MoE experts) as parameters.
+    params = sorted(config.get("target_parameters") or [])
     if not adapted:
         raise CheckFailed(f"target_modules={settings.target_modules!r} matched no module")
     uncovered = [
@@ -227,21 +236,22 @@ def step_lora(arch: str, work: Path) -> dict[str, Outcome]:
     ]
     if uncovered:
         raise CheckFailed(f"no attention module adapted in layers {uncovered}; adapted {names}")
-    # Weights not adapted: parameters outside any adapted module (e.g. fused experts).
-    wrapped = tuple(f"{n}." for n in adapted)
-    plain = {
-        re.sub(r"^base_model\.model\.|\.layers\.\d+\.", ".", n).lstrip(".")
-        for n, p in peft.named_parameters()
-        if p.ndim >= 2 and not n.startswith(wrapped) and "embed" not in n and "lm_head" not in n
-    }
+    text = f"{len(adapted)} modules ({', '.join(names)})"
+    if params:
+        text += f" and parameters ({', '.join(params)})"
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in peft.named_parameters():
             if ".lora_B." in name:  # PEFT starts B at 0: make the update non-zero
                 p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-    merged = merged_hf_weights(
-        {k: v.detach().clone() for k, v in peft.state_dict().items()}, settings
-    )
+    state = {k: v.detach().clone() for k, v in peft.state_dict().items()}
+    try:
+        merged = merged_hf_weights(state, settings)
+    except Exception as exc:
+        raise CheckFailed(
+            f"adapts {text}, but merging the adapter for a weight sync "
+            f"(rollout.lora_sync=merged) failed: {describe(exc)}"
+        ) from exc
     reference = peft.merge_and_unload().state_dict()
     if merged.keys() != reference.keys():
         extra = sorted(merged.keys() - reference.keys())[:3]
@@ -250,9 +260,7 @@ def step_lora(arch: str, work: Path) -> dict[str, Outcome]:
     gap = max(float((merged[k] - reference[k]).abs().max()) for k in merged)
     if gap > 1e-5:
         raise CheckFailed(f"merged weights differ from PEFT's merge by {gap:.3g}")
-    text = f"{len(adapted)} modules ({', '.join(names)})"
-    if plain:
-        text += f"; not adapted: {', '.join(sorted(plain))}"
+    text += f"; merged weights within {gap:.0e} of PEFT's merge"
     return {"lora": passed(text)}
 
 
@@ -356,7 +364,19 @@ def step_run(arch: str, work: Path) -> dict[str, Outcome]:
         rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     final = run_dir(work) / "final"
     change = _weight_change(model_dir(work), final) if (final / "config.json").exists() else None
-    return judge_run(proc.returncode, log.read_text(errors="replace"), rows, change)
+    out = judge_run(proc.returncode, log.read_text(errors="replace"), rows, change)
+    if out["vllm"].status == "pass" and 1 not in {r["step"] for r in rows}:
+        # The run stopped before logging step 1's gap: measure it on the initial model.
+        try:
+            gap = engine_parity(model_dir(work), work / "initial")
+        except Exception as exc:
+            out["vllm"] = failed(describe(exc))
+        else:
+            if gap > MAX_GAP:
+                out["vllm"] = failed(f"log-probs differ from transformers' by {gap:.3g}")
+            else:
+                out["vllm"] = passed(f"log-probs within {gap:.1e} of transformers' (no sync)")
+    return out
 
 
 def judge_run(
@@ -437,11 +457,7 @@ def _weight_change(initial: Path, final: Path) -> float:
 
 
 def step_export(arch: str, work: Path) -> dict[str, Outcome]:
-    """vLLM (rlpost's engine) samples from the final model; transformers, in another
-    process, scores the same tokens."""
-    from rollout.base import GenerationRequest, SamplingConfig
-    from rollout.vllm import VLLMEngine, VLLMEngineConfig
-
+    """The run's final model: vLLM samples from it, transformers scores the samples."""
     final = run_dir(work) / "final"
     if not (final / "config.json").exists():
         log = work / "run.log"
@@ -449,49 +465,58 @@ def step_export(arch: str, work: Path) -> dict[str, Outcome]:
         if _failing_part(output) == "export":
             raise CheckFailed(f"writing the final model: {cli_error(output)}")
         return {"export": skipped("not reached: the run wrote no final model")}
+    gap = engine_parity(final, work / "export")
+    if gap > MAX_GAP:
+        raise CheckFailed(f"vLLM's log-probs differ from transformers' by {gap:.3g}")
+    return {"export": passed(f"vLLM and transformers log-probs within {gap:.1e}")}
+
+
+def engine_parity(model: Path, out: Path) -> float:
+    """Largest gap between the log-probs of tokens rlpost's vLLM engine samples from
+    ``model`` and transformers' log-probs of the same tokens.
+
+    Transformers scores in another process: vLLM's Transformers backend (e.g. for
+    GlmForCausalLM) patches transformers classes in the process it runs in.
+    """
     from transformers import AutoTokenizer
 
     from rlpost.samples import encode_prompt
+    from rollout.base import GenerationRequest, SamplingConfig
+    from rollout.vllm import VLLMEngine, VLLMEngineConfig
 
-    tokenizer = AutoTokenizer.from_pretrained(final)
+    tokenizer = AutoTokenizer.from_pretrained(model)
     prompt = encode_prompt(tokenizer, _row(VAL_TEXTS[0]))
-    engine = VLLMEngine(VLLMEngineConfig(model_path=str(final), kv_cache_gib=0.0625, seed=0))
+    engine = VLLMEngine(VLLMEngineConfig(model_path=str(model), kv_cache_gib=0.0625, seed=0))
     sampling = SamplingConfig(n=2, temperature=1.0, max_tokens=16, seed=0)
     (result,) = engine.generate([GenerationRequest(prompt_ids=prompt, sampling=sampling)])
     samples = [
         {"ids": prompt + c.token_ids, "start": len(prompt), "logprobs": c.logprobs}
         for c in result.completions
     ]
-    (work / "export_samples.json").write_text(json.dumps(samples))
-    proc = subprocess.run(
-        [sys.executable, "-m", "rlpost.support.checks", "export-hf", arch, str(work)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "samples.json").write_text(json.dumps(samples))
+    cmd = [sys.executable, "-m", "rlpost.support.checks", "score-hf", str(model), str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if proc.returncode:
         raise CheckFailed(f"transformers: {child_error(proc.stderr)}")
-    gap = json.loads((work / "export_hf.json").read_text())["gap"]
-    if gap > MAX_GAP:
-        raise CheckFailed(f"vLLM's log-probs differ from transformers' by {gap:.3g}")
-    return {"export": passed(f"vLLM and transformers log-probs within {gap:.1e}")}
+    return json.loads((out / "gap.json").read_text())["gap"]
 
 
-def export_hf(arch: str, work: Path) -> None:
-    """Transformers' log-probs of the tokens vLLM sampled; writes the largest gap."""
+def score_hf(model_path: Path, out: Path) -> None:
+    """Transformers' log-probs of ``out/samples.json``; writes the largest gap to ``out/gap.json``."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(run_dir(work) / "final", dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     gap = 0.0
-    for s in json.loads((work / "export_samples.json").read_text()):
+    for s in json.loads((out / "samples.json").read_text()):
         ids = torch.tensor([s["ids"]])
         with torch.no_grad():
             logp_tv = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
         for i, lp in enumerate(s["logprobs"]):
             pos = s["start"] + i
             gap = max(gap, abs(lp - float(logp_tv[pos - 1, s["ids"][pos]])))
-    (work / "export_hf.json").write_text(json.dumps({"gap": gap}))
+    (out / "gap.json").write_text(json.dumps({"gap": gap}))
 
 
 # -- running a step -----------------------------------------------------------
@@ -523,9 +548,7 @@ def run_step_here(step: str, arch: str, work: Path) -> None:
     try:
         outcomes = STEP_FUNCTIONS[step](arch, work)
     except Exception as exc:
-        text = str(exc) if isinstance(exc, CheckFailed) else f"{type(exc).__name__}: {exc}"
-        text = " ".join(text.split())[:300]
-        outcomes = {check: failed(text) for check in STEPS[step]}
+        outcomes = {check: failed(describe(exc)) for check in STEPS[step]}
         import traceback
 
         traceback.print_exc()
@@ -556,10 +579,10 @@ def run_step(step: str, arch: str, work: Path, timeout_s: float) -> dict[str, Ou
 
 
 def main(argv: list[str]) -> int:
-    step, arch, work = argv[0], argv[1], Path(argv[2])
-    if step == "export-hf":
-        export_hf(arch, work)
+    if argv[0] == "score-hf":
+        score_hf(Path(argv[1]), Path(argv[2]))
         return 0
+    step, arch, work = argv[0], argv[1], Path(argv[2])
     if step not in STEP_FUNCTIONS:
         print(f"unknown step {step!r}; steps are {', '.join(STEP_FUNCTIONS)}", file=sys.stderr)
         return 2

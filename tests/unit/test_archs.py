@@ -138,3 +138,11 @@ def test_saved_model_loads_as_its_class_with_peaked_but_not_degenerate_predictio
     again = build_arch_model(arch, tmp_path / "again", seed=0)
     a = AutoModelForCausalLM.from_pretrained(again, dtype=torch.float32)
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), a.parameters()))
+
+
+def test_command_line_writes_a_model_directory(tmp_path, capsys):
+    from rlpost.archs import main
+
+    assert main(["Phi3ForCausalLM", str(tmp_path / "phi3")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "phi3")
+    assert AutoConfig.from_pretrained(tmp_path / "phi3").architectures == ["Phi3ForCausalLM"]
