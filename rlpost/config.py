@@ -110,6 +110,12 @@ class AlgoConfig:
     def needs_reference(self) -> bool:
         return self.kl.loss_coef > 0 or self.kl.reward_coef > 0
 
+    @property
+    def old_logprobs_before_update(self) -> bool:
+        """The old log-probs are needed before the update's first forward pass: by a
+        later optimizer step of the same batch, or by the KL penalty in the reward."""
+        return self.epochs > 1 or self.mini_batches > 1 or self.kl.reward_coef > 0
+
 
 @dataclass(frozen=True)
 class WarmupConfig:

@@ -27,7 +27,6 @@ from algos import (
     compute_advantages,
     kl_reward_penalty,
     overlong_penalty,
-    truncated_is_weight,
     zero_std_groups,
 )
 from rlpost.checkpoint import (
@@ -141,6 +140,7 @@ class Controller:
         # Samples per step must split over ranks and mini-batches.
         self.group_multiple = cfg.trainer.world_size * a.mini_batches
         self.bad_steps = 0  # updates skipped in a row (NaN/Inf)
+        self.dropout = workers.policy.has_dropout()  # the policy's training forward is random
 
     # -- the loop ---------------------------------------------------------------
     def run(self) -> RunResult:
@@ -236,7 +236,7 @@ class Controller:
             metrics["response/filtered_truncated"] = self.filter_truncated(batch, rollouts.results)
 
         t0 = time.perf_counter()
-        self.compute_logprobs(batch, metrics)
+        self.compute_logprobs(batch, metrics, step)
         metrics["timing/logprob_s"] = time.perf_counter() - t0
         self.compute_advantages(batch, metrics)
         if self.workers.critic is not None:
@@ -249,18 +249,8 @@ class Controller:
                     mini_batches=self.cfg.algo.mini_batches,
                 )
             )
-        if step > self.cfg.trainer.critic_warmup or self.workers.critic is None:
-            metrics.update(
-                self.workers.policy.update_policy(
-                    batch,
-                    loss_cfg=self.loss_cfg,
-                    temperature=self.sampling.temperature,
-                    epochs=self.cfg.algo.epochs,
-                    mini_batches=self.cfg.algo.mini_batches,
-                    norm_const=float(self.sampling.max_tokens),
-                    reg=self.reg,
-                )
-            )
+        if self.updates_policy(step):
+            metrics.update(self.update_policy(batch))
             if sync:
                 metrics["timing/weight_sync_s"] = self.sync_weights()
         metrics["timing/step_s"] = time.perf_counter() - start
@@ -525,10 +515,45 @@ class Controller:
         batch.response_mask_bt[truncated] = 0
         return float(truncated.float().mean())
 
-    def compute_logprobs(self, batch: TrajectoryBatch, metrics: dict[str, float]) -> None:
+    def updates_policy(self, step: int) -> bool:
+        """PPO's first ``critic_warmup`` steps train only the critic."""
+        return step > self.cfg.trainer.critic_warmup or self.workers.critic is None
+
+    def needs_old_logprobs(self, step: int) -> bool:
+        """Whether the old log-probs need a forward pass of their own before the update.
+
+        Otherwise the update is one optimizer step over the whole batch with the
+        weights that sampled it, so its own log-probs, detached, are the old ones
+        (ratio 1, the same loss and gradient) and one forward pass is saved. What
+        forces the separate pass:
+
+        - ``algo.epochs > 1`` or ``algo.mini_batches > 1``: every optimizer step
+          after the first needs the log-probs from before the first;
+        - ``algo.kl.reward_coef > 0`` (ppo, reinforce_pp): the KL penalty in the
+          reward is computed from them before the advantages, so before the update;
+        - a critic during ``trainer.critic_warmup``: the policy is not updated, and
+          the rollout parity check still needs the trainer's log-probs;
+        - dropout in the policy (``model.lora.dropout > 0``, or the model's own): a
+          training-mode forward is not the policy that sampled.
+
+        Not forcing it: ``algo.rollout_is_cap`` (the update computes the weight from
+        its own log-probs), the KL loss and the entropy bonus (reference and current
+        log-probs), GAE (the critic's values), and every advantage estimator (they
+        see scores, token rewards and values, never log-probs).
+        """
+        return (
+            self.cfg.algo.old_logprobs_before_update
+            or not self.updates_policy(step)
+            or self.dropout
+        )
+
+    def compute_logprobs(
+        self, batch: TrajectoryBatch, metrics: dict[str, float], step: int
+    ) -> None:
         w = self.workers
-        batch.old_logp_bt = w.policy.logprobs(batch, temperature=self.sampling.temperature)
-        metrics.update(logprob_parity(batch))
+        if self.needs_old_logprobs(step):
+            batch.old_logp_bt = w.policy.logprobs(batch, temperature=self.sampling.temperature)
+            metrics.update(logprob_parity(batch))
         if w.reference is not None:
             batch.ref_logp_bt = w.reference.logprobs(batch, temperature=self.sampling.temperature)
         elif self.cfg.algo.needs_reference:  # LoRA: the base model is the reference
@@ -537,12 +562,12 @@ class Controller:
             batch.old_values_bt = w.critic.values(batch)
 
     def compute_advantages(self, batch: TrajectoryBatch, metrics: dict[str, float]) -> None:
-        assert batch.group_ids_b is not None and batch.old_logp_bt is not None
+        assert batch.group_ids_b is not None
         mask = batch.response_mask_bt.float()
         scores = dict(batch.scores_b)
         token_rewards = None
         if self.cfg.algo.kl.reward_coef > 0:
-            assert batch.ref_logp_bt is not None
+            assert batch.ref_logp_bt is not None and batch.old_logp_bt is not None
             token_rewards, scores["total"], kl_b = kl_reward_penalty(
                 scores["total"], batch.old_logp_bt, batch.ref_logp_bt, mask,
                 self.kl_ctl.value, self.cfg.algo.kl.reward_type,
@@ -558,14 +583,27 @@ class Controller:
             token_rewards_bt=token_rewards,
             values_bt=batch.old_values_bt,
         )
-        cap = self.cfg.algo.rollout_is_cap
-        if cap is not None and batch.rollout_logp_bt is not None:
-            # Scaling A_t by w_t > 0 scales that token's clipped PPO term by w_t.
-            is_w, is_metrics = truncated_is_weight(
-                batch.old_logp_bt, batch.rollout_logp_bt, mask, cap
+
+    def update_policy(self, batch: TrajectoryBatch) -> dict[str, float]:
+        """The policy update; the truncated importance weight of ``algo.rollout_is_cap``
+        is applied inside it. Without old log-probs in the batch, they come from the
+        update's own forward (``needs_old_logprobs``), and so do the parity metrics."""
+        kwargs = dict(
+            loss_cfg=self.loss_cfg,
+            temperature=self.sampling.temperature,
+            norm_const=float(self.sampling.max_tokens),
+            reg=self.reg,
+            is_cap=self.cfg.algo.rollout_is_cap,
+        )
+        policy = self.workers.policy
+        if batch.old_logp_bt is not None:
+            a = self.cfg.algo
+            return policy.update_policy(
+                batch, epochs=a.epochs, mini_batches=a.mini_batches, **kwargs
             )
-            batch.advantages_bt = batch.advantages_bt * is_w
-            metrics.update(is_metrics)
+        metrics, batch.old_logp_bt = policy.update_policy_single_pass(batch, **kwargs)
+        metrics.update(logprob_parity(batch))
+        return metrics
 
     def sync_weights(self) -> float:
         start = time.perf_counter()

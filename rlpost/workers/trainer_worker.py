@@ -117,6 +117,18 @@ class TrainerGroup:
     def update_policy(self, batch: TrajectoryBatch, **kwargs: Any) -> dict[str, float]:
         return _mean_metrics(self._sharded("update_policy", batch, **kwargs))
 
+    def update_policy_single_pass(
+        self, batch: TrajectoryBatch, **kwargs: Any
+    ) -> tuple[dict[str, float], torch.Tensor]:
+        """One update whose old log-probs are its own; returns the metrics and those
+        log-probs (b, t), rows in ``batch``'s order."""
+        parts = self._sharded("update_policy_single_pass", batch, **kwargs)
+        return _mean_metrics([m for m, _ in parts]), torch.cat([lp for _, lp in parts], dim=0)
+
+    def has_dropout(self) -> bool:
+        """Whether a training-mode forward of rank 0's model is random (dropout)."""
+        return bool(_gather([self.workers[0].call.remote("has_dropout")])[0])
+
     def values(self, batch: TrajectoryBatch) -> torch.Tensor:
         return torch.cat(self._sharded("values", batch), dim=0)
 

@@ -25,3 +25,6 @@ def test_a_gap_above_the_threshold_stops_the_run_and_names_the_key(tmp_path):
     assert [r["step"] for r in rows] == [1]  # logged, then stopped before step 2
     gap = rows[0]["rollout/logprob_abs_diff_max"]
     assert 1e-12 < gap < 1e-2, gap  # the default threshold would have let it pass
+    # grpo, one epoch, one mini-batch: the gap comes from the update's own forward,
+    # and no separate old-log-prob pass ran
+    assert rows[0]["timing/logprob_s"] < 0.01

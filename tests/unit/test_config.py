@@ -183,6 +183,19 @@ def test_sft_skips_the_rollout_split_check():
     assert cfg.algo.name == "sft"
 
 
+def test_which_algorithms_need_the_old_log_probs_before_the_update():
+    # ppo and reinforce_pp put a KL penalty in the reward, computed before the update;
+    # a second epoch or mini-batch needs the log-probs from before the first step.
+    # The others take the old log-probs from the update's own forward.
+    def needs(*overrides: str) -> bool:
+        return compose(list(overrides)).algo.old_logprobs_before_update
+
+    assert [needs(f"algo={a}") for a in ("grpo", "dapo", "gspo", "rloo", "gdpo")] == [False] * 5
+    assert needs("algo=ppo") and needs("algo=reinforce_pp")
+    assert needs("algo.epochs=2") and needs("algo.mini_batches=2")
+    assert not needs("algo.rollout_is_cap=3.0", "algo.kl.loss_coef=0.1", "algo.entropy_coef=0.01")
+
+
 def test_malformed_override_is_named():
     problems, _ = _problems(["trainer.total_steps"])
     assert len(problems) == 1

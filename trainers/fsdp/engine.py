@@ -29,11 +29,13 @@ from algos import (
     kl_penalty,
     masked_mean,
     sft_loss,
+    truncated_is_weight,
 )
 from trainers.batch import TrajectoryBatch
 from trainers.files import atomic_directory
 from trainers.fsdp.common import (
     DTYPES,
+    LossFn,
     OptimConfig,
     Updater,
     init_distributed,
@@ -243,6 +245,18 @@ class FSDPEngine:
             out.append((hit_bt | ~resp_bt).all(dim=1).cpu())
         return torch.cat(out)
 
+    def has_dropout(self) -> bool:
+        """Whether a training-mode forward is random (a dropout layer, LoRA dropout or an
+        attention-dropout rate above 0), so that its log-probs are not the sampling
+        policy's and cannot stand in for a separate ``logprobs`` call."""
+        for module in self.model.modules():
+            if isinstance(module, torch.nn.Dropout) and module.p > 0:
+                return True
+            rate = getattr(module, "attention_dropout", 0.0)
+            if isinstance(rate, float) and rate > 0:
+                return True
+        return False
+
     # -- updates --------------------------------------------------------------
     def _updater(self) -> Updater:
         if self.updater is None:
@@ -259,28 +273,101 @@ class FSDPEngine:
         mini_batches: int = 1,
         norm_const: float = 1.0,
         reg: RegularizerConfig | None = None,
+        is_cap: float | None = None,
     ) -> dict[str, float]:
-        """Policy-gradient update on this rank's share; returns global metrics."""
-        if batch.old_logp_bt is None or batch.advantages_bt is None:
-            raise ValueError("update_policy needs old_logp_bt and advantages_bt in the batch")
+        """Policy-gradient update on this rank's share; returns global metrics.
+
+        ``is_cap`` set and ``rollout_logp_bt`` in the batch: each token's advantage is
+        scaled by the truncated importance weight min(pi_old / pi_rollout, is_cap).
+        """
+        if batch.old_logp_bt is None:
+            raise ValueError(
+                "update_policy needs old_logp_bt in the batch (update_policy_single_pass "
+                "takes the old log-probs from its own forward)"
+            )
+        loss_fn = self._policy_loss_fn(batch, loss_cfg, temperature, reg, is_cap, None)
+        updater = self._updater()
+        start = time.perf_counter()
+        out = run_epochs(
+            lambda mini: updater.step(mini, loss_fn, norm_const, "actor"),
+            batch,
+            epochs,
+            mini_batches,
+        )
+        out["timing/update_s"] = time.perf_counter() - start
+        return out
+
+    def update_policy_single_pass(
+        self,
+        batch: TrajectoryBatch,
+        loss_cfg: PolicyLossConfig,
+        *,
+        temperature: float = 1.0,
+        norm_const: float = 1.0,
+        reg: RegularizerConfig | None = None,
+        is_cap: float | None = None,
+    ) -> tuple[dict[str, float], torch.Tensor]:
+        """One optimizer step over the whole batch (one epoch, one mini-batch) whose old
+        log-probs are the update's own, detached: the weights have not changed since
+        sampling, so ``update_policy`` after a ``logprobs`` call would compute the
+        same loss and gradient with one forward pass more.
+
+        Returns the metrics and those log-probs (b, t) as ``logprobs`` returns them
+        (0 off the response), e.g. for the rollout parity check. The batch's own
+        ``old_logp_bt`` is ignored.
+        """
+        pieces: list[torch.Tensor] = []
+        loss_fn = self._policy_loss_fn(batch, loss_cfg, temperature, reg, is_cap, pieces)
+        start = time.perf_counter()
+        out = self._updater().step(batch, loss_fn, norm_const, "actor")
+        out["timing/update_s"] = time.perf_counter() - start
+        logp_bt = torch.zeros(batch.input_ids_bt.shape, dtype=torch.float32)
+        row = 0
+        for piece in pieces:  # one per micro-batch, in batch order
+            logp_bt[row : row + len(piece), : piece.shape[1]] = piece
+            row += len(piece)
+        return out, logp_bt * batch.response_mask_bt
+
+    def _policy_loss_fn(
+        self,
+        batch: TrajectoryBatch,
+        loss_cfg: PolicyLossConfig,
+        temperature: float,
+        reg: RegularizerConfig | None,
+        is_cap: float | None,
+        record: list[torch.Tensor] | None,
+    ) -> LossFn:
+        """The micro-batch loss of a policy update. ``record`` is None: the old log-probs
+        come from the batch; a list: they are the forward's own, detached, and each
+        micro-batch's log-probs are appended to it."""
+        if batch.advantages_bt is None:
+            raise ValueError("a policy update needs advantages_bt in the batch")
         reg = reg or RegularizerConfig()
         if reg.kl_coef > 0 and batch.ref_logp_bt is None:
             raise ValueError("a KL loss (kl_coef > 0) needs ref_logp_bt in the batch")
         policy_loss = POLICY_LOSSES[loss_cfg.name]
 
-        def loss_fn(mb: TrajectoryBatch, norm: LossNorm):
-            assert mb.old_logp_bt is not None and mb.advantages_bt is not None
+        def loss_fn(mb: TrajectoryBatch, norm: LossNorm) -> tuple[torch.Tensor, dict[str, float]]:
+            assert mb.advantages_bt is not None
             mask = mb.response_mask_bt.to(self.device).float()
             logp, entropy = self._token_stats(mb, temperature, reg.entropy_coef != 0)
             assert entropy is not None
-            loss, metrics = policy_loss(
-                logp,
-                mb.old_logp_bt.to(self.device),
-                mb.advantages_bt.to(self.device),
-                mask,
-                loss_cfg,
-                norm,
-            )
+            if record is None:
+                assert mb.old_logp_bt is not None
+                old_logp = mb.old_logp_bt.to(self.device)
+            else:
+                old_logp = logp.detach()
+                record.append(old_logp.cpu())
+            adv = mb.advantages_bt.to(self.device)
+            metrics: dict[str, float] = {}
+            if is_cap is not None and mb.rollout_logp_bt is not None:
+                # Scaling A_t by w_t > 0 scales that token's clipped PPO term by w_t.
+                is_w, metrics = truncated_is_weight(
+                    old_logp, mb.rollout_logp_bt.to(self.device), mask, is_cap
+                )
+                adv = adv * is_w
+            loss, pg_metrics = policy_loss(logp, old_logp, adv, mask, loss_cfg, norm)
+            metrics.update(pg_metrics)
             metrics["actor/entropy"] = float(masked_mean(entropy.detach(), mask))
             if reg.entropy_coef != 0:
                 loss = loss - reg.entropy_coef * aggregate(entropy, mask, loss_cfg.agg, norm)
@@ -293,16 +380,7 @@ class FSDPEngine:
                 metrics["actor/kl"] = float(masked_mean(kl.detach(), mask))
             return loss, metrics
 
-        updater = self._updater()
-        start = time.perf_counter()
-        out = run_epochs(
-            lambda mini: updater.step(mini, loss_fn, norm_const, "actor"),
-            batch,
-            epochs,
-            mini_batches,
-        )
-        out["timing/update_s"] = time.perf_counter() - start
-        return out
+        return loss_fn
 
     def update_sft(self, batch: TrajectoryBatch) -> dict[str, float]:
         """One supervised step: token-mean NLL of the response tokens."""
