@@ -225,8 +225,28 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
+class MegatronConfig:
+    tp: int = spec(1, ge=1, help="tensor parallel: each layer's matrices split over tp ranks")
+    pp: int = spec(1, ge=1, help="pipeline parallel: the layers split into pp stages (1F1B)")
+    vpp: int = spec(1, ge=1, help="virtual pipeline stages per rank (not implemented yet: 1)")
+    cp: int = spec(1, ge=1, help="context parallel: sequence split (not implemented yet: 1)")
+    ep: int = spec(1, ge=1, help="expert parallel, MoE models only (not implemented yet: 1)")
+    sequence_parallel: bool = spec(
+        False, help="split activations outside attention/MLP over the tp ranks (needs tp > 1)"
+    )
+    distributed_optimizer: bool = spec(
+        False, help="shard the optimizer state over data-parallel ranks (ZeRO-1)"
+    )
+    recompute: Literal["none", "selective", "full"] = spec(
+        "none", help="activation recomputation: selective (core attention) or full (each layer)"
+    )
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
-    name: Literal["fsdp"] = spec("fsdp", help="training engine")
+    name: Literal["fsdp", "megatron"] = spec(
+        "fsdp", help="training engine: fsdp (FSDP2) or megatron (megatron-core, trainer.megatron.*)"
+    )
     total_steps: int = spec(200, ge=0, help="RL steps")
     val_every: int = spec(20, ge=0, help="validate every N steps (0: only at start and end)")
     run_dir: str | None = spec(None, help="outputs directory (null: outputs/<time>-<algo>)")
@@ -283,6 +303,7 @@ class TrainerConfig:
     mixed_precision: Literal["none", "bf16"] = spec(
         "none", help="bf16 compute with fp32 master weights and reductions (GPU)"
     )
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
 
 @dataclass(frozen=True)
@@ -430,6 +451,8 @@ def _cross_checks(cfg: Config) -> list[str]:
             "model.optimizer_offload=true: FSDP2 offloads optimizer state together with the "
             "parameters; set model.param_offload=true as well"
         )
+    if cfg.trainer.name == "megatron":
+        problems.extend(_megatron_checks(cfg))
     if len(cfg.trainer.betas) != 2:
         problems.append(f"trainer.betas={cfg.trainer.betas}: expected two numbers")
     samples = cfg.data.prompts_per_step * cfg.rollout.n
@@ -443,6 +466,53 @@ def _cross_checks(cfg: Config) -> list[str]:
             f"rollout.max_model_len={cfg.rollout.max_model_len}: must be >= data.max_prompt_tokens"
             f" + rollout.max_tokens = {cfg.data.max_prompt_tokens + cfg.rollout.max_tokens}"
         )
+    return problems
+
+
+def _megatron_checks(cfg: Config) -> list[str]:
+    """Layouts and settings ``trainer=megatron`` cannot run (the model's own shape is
+    checked against tp and pp once its config is read, see ``rlpost.run``)."""
+    t, mg = cfg.trainer, cfg.trainer.megatron
+    problems = []
+    model_parallel = mg.tp * mg.pp * mg.cp
+    if t.world_size % model_parallel:
+        problems.append(
+            f"trainer.world_size={t.world_size}: must divide by trainer.megatron.tp x pp x cp "
+            f"= {mg.tp} x {mg.pp} x {mg.cp} = {model_parallel} (the rest is data parallelism)"
+        )
+    if mg.vpp > 1 and mg.pp == 1:
+        problems.append(
+            f"trainer.megatron.vpp={mg.vpp}: virtual stages need trainer.megatron.pp > 1"
+        )
+    for key in ("vpp", "cp", "ep"):
+        if getattr(mg, key) > 1:
+            problems.append(
+                f"trainer.megatron.{key}={getattr(mg, key)}: not implemented yet; the Megatron "
+                "trainer runs tp, pp and data parallelism (set it to 1)"
+            )
+    if mg.ep > 1 and cfg.model.path is None:
+        problems.append(
+            f"trainer.megatron.ep={mg.ep}: expert parallelism needs an MoE model; the built-in "
+            "model (model.path=null) is dense"
+        )
+    if mg.sequence_parallel and mg.tp == 1:
+        problems.append("trainer.megatron.sequence_parallel=true: needs trainer.megatron.tp > 1")
+    if cfg.model.lora.rank > 0:
+        problems.append(
+            f"model.lora.rank={cfg.model.lora.rank}: trainer=megatron has no LoRA yet; "
+            "use trainer=fsdp for LoRA"
+        )
+    if cfg.model.dtype != "float32" or t.mixed_precision != "none":
+        problems.append(
+            f"model.dtype={cfg.model.dtype}, trainer.mixed_precision={t.mixed_precision}: "
+            "trainer=megatron trains in float32 for now (model.dtype=float32, mixed_precision=none)"
+        )
+    for key in ("gradient_checkpointing", "param_offload", "optimizer_offload"):
+        if getattr(cfg.model, key):
+            problems.append(
+                f"model.{key}=true: an FSDP2 setting; with trainer=megatron use "
+                "trainer.megatron.recompute / distributed_optimizer"
+            )
     return problems
 
 

@@ -100,6 +100,31 @@ def check_model_path(cfg: Config) -> None:
         raise ConfigError([f"model.path={path!r}: no HF model (config.json) in that directory"])
 
 
+def check_megatron_model(cfg: Config) -> list[str]:
+    """``trainer=megatron``: the model is one the conversion knows and splits over
+    trainer.megatron.tp and pp (read from its config.json, before any worker starts)."""
+    if cfg.trainer.name != "megatron":
+        return []
+    from trainers.megatron.convert import shape_from_hf
+    from trainers.megatron.engine import MegatronParallel, check_divisible
+
+    if cfg.model.path is None:
+        from rlpost.tiny import build_config, build_tokenizer
+
+        hf_config: Any = build_config(cfg.model.preset, build_tokenizer())
+    else:
+        from transformers import AutoConfig
+
+        hf_config = AutoConfig.from_pretrained(cfg.model.path)
+    mg = cfg.trainer.megatron
+    try:
+        check_divisible(shape_from_hf(hf_config), MegatronParallel(tp=mg.tp, pp=mg.pp))
+    except (NotImplementedError, ValueError) as exc:
+        model = cfg.model.path or f"the built-in {cfg.model.preset!r} model"
+        return [f"trainer.megatron.tp={mg.tp}, pp={mg.pp} with {model}: {exc}"]
+    return []
+
+
 def drop_long_prompts(rows: list[dict], tokenizer: Any, limit: int) -> tuple[list[dict], int]:
     """Rows whose templated prompt fits ``data.max_prompt_tokens``, and how many did not."""
     from rlpost.data import validate_row
@@ -127,6 +152,7 @@ def preflight(cfg: Config) -> tuple[Any, list[dict], list[dict], int]:
     rows: tuple[list[dict], list[dict], int] = ([], [], 0)
     try:
         check_model_path(cfg)
+        problems.extend(check_megatron_model(cfg))
     except ConfigError as exc:
         problems.extend(exc.problems)
     try:
@@ -222,6 +248,13 @@ def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
         trainable: bool = True,
         role: str = "policy",
     ) -> TrainerGroup:
+        engine_cfg: Any
+        if t.name == "megatron" and kind == "policy":  # the critic stays an FSDP2 engine
+            engine_cfg = megatron_engine_config(cfg, model_path, lr, lr_warmup_steps, trainable)
+            return TrainerGroup(
+                engine_cfg, t.world_size, t.num_cpus_per_worker, t.threads, device.ray_resource,
+                kind, scheduling=placement.scheduling(role),
+            )  # fmt: skip
         engine_cfg = FSDPEngineConfig(
             model_path=model_path,
             dtype=cfg.model.dtype,
@@ -330,3 +363,41 @@ def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
             ray.shutdown()
         if stop is not None:
             stop.restore()
+
+
+def megatron_engine_config(
+    cfg: Config, model_path: str, lr: float, lr_warmup_steps: int, trainable: bool
+) -> Any:
+    """The Megatron engine's settings for ``trainer=megatron`` (policy and reference)."""
+    from rlpost.device import resolve_device
+    from trainers.megatron.engine import MegatronEngineConfig, MegatronParallel
+
+    t, mg = cfg.trainer, cfg.trainer.megatron
+    device = resolve_device(t.device)
+    return MegatronEngineConfig(
+        model_path=model_path,
+        dtype=cfg.model.dtype,
+        lr=lr,
+        weight_decay=t.weight_decay,
+        betas=(t.betas[0], t.betas[1]),
+        max_grad_norm=t.max_grad_norm,
+        micro_batch_size=t.micro_batch_size,
+        seed=t.seed,
+        device=device.kind,
+        backend=device.backend,
+        threads=t.threads,
+        lr_warmup_steps=lr_warmup_steps,
+        trainable=trainable,
+        micro_batch_tokens=t.micro_batch_tokens,
+        packing=t.packing,
+        parallel=MegatronParallel(
+            tp=mg.tp,
+            pp=mg.pp,
+            vpp=mg.vpp,
+            cp=mg.cp,
+            ep=mg.ep,
+            sequence_parallel=mg.sequence_parallel,
+            distributed_optimizer=mg.distributed_optimizer,
+            recompute=mg.recompute,
+        ),
+    )

@@ -18,14 +18,15 @@ from algos import (
     aggregate,
     kl_penalty,
     masked_mean,
+    truncated_is_weight,
 )
 from trainers.batch import TrajectoryBatch
 from trainers.fsdp.engine import RegularizerConfig
 
 
 def check_policy_batch(batch: TrajectoryBatch, reg: RegularizerConfig) -> None:
-    if batch.old_logp_bt is None or batch.advantages_bt is None:
-        raise ValueError("update_policy needs old_logp_bt and advantages_bt in the batch")
+    if batch.advantages_bt is None:
+        raise ValueError("a policy update needs advantages_bt in the batch")
     if reg.kl_coef > 0 and batch.ref_logp_bt is None:
         raise ValueError("a KL loss (kl_coef > 0) needs ref_logp_bt in the batch")
 
@@ -33,29 +34,38 @@ def check_policy_batch(batch: TrajectoryBatch, reg: RegularizerConfig) -> None:
 def policy_objective(
     logp_bt: torch.Tensor,
     entropy_bt: torch.Tensor,
+    old_logp_bt: torch.Tensor,
     mb: TrajectoryBatch,
     loss_cfg: PolicyLossConfig,
     reg: RegularizerConfig,
     norm: LossNorm,
+    is_cap: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Policy loss of one micro-batch (its share of the global-batch loss) and its metrics.
 
-    ``logp_bt`` and ``entropy_bt`` are the current policy's, on the device of the
-    loss; the batch's tensors are moved there. The entropy term is
-    ``-entropy_coef * H`` and the KL term ``+kl_coef * KL(pi || ref)``, both
-    aggregated like the policy loss (``loss_cfg.agg``).
+    ``logp_bt`` and ``entropy_bt`` are the current policy's, ``old_logp_bt`` the
+    sampling-time policy's (the batch's, or the forward's own detached), all on
+    the device of the loss; the batch's tensors are moved there. With ``is_cap``
+    and rollout log-probs in the batch, each token's advantage is scaled by the
+    truncated importance weight min(pi_old / pi_rollout, is_cap). The entropy
+    term is ``-entropy_coef * H`` and the KL term ``+kl_coef * KL(pi || ref)``,
+    both aggregated like the policy loss (``loss_cfg.agg``).
     """
-    assert mb.old_logp_bt is not None and mb.advantages_bt is not None
+    assert mb.advantages_bt is not None
     device = logp_bt.device
     mask_bt = mb.response_mask_bt.to(device).float()
-    loss, metrics = POLICY_LOSSES[loss_cfg.name](
-        logp_bt,
-        mb.old_logp_bt.to(device),
-        mb.advantages_bt.to(device),
-        mask_bt,
-        loss_cfg,
-        norm,
+    adv_bt = mb.advantages_bt.to(device)
+    metrics: dict[str, float] = {}
+    if is_cap is not None and mb.rollout_logp_bt is not None:
+        # Scaling A_t by w_t > 0 scales that token's clipped PPO term by w_t.
+        is_w_bt, metrics = truncated_is_weight(
+            old_logp_bt, mb.rollout_logp_bt.to(device), mask_bt, is_cap
+        )
+        adv_bt = adv_bt * is_w_bt
+    loss, pg_metrics = POLICY_LOSSES[loss_cfg.name](
+        logp_bt, old_logp_bt, adv_bt, mask_bt, loss_cfg, norm
     )
+    metrics.update(pg_metrics)
     metrics["actor/entropy"] = float(masked_mean(entropy_bt.detach(), mask_bt))
     if reg.entropy_coef != 0:
         loss = loss - reg.entropy_coef * aggregate(entropy_bt, mask_bt, loss_cfg.agg, norm)

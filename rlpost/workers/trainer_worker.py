@@ -47,9 +47,15 @@ class TrainerWorker:
             return f"tcp://{ip}:{s.getsockname()[1]}"
 
     def init_engine(self, kind: str, cfg: Any, rank: int, world_size: int, init_method: str) -> int:
+        """Build this rank's engine: the config's type says which trainer (FSDP2 or
+        Megatron), ``kind`` which role (policy or critic)."""
         from trainers.fsdp import CriticEngine, FSDPEngine
 
-        engines = {"policy": FSDPEngine, "critic": CriticEngine}
+        engines: dict[str, Any] = {"policy": FSDPEngine, "critic": CriticEngine}
+        if type(cfg).__name__ == "MegatronEngineConfig":  # no megatron import for FSDP runs
+            from trainers.megatron.engine import MegatronEngine
+
+            engines = {"policy": MegatronEngine}
         self.engine = engines[kind](cfg, rank, world_size, init_method)
         return self.engine.num_params
 

@@ -26,12 +26,14 @@ PRELOAD = [
     "trainers.fsdp.engine",
     "trainers.megatron.engine",
 ]
-# (name, world size, megatron settings)
+# name: (world size, megatron settings, single-pass update)
 LAYOUTS = {
-    "tp1": (1, {}),
-    "tp2": (2, {"tp": 2}),
-    "pp2": (2, {"pp": 2}),
-    "dp2_distopt": (2, {"distributed_optimizer": True}),
+    "tp1": (1, {}, False),
+    "tp2": (2, {"tp": 2}, False),
+    "pp2": (2, {"pp": 2}, False),
+    "dp2_distopt": (2, {"distributed_optimizer": True}, False),
+    # the update's own log-probs as the old ones, recorded on the last stage
+    "pp2_single_pass": (2, {"pp": 2}, True),
 }
 
 
@@ -50,18 +52,22 @@ def _megatron(model_dir: str, rank: int, world_size: int, port: int, parallel: d
 
 # -- workers (module level so that the child processes can import them) --------
 def _step_worker(
-    rank: int, world_size: int, model_dir: str, port: int, parallel: dict, out: str
+    rank: int, world_size: int, model_dir: str, port: int, parallel: dict, single: bool, out: str
 ) -> None:
-    """Log-probs of this rank's share, then one ``update_policy`` step on it."""
+    """Log-probs of this rank's share, then one ``update_policy`` step on it (or one
+    ``update_policy_single_pass``, which returns the log-probs of its forward)."""
     from trainers.megatron.convert import megatron_to_hf
 
     engine = _megatron(model_dir, rank, world_size, port, parallel, micro_batch_size=3)
     full = make_batch(0)
     full.advantages_bt = advantages(full)
     batch = full.shard(rank, world_size)
-    logp = engine.logprobs(batch)
-    batch.old_logp_bt = logp
-    metrics = engine.update_policy(batch, PolicyLossConfig())
+    if single:
+        metrics, logp = engine.update_policy_single_pass(batch, PolicyLossConfig())
+    else:
+        logp = engine.logprobs(batch)
+        batch.old_logp_bt = logp
+        metrics = engine.update_policy(batch, PolicyLossConfig())
     grads = None
     if not parallel.get("distributed_optimizer"):  # main_grad holds only a shard then
         grads = engine.gathered_state(lambda p: p.main_grad)
@@ -117,9 +123,10 @@ def fsdp_step(model_dir, tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module", params=list(LAYOUTS))
 def megatron_step(request, model_dir, tmp_path_factory) -> dict:
-    world_size, parallel = LAYOUTS[request.param]
+    world_size, parallel, single = LAYOUTS[request.param]
     out = tmp_path_factory.mktemp(request.param) / "step.pt"
-    _spawn(_step_worker, (world_size, model_dir, free_port(), parallel, str(out)), world_size)
+    args = (world_size, model_dir, free_port(), parallel, single, str(out))
+    _spawn(_step_worker, args, world_size)
     ranks = [torch.load(f"{out}.{r}") for r in range(world_size)]
     result = ranks[0]
     result["logp"] = torch.cat([r["logp"] for r in ranks])  # each rank's own rows

@@ -431,21 +431,29 @@ class MegatronEngine:
 
     # -- updates ------------------------------------------------------------------------
     def _step(
-        self, batch: TrajectoryBatch, loss_fn: MicroLoss, norm_const: float, prefix: str, **kw: Any
-    ) -> dict[str, float]:
-        """One optimizer step over the data-parallel batch; global metrics on every rank."""
+        self,
+        batch: TrajectoryBatch,
+        loss_fn: MicroLoss,
+        norm_const: float,
+        prefix: str,
+        temperature: float = 1.0,
+        record: list[torch.Tensor] | None = None,
+    ) -> tuple[dict[str, float], torch.Tensor]:
+        """One optimizer step over the data-parallel batch; global metrics on every rank,
+        and this rank's rows of what ``loss_fn`` appended to ``record`` (one (b, t)
+        tensor per micro-batch, on the last stage), zeros if it recorded nothing."""
         if self.optimizer is None:
             raise RuntimeError("this engine is a frozen reference policy; it cannot update")
         self.chunk.train()
         norm = global_norm(batch, norm_const)  # each rank counts its own share once
-        data, _ = self._dp_batch(batch)
+        data, mine = self._dp_batch(batch)
         self.chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         sums: dict[str, float] = {}
         loss_sum = [0.0]
 
         def on_logits(mb, logits):
-            logp, entropy = self._token_stats(mb, logits, kw.get("temperature", 1.0), True)
+            logp, entropy = self._token_stats(mb, logits, temperature, True)
             loss, metrics = loss_fn(mb, logp, entropy, norm)
             loss_sum[0] += float(loss.detach())
             weight = float(mb.response_mask_bt.sum())
@@ -453,8 +461,17 @@ class MegatronEngine:
                 sums[k] = sums.get(k, 0.0) + float(v) * (1.0 if k in SUMMED_METRICS else weight)
             return loss, None
 
+        mbs = self._micro_batches(data)
         with torch.enable_grad():
-            self._run(self._micro_batches(data), on_logits)
+            self._run(mbs, on_logits)
+        recorded = torch.zeros(data.input_ids_bt.shape, dtype=torch.float32)
+        if record and self.last_stage:
+            row = 0
+            for mb, piece in zip(mbs, record):
+                recorded[row : row + len(mb), : piece.shape[1]] = piece
+                row += len(mb)
+        if record is not None:
+            recorded = self._from_last_stage(recorded)
         grad_norm, skipped = self._optimizer_step()
         lr = self._lr()
         # Each data-parallel batch's sums live on its last stage, once per tensor-parallel
@@ -473,7 +490,7 @@ class MegatronEngine:
         out[f"{prefix}/grad_norm"] = grad_norm
         out[f"{prefix}/lr"] = lr
         out[f"{prefix}/skipped_updates"] = float(skipped)
-        return out
+        return out, recorded[mine]
 
     def _lr(self) -> float:
         """Linear warm-up, the FSDP engine's schedule: lr * min(1, (step + 1) / (warmup + 1))."""
@@ -502,6 +519,29 @@ class MegatronEngine:
         self.steps += 1
         return grad_norm, False
 
+    def _policy_loss(
+        self,
+        loss_cfg: PolicyLossConfig,
+        reg: RegularizerConfig | None,
+        is_cap: float | None,
+        record: list[torch.Tensor] | None,
+    ) -> MicroLoss:
+        """The micro-batch policy loss. ``record`` None: old log-probs from the batch;
+        a list: the forward's own, detached, each micro-batch's appended to it."""
+        reg = reg or RegularizerConfig()
+
+        def loss_fn(mb, logp, entropy, norm):
+            if record is None:
+                if mb.old_logp_bt is None:
+                    raise ValueError("update_policy needs old_logp_bt in the batch")
+                old = mb.old_logp_bt
+            else:
+                old = logp.detach()
+                record.append(old)
+            return policy_objective(logp, entropy, old, mb, loss_cfg, reg, norm, is_cap)
+
+        return loss_fn
+
     @cpu_shim.runs_on_cpu
     def update_policy(
         self,
@@ -513,17 +553,16 @@ class MegatronEngine:
         mini_batches: int = 1,
         norm_const: float = 1.0,
         reg: RegularizerConfig | None = None,
+        is_cap: float | None = None,
     ) -> dict[str, float]:
         """Policy-gradient update on this rank's share; returns global metrics."""
-        reg = reg or RegularizerConfig()
-        check_policy_batch(batch, reg)
-
-        def loss_fn(mb, logp, entropy, norm):
-            return policy_objective(logp, entropy, mb, loss_cfg, reg, norm)
-
+        check_policy_batch(batch, reg or RegularizerConfig())
+        if batch.old_logp_bt is None:
+            raise ValueError("update_policy needs old_logp_bt in the batch")
+        loss_fn = self._policy_loss(loss_cfg, reg, is_cap, None)
         start = time.perf_counter()
         out = run_epochs(
-            lambda mini: self._step(mini, loss_fn, norm_const, "actor", temperature=temperature),
+            lambda mini: self._step(mini, loss_fn, norm_const, "actor", temperature)[0],
             batch,
             epochs,
             mini_batches,
@@ -532,13 +571,40 @@ class MegatronEngine:
         return out
 
     @cpu_shim.runs_on_cpu
+    def update_policy_single_pass(
+        self,
+        batch: TrajectoryBatch,
+        loss_cfg: PolicyLossConfig,
+        *,
+        temperature: float = 1.0,
+        norm_const: float = 1.0,
+        reg: RegularizerConfig | None = None,
+        is_cap: float | None = None,
+    ) -> tuple[dict[str, float], torch.Tensor]:
+        """One optimizer step over the whole batch whose old log-probs are the update's
+        own, detached (the weights have not changed since sampling); returns the
+        metrics and those log-probs (b, t), 0 off the response, as ``logprobs`` would."""
+        check_policy_batch(batch, reg or RegularizerConfig())
+        record: list[torch.Tensor] = []
+        loss_fn = self._policy_loss(loss_cfg, reg, is_cap, record)
+        start = time.perf_counter()
+        out, logp_bt = self._step(batch, loss_fn, norm_const, "actor", temperature, record)
+        out["timing/update_s"] = time.perf_counter() - start
+        return out, logp_bt * batch.response_mask_bt
+
+    def has_dropout(self) -> bool:
+        """Whether a training-mode forward is random: never, the engine builds the
+        model without dropout."""
+        return self.tconfig.hidden_dropout > 0 or self.tconfig.attention_dropout > 0
+
+    @cpu_shim.runs_on_cpu
     def update_sft(self, batch: TrajectoryBatch) -> dict[str, float]:
         """One supervised step: token-mean NLL of the response tokens."""
 
         def loss_fn(mb, logp, entropy, norm):
             return sft_loss(logp, mb.response_mask_bt.float(), norm)
 
-        return self._step(batch, loss_fn, 1.0, "sft")
+        return self._step(batch, loss_fn, 1.0, "sft")[0]
 
     # -- weights ------------------------------------------------------------------------
     @torch.no_grad()
