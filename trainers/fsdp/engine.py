@@ -18,14 +18,12 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from algos import (
     POLICY_LOSSES,
     LossNorm,
     PolicyLossConfig,
     aggregate,
-    entropy_from_logits,
     kl_penalty,
     masked_mean,
     sft_loss,
@@ -55,6 +53,8 @@ from trainers.fsdp.lora import (
     save_adapter,
 )
 from trainers.hf_format import to_checkpoint_format
+from trainers.logprobs import token_logprobs as token_logprobs  # re-exported
+from trainers.logprobs import token_logprobs_and_entropy
 
 
 @dataclass(frozen=True)
@@ -113,13 +113,6 @@ class RegularizerConfig:
     entropy_coef: float = 0.0
 
 
-def token_logprobs(logits_btv: torch.Tensor, input_ids_bt: torch.Tensor) -> torch.Tensor:
-    """log p(token_t | tokens_<t), aligned with input_ids (position 0 is 0)."""
-    logp_btv = F.log_softmax(logits_btv[:, :-1].float(), dim=-1)
-    logp_bt = logp_btv.gather(-1, input_ids_bt[:, 1:].unsqueeze(-1)).squeeze(-1)
-    return F.pad(logp_bt, (1, 0))
-
-
 class FSDPEngine:
     def __init__(self, cfg: FSDPEngineConfig, rank: int, world_size: int, init_method: str):
         from transformers import AutoModelForCausalLM
@@ -159,11 +152,12 @@ class FSDPEngine:
         return micro_batches(batch, c.micro_batch_size, c.micro_batch_tokens, c.packing)
 
     # -- forward passes -------------------------------------------------------
-    def _logits(self, mb: TrajectoryBatch, temperature: float) -> torch.Tensor:
+    def _logits(self, mb: TrajectoryBatch) -> torch.Tensor:
+        """The model's logits (b, t, v) in its dtype: no float32 copy, no temperature
+        (``token_logprobs_and_entropy`` applies both a few tokens at a time)."""
         ids = mb.input_ids_bt.to(self.device)
         mask = mb.attention_mask_bt.to(self.device)
-        logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
-        return logits.float() / temperature
+        return self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
 
     def _token_stats(
         self, mb: TrajectoryBatch, temperature: float, entropy_grad: bool | None
@@ -174,27 +168,21 @@ class FSDPEngine:
         Packed (``cfg.packing``): one forward pass over the concatenated samples,
         no padding tokens; values are scattered back to the padded layout.
         """
+        with_entropy = entropy_grad is not None
         if not self.cfg.packing:
             ids = mb.input_ids_bt.to(self.device)
-            logits = self._logits(mb, temperature)
-            logp = token_logprobs(logits, ids)
-            entropy = None
-            if entropy_grad is not None:
-                with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                    entropy = F.pad(entropy_from_logits(logits[:, :-1]), (1, 0))
-            return logp, entropy
-        ids_1T, pos_1T, lengths = pack(mb)
-        ids_1T, pos_1T = ids_1T.to(self.device), pos_1T.to(self.device)
-        logits = self.model(input_ids=ids_1T, position_ids=pos_1T, use_cache=False).logits
-        logits = logits.float() / temperature
-        width = mb.input_ids_bt.shape[1]
-        logp = unpack(token_logprobs(logits, ids_1T), lengths, width)
-        entropy = None
-        if entropy_grad is not None:
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                ent_1T = F.pad(entropy_from_logits(logits[:, :-1]), (1, 0))
-                entropy = unpack(ent_1T, lengths, width)
-        return logp, entropy
+            stats = token_logprobs_and_entropy(self._logits(mb), ids, temperature, with_entropy)
+        else:
+            ids_1T, pos_1T, lengths = pack(mb)
+            ids_1T, pos_1T = ids_1T.to(self.device), pos_1T.to(self.device)
+            logits = self.model(input_ids=ids_1T, position_ids=pos_1T, use_cache=False).logits
+            stats_1T = token_logprobs_and_entropy(logits, ids_1T, temperature, with_entropy)
+            width = mb.input_ids_bt.shape[1]
+            stats = (unpack(stats_1T[0], lengths, width), unpack(stats_1T[1], lengths, width))
+        logp, entropy = stats
+        if entropy_grad is None:
+            return logp, None
+        return logp, entropy if entropy_grad else entropy.detach()
 
     @contextmanager
     def _adapter_off(self, disable: bool) -> Iterator[None]:
@@ -240,7 +228,7 @@ class FSDPEngine:
         out = []
         for mb in micro_batches(batch, self.cfg.micro_batch_size):
             ids = mb.input_ids_bt.to(self.device)
-            hit_bt = self._logits(mb, 1.0)[:, :-1].argmax(-1) == ids[:, 1:]
+            hit_bt = self._logits(mb)[:, :-1].argmax(-1) == ids[:, 1:]
             resp_bt = mb.response_mask_bt[:, 1:].to(self.device).bool()
             out.append((hit_bt | ~resp_bt).all(dim=1).cpu())
         return torch.cat(out)

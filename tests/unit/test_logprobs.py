@@ -1,0 +1,127 @@
+"""Chunked per-token log-probs and entropies against the materialised log-softmax.
+
+Shapes: b = samples, t = tokens, v = vocab.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from algos import entropy_from_logits
+from trainers.logprobs import token_logprobs, token_logprobs_and_entropy
+
+
+def reference(
+    logits_btv: torch.Tensor, ids_bt: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the trainer computed before: a [b, t, v] log-softmax and softmax, in float32
+    (or in float64 for float64 logits)."""
+    z_btv = (logits_btv if logits_btv.dtype == torch.float64 else logits_btv.float()) / temperature
+    logp_btv = F.log_softmax(z_btv[:, :-1], dim=-1)
+    logp_bt = F.pad(logp_btv.gather(-1, ids_bt[:, 1:, None])[..., 0], (1, 0))
+    return logp_bt, F.pad(entropy_from_logits(z_btv[:, :-1]), (1, 0))
+
+
+def test_hand_values():
+    # v = 2; logits are logs of unnormalised weights, so p = weight / sum:
+    # t=0 weights (1, 3) -> p(1) = 3/4; t=1 weights (3, 1) -> p(0) = 3/4
+    # ids (0, 1, 0): logp = (0, ln 0.75, ln 0.75) = (0, -0.2877, -0.2877)
+    # entropy of (1/4, 3/4) = -(0.25 ln 0.25 + 0.75 ln 0.75) = 0.3466 + 0.2158 = 0.5623
+    logits = torch.tensor([[[1.0, 3.0], [3.0, 1.0], [5.0, 5.0]]]).log()
+    ids = torch.tensor([[0, 1, 0]])
+    logp, entropy = token_logprobs_and_entropy(logits, ids)
+    torch.testing.assert_close(logp, torch.tensor([[0.0, -0.28768207, -0.28768207]]))
+    torch.testing.assert_close(entropy, torch.tensor([[0.0, 0.56233514, 0.56233514]]))
+    # temperature 2 halves the logits: weights (1, sqrt 3) -> p(1) = 1.732 / 2.732 = 0.634
+    logp_t2 = token_logprobs(logits, ids, temperature=2.0)
+    assert logp_t2[0, 1].item() == pytest.approx(float(torch.tensor(0.6339746).log()), abs=1e-6)
+
+
+def _grad(fn, logits: torch.Tensor, w_logp: torch.Tensor, w_ent: torch.Tensor) -> torch.Tensor:
+    """d/dlogits of sum(w_logp * logp + w_ent * entropy), as the policy loss with an
+    entropy bonus weighs them."""
+    x = logits.detach().clone().requires_grad_()
+    logp, entropy = fn(x)
+    ((logp * w_logp.to(logp.dtype)).sum() + (entropy * w_ent.to(entropy.dtype)).sum()).backward()
+    assert x.grad is not None
+    return x.grad
+
+
+@pytest.mark.parametrize("chunk_elements", [1, 2 * 11, 1 << 23])  # 1 token, 2 tokens, all
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_values_and_gradients_match_the_materialised_log_softmax(chunk_elements, temperature):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 7, 11, generator=g) * 3
+    ids = torch.randint(0, 11, (3, 7), generator=g)
+    w_logp, w_ent = torch.randn(3, 7, generator=g), torch.randn(3, 7, generator=g)
+    no_ent = torch.zeros(3, 7)
+
+    def chunked(x):
+        return token_logprobs_and_entropy(x, ids, temperature, True, chunk_elements)
+
+    def old(x):
+        return reference(x, ids, temperature)
+
+    logp, entropy = chunked(logits)
+    old_logp, old_entropy = old(logits)
+    truth_logp, truth_entropy = old(logits.double())
+    # float32 rounding: a log-prob near -9 is 1 ulp = 9.5e-7 from its neighbours, so
+    # the comparison allows 1e-6 plus 1e-6 of the value
+    torch.testing.assert_close(logp, old_logp, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(logp.double(), truth_logp, rtol=0, atol=1e-6)
+    # entropy within 1e-6 of float64; the old lse - sum(p z) cancels digits (an entropy
+    # of 0.0792 came out 1.2e-6 high), hence 2e-6 against it
+    torch.testing.assert_close(entropy.double(), truth_entropy, rtol=0, atol=1e-6)
+    torch.testing.assert_close(entropy, old_entropy, rtol=0, atol=2e-6)
+    assert torch.all(logp[:, 0] == 0) and torch.all(entropy[:, 0] == 0)
+
+    # the policy-gradient term alone: the old implementation's gradient to 1e-6
+    grad = _grad(chunked, logits, w_logp, no_ent)
+    torch.testing.assert_close(grad, _grad(old, logits, w_logp, no_ent), rtol=1e-6, atol=1e-6)
+    # with the entropy term: within 1e-6 of float64; the old float32 chain of logsumexp
+    # and softmax backward is itself up to 1.6e-6 off at T = 0.7, hence 2e-6 against it
+    grad = _grad(chunked, logits, w_logp, w_ent)
+    truth = _grad(old, logits.double(), w_logp, w_ent)
+    torch.testing.assert_close(grad.double(), truth, rtol=0, atol=1e-6)
+    torch.testing.assert_close(grad, _grad(old, logits, w_logp, w_ent), rtol=0, atol=2e-6)
+    # the last position predicts no token: no gradient reaches its logits
+    assert torch.all(grad[:, -1] == 0)
+
+
+def test_log_probs_alone_skip_the_entropy():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(2, 5, 13, generator=g).requires_grad_()
+    ids = torch.randint(0, 13, (2, 5), generator=g)
+    logp, entropy = token_logprobs_and_entropy(logits, ids, with_entropy=False)
+    assert torch.all(entropy == 0) and not entropy.requires_grad
+    logp.sum().backward()
+    grad = logits.grad.clone()
+    logits.grad = None
+    reference(logits, ids, 1.0)[0].sum().backward()
+    torch.testing.assert_close(grad, logits.grad, rtol=0, atol=1e-6)
+
+
+def test_bf16_logits_get_a_bf16_gradient_of_the_float32_math():
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(2, 6, 17, generator=g).bfloat16().requires_grad_()
+    ids = torch.randint(0, 17, (2, 6), generator=g)
+    logp, entropy = token_logprobs_and_entropy(logits, ids)
+    assert logp.dtype == entropy.dtype == torch.float32
+    (logp.sum() + entropy.sum()).backward()
+    grad = logits.grad.clone()
+    logits.grad = None
+    ref_logp, ref_entropy = reference(logits, ids, 1.0)
+    (ref_logp.sum() + ref_entropy.sum()).backward()
+    torch.testing.assert_close(logp, ref_logp, rtol=0, atol=1e-6)
+    assert grad.dtype == torch.bfloat16
+    torch.testing.assert_close(grad, logits.grad, rtol=0, atol=0)
+
+
+def test_masked_out_logits_give_a_finite_entropy():
+    # -inf on token 2 of 3: the distribution is uniform over the other two, H = ln 2 = 0.6931
+    logits = torch.tensor([[[0.0, 0.0, float("-inf")], [0.0, 0.0, 0.0]]])
+    logp, entropy = token_logprobs_and_entropy(logits, torch.tensor([[0, 1]]))
+    assert entropy[0, 1].item() == pytest.approx(0.6931472, abs=1e-6)
+    assert logp[0, 1].item() == pytest.approx(-0.6931472, abs=1e-6)
