@@ -232,7 +232,7 @@ class MegatronConfig:
     cp: int = spec(1, ge=1, help="context parallel: sequence split (not implemented yet: 1)")
     ep: int = spec(1, ge=1, help="expert parallel, MoE models only (not implemented yet: 1)")
     sequence_parallel: bool = spec(
-        False, help="split activations outside attention/MLP over the tp ranks (needs tp > 1)"
+        False, help="split activations outside attention/MLP over tp ranks (not available yet)"
     )
     distributed_optimizer: bool = spec(
         False, help="shard the optimizer state over data-parallel ranks (ZeRO-1)"
@@ -497,6 +497,12 @@ def _megatron_checks(cfg: Config) -> list[str]:
         )
     if mg.sequence_parallel and mg.tp == 1:
         problems.append("trainer.megatron.sequence_parallel=true: needs trainer.megatron.tp > 1")
+    elif mg.sequence_parallel:
+        problems.append(
+            "trainer.megatron.sequence_parallel=true: not available yet; it needs Transformer "
+            "Engine or Apex layer norms (CUDA), and the trainer builds megatron-core's local "
+            "layer spec, whose torch norms refuse it"
+        )
     if cfg.model.lora.rank > 0:
         problems.append(
             f"model.lora.rank={cfg.model.lora.rank}: trainer=megatron has no LoRA yet; "

@@ -32,6 +32,7 @@ LAYOUTS = {
     "tp2": (2, {"tp": 2}, False),
     "pp2": (2, {"pp": 2}, False),
     "dp2_distopt": (2, {"distributed_optimizer": True}, False),
+    "tp2_recompute": (2, {"tp": 2, "recompute": "full"}, False),
     # the update's own log-probs as the old ones, recorded on the last stage
     "pp2_single_pass": (2, {"pp": 2}, True),
 }

@@ -64,6 +64,14 @@ from trainers.megatron.convert import (
 )
 from trainers.objectives import check_policy_batch, policy_objective
 
+# megatron-core's local layer spec normalises with torch's norms, which refuse
+# sequence parallelism ("sequence parallel not supported by torch LayerNorm"); it
+# needs Transformer Engine's or Apex's, CUDA builds.
+SEQUENCE_PARALLEL_MISSING = (
+    "sequence_parallel needs Transformer Engine or Apex layer norms (CUDA); the engine "
+    "builds megatron-core's local layer spec, whose torch norms refuse it"
+)
+
 # What one micro-batch's loss function returns: its share of the global loss and metrics.
 MicroLoss = Callable[
     [TrajectoryBatch, torch.Tensor, torch.Tensor | None, LossNorm],
@@ -95,8 +103,8 @@ class MegatronParallel:
             raise NotImplementedError(
                 "the Megatron engine runs tp, pp and data parallelism; vpp, cp and ep must be 1"
             )
-        if self.sequence_parallel and self.tp == 1:
-            raise ValueError("sequence_parallel needs tp > 1")
+        if self.sequence_parallel:
+            raise NotImplementedError(SEQUENCE_PARALLEL_MISSING)
         if self.recompute not in ("none", "selective", "full"):
             raise ValueError(f"recompute={self.recompute!r}: expected none, selective or full")
 
