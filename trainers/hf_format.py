@@ -24,20 +24,72 @@ def _base(model: Any) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def is_vision_language(model_path: str) -> bool:
+    """Whether the checkpoint's config has a vision tower (``vision_config``)."""
+    from transformers import PretrainedConfig
+
+    config, _ = PretrainedConfig.get_config_dict(model_path)
+    return "vision_config" in config
+
+
+PLACEHOLDER_KEYS = ("image_token_id", "video_token_id", "image_token_index", "video_token_index")
+
+
+def placeholder_token_ids(config: Any) -> list[int]:
+    """The tokens a VL model replaces by image or video features (from its config,
+    a dict or a ``PretrainedConfig``). A sampled one would be read as an image
+    slot on the next forward pass, so neither side ever samples them."""
+    get = config.get if isinstance(config, dict) else lambda k: getattr(config, k, None)
+    return sorted({get(k) for k in PLACEHOLDER_KEYS if isinstance(get(k), int)})
+
+
+def auto_class(model_path: str) -> Any:
+    """The transformers auto class of the checkpoint: causal LM, or image-text-to-text
+    for a vision-language checkpoint (which ``AutoModelForCausalLM`` lacks)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    if is_vision_language(model_path):
+        from rlpost.vl.compat import install
+
+        install()  # some VL processing modules import torchvision
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
+
+
+def load_model(model_path: str, dtype: torch.dtype) -> Any:
+    """The checkpoint's transformers model (``auto_class``)."""
+    return auto_class(model_path).from_pretrained(model_path, dtype=dtype)
+
+
+def language_model(model: Any) -> Any:
+    """The decoder stack of a causal LM or of a VL model (``model.language_model``)."""
+    inner = _base(model).model
+    return getattr(inner, "language_model", inner)
+
+
+def vision_parameters(model: Any) -> list[torch.nn.Parameter]:
+    """Every parameter outside the language model and its head: the vision tower
+    and the projector of a VL model (none for a causal LM)."""
+    base = _base(model)
+    keep = {id(p) for p in language_model(base).parameters()}
+    head = base.get_output_embeddings()
+    if head is not None:
+        keep |= {id(p) for p in head.parameters()}
+    return [p for p in base.parameters() if id(p) not in keep]
+
+
 def to_checkpoint_format(model: Any, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``state`` (the model's own parameter names) renamed and split as its
     checkpoint files hold it; unchanged for models without a conversion.
 
-    Tied copies (``lm_head.weight`` where the embeddings are tied) are left out,
-    as ``save_pretrained`` leaves them out of the files: some engines have no
-    parameter of that name (vLLM's Gemma 2 refuses it) and write the tie's
-    source, which they share, instead.
+    Tied copies (``lm_head.weight`` where the embeddings are tied) stay in: an
+    engine whose head is a module sharing the embedding's weight (vLLM's Qwen2)
+    refreshes that module only when its name arrives; an engine without such a
+    module drops the name (``rollout/vllm/worker_ext.py``).
     """
     from transformers.core_model_loading import revert_weight_conversion
 
-    base = _base(model)
-    tied = getattr(base, "all_tied_weights_keys", None) or {}
-    return revert_weight_conversion(base, {k: v for k, v in state.items() if k not in tied})
+    return revert_weight_conversion(_base(model), dict(state))
 
 
 class CheckpointLayout:
