@@ -143,7 +143,7 @@ class ModelConfig:
     path: str | None = spec(
         None, help="HF model directory or hub id; null builds the built-in tiny model"
     )
-    preset: str = spec("tiny", help="built-in model size when path is null (tiny, micro)")
+    preset: str = spec("tiny", help="built-in model size when path is null (tiny, small, micro)")
     dtype: Literal["float32", "bfloat16", "float16"] = spec(
         "float32", help="trainer and rollout dtype"
     )

@@ -49,13 +49,14 @@ TINY_PRESETS: dict[str, dict] = {
         num_key_value_heads=2,
         intermediate_size=512,
     ),
-    # ~2.4 M parameters: more capacity when 'tiny' plateaus.
+    # ~30 M parameters: a realistic compute per token for performance work, where
+    # generation engines and trainer overheads show (model=small).
     "small": dict(
-        hidden_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=4,
+        hidden_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
         num_key_value_heads=2,
-        intermediate_size=512,
+        intermediate_size=2048,
     ),
     # ~0.1 M parameters: for fast tests.
     "micro": dict(

@@ -196,6 +196,14 @@ def test_which_algorithms_need_the_old_log_probs_before_the_update():
     assert not needs("algo.rollout_is_cap=3.0", "algo.kl.loss_coef=0.1", "algo.entropy_coef=0.01")
 
 
+def test_model_small_is_the_30m_preset_without_a_warm_up():
+    # random weights on purpose (configs/model/small.yaml says why); the rest as model=tiny
+    small, tiny = compose(["model=small"]).model, compose([]).model
+    assert small.preset == "small" and small.path is None
+    assert small.warmup.steps == 0 and tiny.warmup.steps == 2000
+    assert small.lora == tiny.lora and small.dtype == tiny.dtype
+
+
 def test_malformed_override_is_named():
     problems, _ = _problems(["trainer.total_steps"])
     assert len(problems) == 1

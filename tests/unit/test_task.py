@@ -72,6 +72,10 @@ def test_presets_sizes():
     # mlp 3*64*128, norms 2*64 -> 4160+2*2080+4096+24576+128 = 37120; final norm 64.
     assert num_parameters("micro") == 6656 + 2 * 37120 + 64 == 80960
     assert 0.9e6 < num_parameters("tiny") < 1.1e6
+    # small: embed 104*512 = 53248; per layer q 512*512+512, k,v 512*128+128 each,
+    # o 512*512, mlp 3*512*2048, norms 2*512 -> 262656+2*65664+262144+3145728+1024
+    # = 3802880; 8 layers + final norm 512: 30.5 M
+    assert num_parameters("small") == 53248 + 8 * 3802880 + 512 == 30476800
     with pytest.raises(ValueError, match="choose one of"):
         build_config("huge", tok)
 
