@@ -57,8 +57,19 @@ def auto_class(model_path: str) -> Any:
 
 
 def load_model(model_path: str, dtype: torch.dtype) -> Any:
-    """The checkpoint's transformers model (``auto_class``)."""
-    return auto_class(model_path).from_pretrained(model_path, dtype=dtype)
+    """The checkpoint's transformers model (``auto_class``).
+
+    A model that caps its attention logits (Gemma 2's ``attn_logit_softcapping``)
+    runs eager attention: transformers' default, SDPA, leaves the cap out, and the
+    trainer's log-probs then differed from vLLM's (which applies it) by 1e-3 on a
+    tiny random Gemma 2, more where attention logits are large.
+    """
+    from transformers import AutoConfig
+
+    text_config = AutoConfig.from_pretrained(model_path).get_text_config()
+    capped = getattr(text_config, "attn_logit_softcapping", None)
+    kwargs = {"attn_implementation": "eager"} if capped else {}
+    return auto_class(model_path).from_pretrained(model_path, dtype=dtype, **kwargs)
 
 
 def language_model(model: Any) -> Any:
