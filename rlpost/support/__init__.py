@@ -4,13 +4,15 @@
     python -m rlpost.support Gemma2ForCausalLM ...    # some rows; the others keep theirs
     python -m rlpost.support --render                 # SUPPORT.md from results/support/
 
-Each architecture is built tiny (``rlpost.archs``) and sent through the checks
-of ``rlpost.support.checks`` (build, FSDP2, LoRA, a real GRPO run with vLLM
-and weight sync, export), each step in its own process so that a crash is
-recorded as that check's error, not the end of the run.
+Each architecture is built tiny (``rlpost.archs``) and sent through the checks:
+build, FSDP2, LoRA (``checks``), a real GRPO run with vLLM and weight sync
+(``grpo_run``) and the export (``checks``), each step in a process of its own
+(``runner``) so that a crash is recorded as that check's error, not the end of
+the run; ``report`` renders the stored results.
 """
 
-from rlpost.support.checks import CHECKS, STEPS, Outcome
-from rlpost.support.matrix import check_architecture, render, write_markdown
+from rlpost.support.common import CHECKS, STEPS, Outcome
+from rlpost.support.report import render, write_markdown
+from rlpost.support.runner import check_architecture
 
 __all__ = ["CHECKS", "STEPS", "Outcome", "check_architecture", "render", "write_markdown"]

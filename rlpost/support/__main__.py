@@ -10,16 +10,9 @@ import time
 from pathlib import Path
 
 from rlpost.archs import ARCHS
-from rlpost.support.checks import STEPS, Outcome
-from rlpost.support.matrix import (
-    MARKDOWN,
-    RESULTS_DIR,
-    TITLES,
-    check_architecture,
-    device_kind,
-    save_record,
-    write_markdown,
-)
+from rlpost.support.common import STEPS, Outcome
+from rlpost.support.report import MARKDOWN, TITLES, write_markdown
+from rlpost.support.runner import RESULTS_DIR, check_architecture, device_kind, save_record
 
 MARKS = {"pass": "✓", "fail": "✗", "skip": "–"}
 

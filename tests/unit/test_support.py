@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 
 from rlpost.archs import ARCHS
-from rlpost.support.checks import CHECKS, cli_error, judge_run
-from rlpost.support.matrix import GPU_CHECKS, render, save_record
+from rlpost.support.common import CHECKS, cli_error
+from rlpost.support.grpo_run import judge_run
+from rlpost.support.report import GPU_CHECKS, render
+from rlpost.support.runner import save_record
 from rollout.vllm.engine import cpu_custom_ops
 
 RAY_SYNC_ERROR = """\

