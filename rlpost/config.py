@@ -143,7 +143,10 @@ class ModelConfig:
     path: str | None = spec(
         None, help="HF model directory or hub id; null builds the built-in tiny model"
     )
-    preset: str = spec("tiny", help="built-in model size when path is null (tiny, small, micro)")
+    preset: str = spec(
+        "tiny",
+        help="built-in model when path is null (tiny, small, micro; tiny_vl: a vision-language model)",
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = spec(
         "float32", help="trainer and rollout dtype"
     )
@@ -152,6 +155,10 @@ class ModelConfig:
     )
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    freeze_vision: bool = spec(
+        True,
+        help="vision-language models: train the language model only (vision tower and projector frozen)",
+    )
     gradient_checkpointing: bool = spec(
         False, help="recompute activations in the backward pass (less memory, ~30% slower)"
     )
@@ -201,6 +208,9 @@ class RolloutConfig:
     top_p: float = spec(1.0, gt=0, le=1, help="nucleus sampling")
     max_model_len: int = spec(256, ge=16, help="prompt + completion length the engine accepts")
     kv_cache_gib: float = spec(0.25, gt=0, help="KV cache memory per replica (CPU)")
+    max_images: int = spec(
+        1, ge=1, help="vision-language models: most images in one prompt (sizes vLLM's budget)"
+    )
     max_logprob_gap: float | None = spec(
         1e-2,
         gt=0,
@@ -308,8 +318,9 @@ class TrainerConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    name: Literal["arith", "calc", "files"] = spec(
-        "arith", help="built-in task (arith: a+b=; calc: a*b= with a multiply tool) or user files"
+    name: Literal["arith", "calc", "shapes", "files"] = spec(
+        "arith",
+        help="built-in task (arith: a+b=; calc: a*b= with a multiply tool; shapes: a picture's colour, for VL models) or user files",
     )
     train_files: list[str] = spec([], help="JSONL or Parquet files with a 'prompt' column")
     val_files: list[str] = spec([], help="held-out JSONL or Parquet files")
@@ -440,6 +451,12 @@ def _cross_checks(cfg: Config) -> list[str]:
         problems.append(
             "data.name=calc: the calc task is solved by calling the multiply tool; "
             "use agent=calculator (or set agent.tools=[multiply])"
+        )
+    if cfg.data.name == "shapes" and cfg.model.path is None and cfg.model.preset != "tiny_vl":
+        problems.append(
+            f"data.name=shapes: its prompts hold images; model.preset={cfg.model.preset} is a "
+            "text model: use model=tiny_vl (data=shapes selects it) or a vision-language "
+            "model.path"
         )
     if cfg.agent.enabled and cfg.algo.name == "sft":
         problems.append(

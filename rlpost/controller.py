@@ -43,6 +43,7 @@ from rlpost.rewards import RewardScorer
 from rlpost.rollout_group import PendingGeneration, RolloutGroup
 from rlpost.samples import encode_prompt, rollout_batch
 from rlpost.tracking import Tracker
+from rlpost.vl.images import row_images
 from rlpost.workers.trainer_worker import TrainerGroup
 from rollout.base import GenerationRequest, GenerationResult, SamplingConfig
 from trainers.batch import TrajectoryBatch
@@ -96,6 +97,7 @@ class Controller:
         rebuild_trainers: Callable[[], TrainerGroups] | None = None,
         stop_requested: Callable[[], int | None] | None = None,
         agent: Any = None,
+        image_inputs: Any = None,
     ):
         """``rebuild_trainers`` closes the trainer groups and starts new ones (policy,
         reference, critic) after a rank died; ``stop_requested`` returns the signal
@@ -107,6 +109,7 @@ class Controller:
         self.tokenizer, self.scorer, self.tracker = tokenizer, scorer, tracker
         self.val_rows = val_rows
         self.agent = agent  # an AgentRollout: samples are multi-turn episodes (agent.*)
+        self.image_inputs = image_inputs  # a VL model's image processor (rlpost.vl.inputs)
         self.ckpt = CheckpointManager(run_dir, cfg.trainer.keep_last)
         self.stream = PromptStream(
             train_rows, seed=cfg.trainer.seed, batch_size=cfg.data.prompts_per_step
@@ -232,6 +235,10 @@ class Controller:
             return metrics  # every group agreed in every round: nothing to learn from
         batch = rollout_batch(rollouts.results, self.tokenizer.pad_token_id)
         batch.scores_b = rollouts.scores
+        if self.image_inputs is not None:  # each sample carries its prompt's images
+            per_prompt = [self.image_inputs(row_images(row)) for row in rollouts.rows]
+            assert batch.group_ids_b is not None
+            batch.mm_inputs_b = [per_prompt[g] for g in batch.group_ids_b.tolist()]
         if self.cfg.algo.filter_truncated:
             metrics["response/filtered_truncated"] = self.filter_truncated(batch, rollouts.results)
 
@@ -470,7 +477,11 @@ class Controller:
         if self.agent is not None:
             return self.agent.launch(rows, sampling)
         requests = [
-            GenerationRequest(prompt_ids=encode_prompt(self.tokenizer, row), sampling=sampling)
+            GenerationRequest(
+                prompt_ids=encode_prompt(self.tokenizer, row),
+                sampling=sampling,
+                images=row_images(row),
+            )
             for row in rows
         ]
         return self.workers.rollout.generate_async(requests)

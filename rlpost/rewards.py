@@ -31,13 +31,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rlpost.tasks import arith, calc
+from rlpost.tasks import arith, calc, shapes
 
 logger = logging.getLogger(__name__)
 
 RewardFn = Callable[..., Any]
 
-BUILTIN_REWARDS: dict[str, RewardFn] = {"arith": arith.reward, "calc": calc.reward}
+BUILTIN_REWARDS: dict[str, RewardFn] = {
+    "arith": arith.reward,
+    "calc": calc.reward,
+    "shapes": shapes.reward,
+}
 
 SPEC_FORMS = (
     f"a built-in name ({', '.join(sorted(BUILTIN_REWARDS))}), "

@@ -584,6 +584,7 @@ def engine_config(cfg: Any, model_path: str, device_kind: str) -> Any:
         block_size=r.block_size,
         cpu_threads_bind=str(r.cpu_threads_bind),
         lora=cfg.model.lora.rank if r.lora_sync == "adapter" else 0,
+        max_images=r.max_images,
     )
     if not r.pd.enabled:
         return base

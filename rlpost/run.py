@@ -213,6 +213,7 @@ def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
     from rlpost.placement import start
     from rlpost.rollout_group import RolloutGroup, engine_config
     from rlpost.tracking import Tracker
+    from rlpost.vl.inputs import ImageInputs, is_vision_language
     from rlpost.warmup import builtin_model
     from rlpost.workers.trainer_worker import TrainerGroup
     from trainers.fsdp import FSDPEngineConfig, LoraSettings
@@ -275,6 +276,7 @@ def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
             optimizer_offload=m.optimizer_offload,
             micro_batch_tokens=t.micro_batch_tokens,
             packing=t.packing and kind == "policy",
+            freeze_vision=m.freeze_vision,
             mixed_precision=t.mixed_precision,
         )
         return TrainerGroup(
@@ -343,6 +345,7 @@ def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
             train_rows, val_rows, scorer, tracker, bad_rows, rebuild_trainers=build_trainers,
             stop_requested=stop.requested if stop is not None else None,
             agent=AgentRollout(cfg, rollout, tokenizer) if cfg.agent.enabled else None,
+            image_inputs=ImageInputs(model_path) if is_vision_language(model_path) else None,
         )  # fmt: skip
         if stop is not None:
             stop.armed = True  # from here a signal waits for the end of the step

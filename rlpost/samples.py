@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from rlpost.data import prompt_messages
+from rlpost.vl.images import row_images
 from rollout.base import GenerationResult
 from trainers.batch import TrajectoryBatch, pad_sequences
 
@@ -85,15 +86,28 @@ def _render(tokenizer: Any, messages: list[dict], generation_prompt: bool) -> st
     )
 
 
-def sft_batch(tokenizer: Any, rows: list[dict]) -> TrajectoryBatch:
+def sft_batch(tokenizer: Any, rows: list[dict], image_inputs: Any = None) -> TrajectoryBatch:
     """Supervised targets, loss on what the assistant says only.
 
     A row holds either ``messages`` (a whole, possibly multi-turn, conversation:
     every assistant turn is a target) or a ``prompt`` and a ``response`` (the
-    response and the end token are the target).
+    response and the end token are the target). With ``image_inputs`` (a VL
+    model's ``rlpost.vl.inputs.ImageInputs``) a prompt's images are expanded
+    into their tokens and carried by the batch.
     """
     ids, resp = [], []
+    mm: list[dict] = []
     for row in rows:
+        if image_inputs is not None and row.get("images"):
+            text = tokenizer.apply_chat_template(
+                prompt_messages(row), tokenize=False, add_generation_prompt=True
+            )
+            prompt, images = image_inputs.encode(text, row_images(row))
+            target = _tokens(tokenizer, row["response"]) + [tokenizer.eos_token_id]
+            ids.append(prompt + target)
+            resp.append([0] * len(prompt) + [1] * len(target))
+            mm.append(images)
+            continue
         if "messages" in row:
             seq, mask = conversation_tokens(tokenizer, row["messages"])
             ids.append(seq)
@@ -103,8 +117,11 @@ def sft_batch(tokenizer: Any, rows: list[dict]) -> TrajectoryBatch:
         target = _tokens(tokenizer, row["response"]) + [tokenizer.eos_token_id]
         ids.append(prompt + target)
         resp.append([0] * len(prompt) + [1] * len(target))
+    if mm and len(mm) != len(rows):
+        raise ValueError("an SFT batch mixes rows with and without images")
     return TrajectoryBatch(
         input_ids_bt=pad_sequences(ids, tokenizer.pad_token_id),
         attention_mask_bt=pad_sequences([[1] * len(s) for s in ids], 0),
         response_mask_bt=pad_sequences(resp, 0),
+        mm_inputs_b=mm or None,
     )

@@ -22,9 +22,12 @@ from rlpost.config import Config
 from rlpost.data import PromptStream
 from rlpost.samples import sft_batch
 from rlpost.tasks import TASKS, build_task
+from rlpost.vl.inputs import ImageInputs
 
 log = logging.getLogger(__name__)
 WARMUP_VERSION = 2
+# Built-in vision-language presets: name -> the transformers class built (rlpost.vl.models)
+VL_PRESETS = {"tiny_vl": "Qwen2VLForConditionalGeneration"}
 PROBE_ROWS = 256
 
 
@@ -65,6 +68,7 @@ def builtin_model(cfg: Config, make_trainer: Callable[[str, float, int], Any]) -
     ``make_trainer(model_path, lr, lr_warmup_steps)`` returns a ``TrainerGroup`` on that model.
     """
     from rlpost.tiny import build_tiny_model
+    from rlpost.vl.models import build_vl_model
 
     out = cache_root(cfg) / warmup_key(cfg)
     if (out / "config.json").exists():
@@ -73,7 +77,10 @@ def builtin_model(cfg: Config, make_trainer: Callable[[str, float, int], Any]) -
     out.parent.mkdir(parents=True, exist_ok=True)
     init_dir = out.with_name(out.name + ".init")
     shutil.rmtree(init_dir, ignore_errors=True)
-    build_tiny_model(cfg.model.preset, init_dir, seed=cfg.trainer.seed)
+    if cfg.model.preset in VL_PRESETS:
+        build_vl_model(VL_PRESETS[cfg.model.preset], init_dir, seed=cfg.trainer.seed)
+    else:
+        build_tiny_model(cfg.model.preset, init_dir, seed=cfg.trainer.seed)
     w = cfg.model.warmup
     if w.steps == 0:
         os.replace(init_dir, out)
@@ -90,15 +97,16 @@ def builtin_model(cfg: Config, make_trainer: Callable[[str, float, int], Any]) -
     )
     rows = task.sft_rows()
     stream = PromptStream(rows, seed=cfg.trainer.seed, batch_size=w.batch_size)
+    images = ImageInputs(str(init_dir)) if cfg.model.preset in VL_PRESETS else None
     # Accuracy is probed on training prompts: the held-out set stays unseen.
-    probe = sft_batch(tokenizer, rows[:PROBE_ROWS])
+    probe = sft_batch(tokenizer, rows[:PROBE_ROWS], images)
     trainer = make_trainer(str(init_dir), w.lr, 0)
     try:
         start = time.perf_counter()
         bar = tqdm(range(1, w.steps + 1), desc="warm-up (sft)", unit="step", dynamic_ncols=True)
         accuracy = 0.0
         for step in bar:
-            metrics = trainer.update_sft(sft_batch(tokenizer, stream.next_batch()))
+            metrics = trainer.update_sft(sft_batch(tokenizer, stream.next_batch(), images))
             if step % w.eval_every == 0:
                 accuracy = float(trainer.greedy_match(probe).float().mean())
             bar.set_postfix(nll=f"{metrics['sft/nll']:.3f}", acc=f"{accuracy:.3f}")

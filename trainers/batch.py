@@ -31,6 +31,9 @@ class TrajectoryBatch:
     old_values_bt: torch.Tensor | None = None
     scores_b: dict[str, torch.Tensor] = field(default_factory=dict)
     group_ids_b: torch.Tensor | None = None
+    # Vision-language samples: each sample's image-processor outputs
+    # (``pixel_values``, ``image_grid_thw``, ...); None for text.
+    mm_inputs_b: list[dict[str, torch.Tensor]] | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids_bt.shape[0])
@@ -47,6 +50,11 @@ class TrajectoryBatch:
         """Rows ``index`` of every tensor (scores included)."""
         updates: dict[str, object] = {k: v[index] for k, v in self.tensor_fields().items()}
         updates["scores_b"] = {k: v[index] for k, v in self.scores_b.items()}
+        if self.mm_inputs_b is not None:
+            rows = range(len(self))[index] if isinstance(index, slice) else index.tolist()
+            if isinstance(index, torch.Tensor) and index.dtype == torch.bool:
+                rows = index.nonzero().flatten().tolist()
+            updates["mm_inputs_b"] = [self.mm_inputs_b[i] for i in rows]
         return replace(self, **updates)  # type: ignore[arg-type]
 
     def trim(self) -> TrajectoryBatch:

@@ -14,6 +14,7 @@ them back (``CheckpointLayout``).
 from __future__ import annotations
 
 from bisect import bisect_right
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,8 +40,8 @@ def placeholder_token_ids(config: Any) -> list[int]:
     """The tokens a VL model replaces by image or video features (from its config,
     a dict or a ``PretrainedConfig``). A sampled one would be read as an image
     slot on the next forward pass, so neither side ever samples them."""
-    get = config.get if isinstance(config, dict) else lambda k: getattr(config, k, None)
-    return sorted({get(k) for k in PLACEHOLDER_KEYS if isinstance(get(k), int)})
+    values = config if isinstance(config, dict) else vars(config)
+    return sorted({v for k in PLACEHOLDER_KEYS if isinstance(v := values.get(k), int)})
 
 
 def auto_class(model_path: str) -> Any:
@@ -54,6 +55,20 @@ def auto_class(model_path: str) -> Any:
         install()  # some VL processing modules import torchvision
         return AutoModelForImageTextToText
     return AutoModelForCausalLM
+
+
+def save_preprocessing(src_dir: str, out_dir: str | Path) -> None:
+    """Copy what turns inputs into model inputs from ``src_dir`` to ``out_dir``: the
+    tokenizer, and a vision-language model's processor (image processor, chat
+    template) too."""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    AutoTokenizer.from_pretrained(src_dir).save_pretrained(out_dir)
+    if is_vision_language(src_dir):
+        from rlpost.vl.compat import install
+
+        install()
+        AutoProcessor.from_pretrained(src_dir).save_pretrained(out_dir)
 
 
 def load_model(model_path: str, dtype: torch.dtype) -> Any:

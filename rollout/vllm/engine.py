@@ -104,7 +104,12 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if cfg.device == "cpu":
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_threads_bind
-        if _is_vision_language(cfg.model_path):
+        from transformers import PretrainedConfig
+
+        from trainers.hf_format import is_vision_language, placeholder_token_ids
+
+        vision = is_vision_language(cfg.model_path)
+        if vision:
             from rlpost.vl.compat import install
 
             install(vllm=True)  # vLLM's VL model modules import torchvision processors
@@ -128,9 +133,13 @@ class VLLMEngine:
         if cfg.block_size is not None:
             kwargs["block_size"] = cfg.block_size
         # Images per prompt a vision-language model accepts (0: a text model); no video.
-        self._image_limit = cfg.max_images if _is_vision_language(cfg.model_path) else 0
+        self._image_limit = cfg.max_images if vision else 0
+        self._never_sample: dict[int, float] | None = None
         if self._image_limit:
             kwargs["limit_mm_per_prompt"] = {"image": self._image_limit, "video": 0}
+            # vLLM's largest bias: p ~ e^-100 (the trainer masks the same tokens)
+            config, _ = PretrainedConfig.get_config_dict(cfg.model_path)
+            self._never_sample = {i: -100.0 for i in placeholder_token_ids(config)}
         if cfg.kv_transfer is not None:
             kwargs["kv_transfer_config"] = cfg.kv_transfer.vllm_config()
         if cfg.device == "cpu":
@@ -184,6 +193,12 @@ class VLLMEngine:
         self.engine.collective_rpc("rlpost_load_weights", args=(weights,))
         # Cached prefixes, and KV a connector stored, were computed by the old weights.
         self.engine.reset_prefix_cache()
+        if self._image_limit:
+            # So were image encodings. The reload cleared the model runner's caches;
+            # the scheduler's and the input processor's must forget them too, or a
+            # request finds an image "cached" that no longer is.
+            self.engine.reset_encoder_cache()
+            self.engine.reset_mm_cache()
         clear_kv_store(self.cfg.kv_transfer)
         self._weight_loads += 1
 
@@ -250,6 +265,7 @@ class VLLMEngine:
             max_tokens=s.max_tokens,
             seed=s.seed,
             logprobs=0,
+            logit_bias=self._never_sample,
             # One output per request, holding all n samples, once every sample is done.
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
@@ -364,14 +380,6 @@ def cpu_custom_ops(model_type: str | None) -> list[str] | None:
     if model_type in CPU_NATIVE_ROTARY_MODEL_TYPES:
         return ["all", "-rotary_embedding"]  # "all": vLLM's CPU kernels for every other op
     return None
-
-
-def _is_vision_language(model_path: str) -> bool:
-    """Whether the checkpoint's config has a vision tower (``vision_config``)."""
-    from transformers import PretrainedConfig
-
-    config, _ = PretrainedConfig.get_config_dict(model_path)
-    return "vision_config" in config
 
 
 def _model_type(model_path: str) -> str | None:

@@ -19,7 +19,7 @@ class WeightSyncExtension:
         the rollout sampling from stale weights.
         """
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        if not hasattr(model, "lm_head"):
+        if not any(name.endswith("lm_head") for name, _ in model.named_modules()):
             # A tied head without a module of its own (vLLM's Gemma 2 computes logits
             # from the embedding): the tied copy has nowhere to go, its twin does.
             named_tensors = [(n, t) for n, t in named_tensors if not n.startswith("lm_head.")]

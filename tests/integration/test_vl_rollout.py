@@ -13,6 +13,7 @@ from rlpost.vl.models import IMAGE_SIDE, build_vl_model  # noqa: E402
 from rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
 from rollout.vllm import VLLMEngineConfig  # noqa: E402
 from rollout.vllm.engine import VLLMEngine  # noqa: E402
+from trainers.hf_format import placeholder_token_ids  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,8 @@ def test_vllm_samples_from_an_image_as_transformers_scores_it(qwen2_vl):
                     image_grid_thw=enc["image_grid_thw"],
                     mm_token_type_ids=(ids == model.config.image_token_id).long(),
                 ).logits  # fmt: skip
+            # Neither side samples the image placeholder token (placeholder_token_ids).
+            logits[..., placeholder_token_ids(model.config)] = torch.finfo(logits.dtype).min
             logp = torch.log_softmax(logits[0, len(result.prompt_ids) - 1 : -1], dim=-1)
             hf = logp[torch.arange(len(c.token_ids)), torch.tensor(c.token_ids)]
             gaps.append(float((hf - torch.tensor(c.logprobs)).abs().max()))

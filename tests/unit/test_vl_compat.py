@@ -48,3 +48,20 @@ def test_a_vl_processor_saves_and_loads_and_expands_the_image(tmp_path):
     assert enc["image_grid_thw"].tolist() == [[1, 4, 4]]
     # each patch row: 3 channels x 2 frames x 14 x 14 pixels
     assert tuple(enc["pixel_values"].shape) == (16, 3 * 2 * 14 * 14)
+
+
+def test_lora_and_freezing_leave_the_vision_tower_alone(tmp_path):
+    import torch
+
+    from rlpost.vl.models import build_vl_model
+    from trainers.fsdp.lora import LoraSettings, apply_lora
+    from trainers.hf_format import load_model, vision_parameters
+
+    path = build_vl_model("Qwen2VLForConditionalGeneration", tmp_path / "vl", seed=0)
+    model = load_model(str(path), torch.float32)
+    vision = {id(p) for p in vision_parameters(model)}
+    assert vision and len(vision) < len(list(model.parameters()))
+    assert all(id(p) in vision for p in model.model.visual.parameters())
+    adapted = apply_lora(model, LoraSettings(rank=4), str(path))  # target_modules: all-linear
+    trainable = [n for n, p in adapted.named_parameters() if p.requires_grad]
+    assert trainable and all(".language_model." in n for n in trainable)

@@ -11,6 +11,7 @@ on how the batch was split over ranks and micro-batches.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -52,7 +53,14 @@ from trainers.fsdp.lora import (
     merged_hf_weights,
     save_adapter,
 )
-from trainers.hf_format import to_checkpoint_format
+from trainers.hf_format import (
+    auto_class,
+    load_model,
+    placeholder_token_ids,
+    save_preprocessing,
+    to_checkpoint_format,
+    vision_parameters,
+)
 from trainers.logprobs import token_logprobs as token_logprobs  # re-exported
 from trainers.logprobs import token_logprobs_and_entropy
 
@@ -78,6 +86,7 @@ class FSDPEngineConfig:
     optimizer_offload: bool = False  # only together with param_offload (FSDP2 offers no other)
     micro_batch_tokens: int = 0  # > 0: micro-batches by token budget, not micro_batch_size
     packing: bool = False  # one unpadded row per micro-batch, positions restart per sample
+    freeze_vision: bool = True  # VL models: no gradient to the vision tower and projector
     mixed_precision: str = "none"  # "bf16": bf16 compute, fp32 master weights and reduction
 
     def check(self) -> None:
@@ -115,15 +124,16 @@ class RegularizerConfig:
 
 class FSDPEngine:
     def __init__(self, cfg: FSDPEngineConfig, rank: int, world_size: int, init_method: str):
-        from transformers import AutoModelForCausalLM
-
         cfg.check()
         torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.device = init_distributed(cfg.device, cfg.backend, rank, world_size, init_method)
-        model = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=DTYPES[cfg.dtype])
+        model = load_model(cfg.model_path, DTYPES[cfg.dtype])
         model.to(self.device)  # type: ignore[arg-type]
+        if cfg.freeze_vision:  # a VL model trains its language model only
+            for p in vision_parameters(model):
+                p.requires_grad_(False)
         if cfg.gradient_checkpointing:
             # Non-reentrant checkpointing needs no input that requires grad,
             # which matters under LoRA where the embeddings are frozen.
@@ -144,6 +154,8 @@ class FSDPEngine:
         self.updater = (
             Updater(model, cfg.optim(), world_size, self._micro_batches) if cfg.trainable else None
         )
+        self._forward_args = set(inspect.signature(model.forward).parameters)
+        self._never_sample = placeholder_token_ids(model.config)
         self.num_params = sum(p.numel() for p in model.parameters())
         self.num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
 
@@ -157,7 +169,25 @@ class FSDPEngine:
         (``token_logprobs_and_entropy`` applies both a few tokens at a time)."""
         ids = mb.input_ids_bt.to(self.device)
         mask = mb.attention_mask_bt.to(self.device)
-        return self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        images = self._image_inputs(mb, ids)
+        logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False, **images).logits
+        if self._never_sample:  # the rollout never samples these (placeholder_token_ids)
+            logits[..., self._never_sample] = torch.finfo(logits.dtype).min
+        return logits
+
+    def _image_inputs(self, mb: TrajectoryBatch, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A VL micro-batch's image-processor outputs, its samples' joined in order;
+        models that place images by token type also get ``mm_token_type_ids``
+        (1 on image tokens)."""
+        if mb.mm_inputs_b is None:
+            return {}
+        out = {
+            k: torch.cat([m[k] for m in mb.mm_inputs_b]).to(self.device) for k in mb.mm_inputs_b[0]
+        }
+        image_token = getattr(self.model.config, "image_token_id", None)
+        if image_token is not None and "mm_token_type_ids" in self._forward_args:
+            out["mm_token_type_ids"] = (ids == image_token).long()
+        return out
 
     def _token_stats(
         self, mb: TrajectoryBatch, temperature: float, entropy_grad: bool | None
@@ -169,7 +199,7 @@ class FSDPEngine:
         no padding tokens; values are scattered back to the padded layout.
         """
         with_entropy = entropy_grad is not None
-        if not self.cfg.packing:
+        if not self.cfg.packing or mb.mm_inputs_b is not None:  # images: padded rows
             ids = mb.input_ids_bt.to(self.device)
             stats = token_logprobs_and_entropy(self._logits(mb), ids, temperature, with_entropy)
         else:
@@ -398,14 +428,20 @@ class FSDPEngine:
         (``rollout.lora_sync=merged``). ``merged=False`` is refused under LoRA: the
         unmerged view is ``adapter_weights``.
         """
-        state = self._full_state()
         if self.cfg.lora.enabled and not merged:
             raise ValueError("named_weights(merged=False) under LoRA: use adapter_weights()")
+        state = self._hf_state()
         if state is None:
             return None
-        if self.cfg.lora.enabled:
-            state = merged_hf_weights(state, self.cfg.lora)
         return list(to_checkpoint_format(self.model, state).items())
+
+    def _hf_state(self) -> dict[str, torch.Tensor] | None:
+        """Full weights on rank 0 under the transformers model's own names, LoRA
+        folded in (None elsewhere). Collective."""
+        state = self._full_state()
+        if state is not None and self.cfg.lora.enabled:
+            state = merged_hf_weights(state, self.cfg.lora)
+        return state
 
     def adapter_weights(self) -> tuple[dict[str, torch.Tensor], dict] | None:
         """The LoRA adapter on rank 0 as ``(tensors, peft_config)`` (None elsewhere).
@@ -455,20 +491,23 @@ class FSDPEngine:
 
     def save_hf(self, out_dir: str, tokenizer_dir: str | None = None) -> str | None:
         """Write the policy as an HF model directory (atomically, rank 0). Collective."""
-        weights = self.named_weights()
+        weights = self._hf_state()  # save_pretrained writes the checkpoint layout itself
         if self.rank != 0:
             return None
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig
 
         assert weights is not None
         config = AutoConfig.from_pretrained(self.cfg.model_path)
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
-        model.load_state_dict(dict(weights), assign=True, strict=False)
+            model = auto_class(self.cfg.model_path).from_config(config)
+        model.load_state_dict(weights, assign=True, strict=False)
         model.tie_weights()
+        missing = [n for n, p in model.named_parameters() if p.is_meta]
+        if missing:
+            raise ValueError(f"save_hf: no weights for {missing[:5]}")
         with atomic_directory(out_dir) as tmp:
             model.save_pretrained(tmp)
-            AutoTokenizer.from_pretrained(tokenizer_dir or self.cfg.model_path).save_pretrained(tmp)
+            save_preprocessing(tokenizer_dir or self.cfg.model_path, tmp)
         return str(out_dir)
 
     def close(self) -> None:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from trainers.hf_format import language_model, vision_parameters
+
 PEFT_PREFIX = "base_model.model."
 ADAPTER = "default"
 
@@ -56,7 +58,17 @@ def apply_lora(model: torch.nn.Module, lora: LoraSettings, base_model_path: str)
     """Wrap ``model`` in a PEFT LoRA model; only ``lora_A``/``lora_B`` require grad."""
     from peft import get_peft_model
 
-    peft_model = get_peft_model(model, lora.peft_config(base_model_path))  # type: ignore[arg-type]
+    config = lora.peft_config(base_model_path)
+    if config.target_modules == "all-linear" and vision_parameters(model):
+        # A VL model: "all-linear" means the language model's (the head excluded),
+        # not the vision tower's, which model.freeze_vision keeps as it is.
+        inside = {id(m) for m in language_model(model).modules()}
+        config.target_modules = [
+            name
+            for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and id(m) in inside
+        ]
+    peft_model = get_peft_model(model, config)  # type: ignore[arg-type]
     trainable = [n for n, p in peft_model.named_parameters() if p.requires_grad]
     bad = [n for n in trainable if ".lora_A." not in n and ".lora_B." not in n]
     if bad or not trainable:
@@ -66,8 +78,7 @@ def apply_lora(model: torch.nn.Module, lora: LoraSettings, base_model_path: str)
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     """The transformer blocks (one FSDP2 shard group each), under a PEFT wrapper or not."""
-    inner = model.base_model.model if hasattr(model, "peft_config") else model  # type: ignore[union-attr]
-    return inner.model.layers  # type: ignore[union-attr,return-value]
+    return language_model(model).layers
 
 
 def _is_adapter(name: str) -> bool:
