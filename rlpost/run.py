@@ -257,24 +257,11 @@ def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
                 kind, scheduling=placement.scheduling(role),
             )  # fmt: skip
         engine_cfg = FSDPEngineConfig(
-            model_path=model_path,
-            dtype=cfg.model.dtype,
-            lr=lr,
-            weight_decay=t.weight_decay,
-            betas=(t.betas[0], t.betas[1]),
-            max_grad_norm=t.max_grad_norm,
-            micro_batch_size=t.micro_batch_size,
-            seed=t.seed,
-            device=device.kind,
-            backend=device.backend,
-            threads=t.threads,
-            lr_warmup_steps=lr_warmup_steps,
-            trainable=trainable,
+            **engine_settings(cfg, model_path, lr, lr_warmup_steps, trainable),
             lora=lora if role == "policy" else LoraSettings(),
             gradient_checkpointing=m.gradient_checkpointing,
             param_offload=m.param_offload,
             optimizer_offload=m.optimizer_offload,
-            micro_batch_tokens=t.micro_batch_tokens,
             packing=t.packing and kind == "policy",
             freeze_vision=m.freeze_vision,
             mixed_precision=t.mixed_precision,
@@ -368,16 +355,15 @@ def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
             stop.restore()
 
 
-def megatron_engine_config(
+def engine_settings(
     cfg: Config, model_path: str, lr: float, lr_warmup_steps: int, trainable: bool
-) -> Any:
-    """The Megatron engine's settings for ``trainer=megatron`` (policy and reference)."""
+) -> dict[str, Any]:
+    """The fields every training engine's config shares (``trainers.engine_config``)."""
     from rlpost.device import resolve_device
-    from trainers.megatron.engine import MegatronEngineConfig, MegatronParallel
 
-    t, mg = cfg.trainer, cfg.trainer.megatron
+    t = cfg.trainer
     device = resolve_device(t.device)
-    return MegatronEngineConfig(
+    return dict(
         model_path=model_path,
         dtype=cfg.model.dtype,
         lr=lr,
@@ -392,7 +378,19 @@ def megatron_engine_config(
         lr_warmup_steps=lr_warmup_steps,
         trainable=trainable,
         micro_batch_tokens=t.micro_batch_tokens,
-        packing=t.packing,
+    )
+
+
+def megatron_engine_config(
+    cfg: Config, model_path: str, lr: float, lr_warmup_steps: int, trainable: bool
+) -> Any:
+    """The Megatron engine's settings for ``trainer=megatron`` (policy and reference)."""
+    from trainers.megatron.engine import MegatronEngineConfig, MegatronParallel
+
+    mg = cfg.trainer.megatron
+    return MegatronEngineConfig(
+        **engine_settings(cfg, model_path, lr, lr_warmup_steps, trainable),
+        packing=cfg.trainer.packing,
         parallel=MegatronParallel(
             tp=mg.tp,
             pp=mg.pp,

@@ -31,6 +31,7 @@ from algos import (
     truncated_is_weight,
 )
 from trainers.batch import TrajectoryBatch
+from trainers.engine_config import EngineConfig
 from trainers.files import atomic_directory
 from trainers.fsdp.common import (
     DTYPES,
@@ -66,26 +67,11 @@ from trainers.logprobs import token_logprobs_and_entropy
 
 
 @dataclass(frozen=True)
-class FSDPEngineConfig:
-    model_path: str
-    dtype: str = "float32"
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.99)
-    max_grad_norm: float = 1.0
-    micro_batch_size: int = 64
-    seed: int = 0
-    device: str = "cpu"
-    backend: str = "gloo"
-    threads: int = 1
-    lr_warmup_steps: int = 0
-    trainable: bool = True  # False: a frozen reference policy (no optimizer state)
+class FSDPEngineConfig(EngineConfig):
     lora: LoraSettings = field(default_factory=LoraSettings)  # rank 0: full fine-tuning
     gradient_checkpointing: bool = False  # recompute layer activations in backward
     param_offload: bool = False  # FSDP2 CPUOffloadPolicy: params, grads, optimizer on CPU
     optimizer_offload: bool = False  # only together with param_offload (FSDP2 offers no other)
-    micro_batch_tokens: int = 0  # > 0: micro-batches by token budget, not micro_batch_size
-    packing: bool = False  # one unpadded row per micro-batch, positions restart per sample
     freeze_vision: bool = True  # VL models: no gradient to the vision tower and projector
     mixed_precision: str = "none"  # "bf16": bf16 compute, fp32 master weights and reduction
 

@@ -191,7 +191,7 @@ def megatron_to_hf(mg: dict[str, torch.Tensor], s: ModelShape) -> dict[str, torc
     """Full Megatron tensors -> HF checkpoint tensors (inverse of ``hf_to_megatron``).
 
     A tied model gets no ``lm_head.weight``: its checkpoint files hold the
-    embedding once, and the FSDP engine's export leaves it out too.
+    embedding once (the weight sync adds the copy, see ``named_weights``).
     """
     emb = mg["embedding.word_embeddings.weight"]
     out = {"model.embed_tokens.weight": emb}

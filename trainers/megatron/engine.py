@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 from algos import LossNorm, PolicyLossConfig, entropy_from_logits, sft_loss
 from trainers.batch import TrajectoryBatch
+from trainers.engine_config import EngineConfig
 from trainers.files import atomic_directory, safe_torch_load
 from trainers.fsdp.common import (
     SUMMED_METRICS,
@@ -110,22 +111,7 @@ class MegatronParallel:
 
 
 @dataclass(frozen=True)
-class MegatronEngineConfig:
-    model_path: str
-    dtype: str = "float32"
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.99)
-    max_grad_norm: float = 1.0
-    micro_batch_size: int = 64
-    seed: int = 0
-    device: str = "cpu"
-    backend: str = "gloo"
-    threads: int = 1
-    lr_warmup_steps: int = 0
-    trainable: bool = True  # False: a frozen reference policy (no optimizer state)
-    micro_batch_tokens: int = 0  # > 0: micro-batches by token budget, not micro_batch_size
-    packing: bool = False  # one unpadded row per micro-batch, attention block-diagonal
+class MegatronEngineConfig(EngineConfig):
     parallel: MegatronParallel = field(default_factory=MegatronParallel)
 
     def check(self, world_size: int) -> None:
@@ -655,11 +641,16 @@ class MegatronEngine:
     @cpu_shim.runs_on_cpu
     def named_weights(self, merged: bool = True) -> list[tuple[str, torch.Tensor]] | None:
         """Full weights on rank 0 (None elsewhere), under the model's checkpoint names
-        (``trainers.hf_format``). Collective: call on every rank."""
+        (``trainers.hf_format``), the tied copy ``lm_head.weight`` included as the
+        FSDP engine sends it (a tied head module in vLLM is refreshed only by its
+        own name). Collective: call on every rank."""
         state = self.gathered_state()
         if state is None:
             return None
-        return list(megatron_to_hf(state, self.shape).items())
+        hf = megatron_to_hf(state, self.shape)
+        if self.shape.tied:
+            hf["lm_head.weight"] = hf["model.embed_tokens.weight"]
+        return list(hf.items())
 
     def adapter_weights(self) -> None:
         raise ValueError("adapter_weights(): the Megatron engine has no LoRA")

@@ -1,0 +1,26 @@
+"""What every training engine is built from: the model, the optimizer's settings
+and how a batch is cut into micro-batches. Each engine's config adds its own
+fields (``FSDPEngineConfig``, ``MegatronEngineConfig``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_path: str
+    dtype: str = "float32"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.99)
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 64
+    seed: int = 0
+    device: str = "cpu"
+    backend: str = "gloo"
+    threads: int = 1
+    lr_warmup_steps: int = 0
+    trainable: bool = True  # False: a frozen reference policy (no optimizer state)
+    micro_batch_tokens: int = 0  # > 0: micro-batches by token budget, not micro_batch_size
+    packing: bool = False  # one unpadded row per micro-batch, positions restart per sample
