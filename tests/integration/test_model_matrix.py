@@ -1,7 +1,7 @@
 """The model matrix: each architecture of ``rlpost.archs`` through the checks of
 ``rlpost.support`` (the same code that writes SUPPORT.md), asserting every one passes.
 
-The whole matrix (all checks, every architecture, about 15 minutes on two
+The whole matrix (all checks, every architecture, about 13 minutes on two
 cores) is deselected by default; run it with
 
     .venv/bin/python -m pytest -m matrix tests/integration/test_model_matrix.py
