@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import torch
 
+# Parameters vLLM computes from loaded ones after loading, with no checkpoint name:
+# multi-head latent attention's (DeepSeek) W_UK_T and W_UV, split from kv_b_proj.
+DERIVED_PARAMETERS = ("W_UK_T", "W_UV")
+
 
 class WeightSyncExtension:
     def rlpost_load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
@@ -23,7 +27,11 @@ class WeightSyncExtension:
             # A tied head without a module of its own (vLLM's Gemma 2 computes logits
             # from the embedding): the tied copy has nowhere to go, its twin does.
             named_tensors = [(n, t) for n, t in named_tensors if not n.startswith("lm_head.")]
-        expected = {name.replace(".base_layer.", ".") for name, _ in model.named_parameters()}
+        expected = {
+            name.replace(".base_layer.", ".")
+            for name, _ in model.named_parameters()
+            if name.rpartition(".")[2] not in DERIVED_PARAMETERS
+        }
         written: set[str] = set()
         checked = True
         load = model.load_weights
