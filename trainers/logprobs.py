@@ -123,6 +123,7 @@ def token_logprobs_and_entropy(
     temperature: float = 1.0,
     with_entropy: bool = True,
     chunk_elements: int = CHUNK_ELEMENTS,
+    plain_elements: int = CHUNK_ELEMENTS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logp_bt, entropy_bt)`` of ``softmax(logits / temperature)``, float32, aligned
     with ``input_ids_bt``: position t holds log p(token_t | tokens_<t) and the entropy
@@ -131,9 +132,13 @@ def token_logprobs_and_entropy(
     The same values and gradients as ``log_softmax`` + ``gather`` and
     ``algos.entropy_from_logits`` on the float32 logits, without their [b, t, v]
     float32 intermediates. ``with_entropy=False`` skips the entropy (returned as
-    zeros, without gradient).
+    zeros, without gradient). Logits of at most ``plain_elements`` elements (a small
+    vocabulary, as the built-in models have) take the plain path, whose float32
+    rounding the built-in model's cached warm-up was made with.
     """
     b, t, v = logits_btv.shape
+    if b * t * v <= plain_elements:  # small enough to hold whole: the plain computation
+        return _plain(logits_btv, input_ids_bt, temperature, with_entropy)
     # The logits at t predict token t+1; the last position predicts nothing and
     # gets a dummy id (its outputs are dropped, so its gradient is 0).
     next_ids_bt = F.pad(input_ids_bt[:, 1:], (0, 1))
@@ -144,6 +149,22 @@ def token_logprobs_and_entropy(
     logp_bt = F.pad(logp_n.view(b, t)[:, :-1], (1, 0))
     entropy_bt = F.pad(entropy_n.view(b, t)[:, :-1], (1, 0))
     return logp_bt, entropy_bt
+
+
+def _plain(
+    logits_btv: torch.Tensor, input_ids_bt: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``token_logprobs_and_entropy`` by ``log_softmax`` over the whole float32 tensor:
+    for batches whose logits fit one chunk, where chunking saves nothing."""
+    from algos import entropy_from_logits
+
+    z_btv = (logits_btv.float() / temperature).clamp(min=torch.finfo(torch.float32).min)
+    logp_bt = F.log_softmax(z_btv[:, :-1], dim=-1).gather(-1, input_ids_bt[:, 1:, None])[..., 0]
+    if with_entropy:
+        entropy_bt = F.pad(entropy_from_logits(z_btv[:, :-1]), (1, 0))
+    else:
+        entropy_bt = torch.zeros_like(F.pad(logp_bt, (1, 0))).detach()
+    return F.pad(logp_bt, (1, 0)), entropy_bt
 
 
 def token_logprobs(

@@ -31,7 +31,7 @@ def test_hand_values():
     # entropy of (1/4, 3/4) = -(0.25 ln 0.25 + 0.75 ln 0.75) = 0.3466 + 0.2158 = 0.5623
     logits = torch.tensor([[[1.0, 3.0], [3.0, 1.0], [5.0, 5.0]]]).log()
     ids = torch.tensor([[0, 1, 0]])
-    logp, entropy = token_logprobs_and_entropy(logits, ids)
+    logp, entropy = token_logprobs_and_entropy(logits, ids, plain_elements=0)
     torch.testing.assert_close(logp, torch.tensor([[0.0, -0.28768207, -0.28768207]]))
     torch.testing.assert_close(entropy, torch.tensor([[0.0, 0.56233514, 0.56233514]]))
     # temperature 2 halves the logits: weights (1, sqrt 3) -> p(1) = 1.732 / 2.732 = 0.634
@@ -59,7 +59,7 @@ def test_values_and_gradients_match_the_materialised_log_softmax(chunk_elements,
     no_ent = torch.zeros(3, 7)
 
     def chunked(x):
-        return token_logprobs_and_entropy(x, ids, temperature, True, chunk_elements)
+        return token_logprobs_and_entropy(x, ids, temperature, True, chunk_elements, 0)
 
     def old(x):
         return reference(x, ids, temperature)
@@ -94,7 +94,7 @@ def test_log_probs_alone_skip_the_entropy():
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(2, 5, 13, generator=g).requires_grad_()
     ids = torch.randint(0, 13, (2, 5), generator=g)
-    logp, entropy = token_logprobs_and_entropy(logits, ids, with_entropy=False)
+    logp, entropy = token_logprobs_and_entropy(logits, ids, with_entropy=False, plain_elements=0)
     assert torch.all(entropy == 0) and not entropy.requires_grad
     logp.sum().backward()
     grad = logits.grad.clone()
@@ -107,7 +107,7 @@ def test_bf16_logits_get_a_bf16_gradient_of_the_float32_math():
     g = torch.Generator().manual_seed(2)
     logits = torch.randn(2, 6, 17, generator=g).bfloat16().requires_grad_()
     ids = torch.randint(0, 17, (2, 6), generator=g)
-    logp, entropy = token_logprobs_and_entropy(logits, ids)
+    logp, entropy = token_logprobs_and_entropy(logits, ids, plain_elements=0)
     assert logp.dtype == entropy.dtype == torch.float32
     (logp.sum() + entropy.sum()).backward()
     grad = logits.grad.clone()
@@ -122,6 +122,6 @@ def test_bf16_logits_get_a_bf16_gradient_of_the_float32_math():
 def test_masked_out_logits_give_a_finite_entropy():
     # -inf on token 2 of 3: the distribution is uniform over the other two, H = ln 2 = 0.6931
     logits = torch.tensor([[[0.0, 0.0, float("-inf")], [0.0, 0.0, 0.0]]])
-    logp, entropy = token_logprobs_and_entropy(logits, torch.tensor([[0, 1]]))
+    logp, entropy = token_logprobs_and_entropy(logits, torch.tensor([[0, 1]]), plain_elements=0)
     assert entropy[0, 1].item() == pytest.approx(0.6931472, abs=1e-6)
     assert logp[0, 1].item() == pytest.approx(-0.6931472, abs=1e-6)
