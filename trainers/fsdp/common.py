@@ -204,14 +204,7 @@ class Updater:
         else:
             self.optimizer.step()
             self.scheduler.step()
-        keys = sorted(sums)
-        totals = torch.tensor([sums[k] for k in keys] + [loss_sum], dtype=torch.float64)
-        dist.all_reduce(totals)
-        out = {
-            k: totals[i].item() / (1.0 if k in SUMMED_METRICS else norm.global_tokens)
-            for i, k in enumerate(keys)
-        }
-        out[f"{prefix}/loss"] = totals[-1].item()
+        out = global_metrics(sums, sorted(sums), loss_sum, norm, prefix)
         out[f"{prefix}/grad_norm"] = grad_norm
         out[f"{prefix}/lr"] = lr
         out[f"{prefix}/skipped_updates"] = float(skipped)
@@ -235,3 +228,25 @@ def run_epochs(
         k: sum(h[k] for h in history) / (1 if k.endswith("skipped_updates") else len(history))
         for k in history[0]
     }
+
+
+def global_metrics(
+    sums: dict[str, float],
+    keys: list[str],
+    loss_sum: float,
+    norm: LossNorm,
+    prefix: str,
+    contributes: bool = True,
+) -> dict[str, float]:
+    """A step's metric sums and loss added over every rank (a rank that does not
+    contribute sends zeros): ``SUMMED_METRICS`` as totals, the others as means per
+    response token of the global batch, and ``{prefix}/loss``. Collective."""
+    local = [sums[k] for k in keys] + [loss_sum] if contributes else [0.0] * (len(keys) + 1)
+    totals = torch.tensor(local, dtype=torch.float64)
+    dist.all_reduce(totals)
+    out = {
+        k: totals[i].item() / (1.0 if k in SUMMED_METRICS else norm.global_tokens)
+        for i, k in enumerate(keys)
+    }
+    out[f"{prefix}/loss"] = totals[-1].item()
+    return out

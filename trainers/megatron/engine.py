@@ -44,6 +44,7 @@ from trainers.engine_config import EngineConfig
 from trainers.files import atomic_directory, safe_torch_load
 from trainers.fsdp.common import (
     SUMMED_METRICS,
+    global_metrics,
     global_norm,
     init_distributed,
     micro_batches,
@@ -471,16 +472,8 @@ class MegatronEngine:
         # Each data-parallel batch's sums live on its last stage, once per tensor-parallel
         # rank: counted from tensor-parallel rank 0 only, then summed over the world.
         keys = _all_keys(sorted(sums))
-        if self.last_stage and self.mpu.get_tensor_model_parallel_rank() == 0:
-            totals = torch.tensor([sums[k] for k in keys] + [loss_sum[0]], dtype=torch.float64)
-        else:
-            totals = torch.zeros(len(keys) + 1, dtype=torch.float64)
-        dist.all_reduce(totals)
-        out = {
-            k: totals[i].item() / (1.0 if k in SUMMED_METRICS else norm.global_tokens)
-            for i, k in enumerate(keys)
-        }
-        out[f"{prefix}/loss"] = totals[-1].item()
+        reports = self.last_stage and self.mpu.get_tensor_model_parallel_rank() == 0
+        out = global_metrics(sums, keys, loss_sum[0], norm, prefix, contributes=reports)
         out[f"{prefix}/grad_norm"] = grad_norm
         out[f"{prefix}/lr"] = lr
         out[f"{prefix}/skipped_updates"] = float(skipped)
