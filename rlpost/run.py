@@ -105,8 +105,8 @@ def check_megatron_model(cfg: Config) -> list[str]:
     trainer.megatron.tp and pp (read from its config.json, before any worker starts)."""
     if cfg.trainer.name != "megatron":
         return []
+    from trainers.megatron.config import MegatronParallel, check_divisible
     from trainers.megatron.convert import shape_from_hf
-    from trainers.megatron.engine import MegatronParallel, check_divisible
 
     if cfg.model.path is None:
         from rlpost.tiny import build_config, build_tokenizer
@@ -385,7 +385,7 @@ def megatron_engine_config(
     cfg: Config, model_path: str, lr: float, lr_warmup_steps: int, trainable: bool
 ) -> Any:
     """The Megatron engine's settings for ``trainer=megatron`` (policy and reference)."""
-    from trainers.megatron.engine import MegatronEngineConfig, MegatronParallel
+    from trainers.megatron.config import MegatronEngineConfig, MegatronParallel
 
     mg = cfg.trainer.megatron
     return MegatronEngineConfig(

@@ -1,0 +1,130 @@
+"""The Megatron engines' settings: how the model is split over ranks, and the
+megatron-core ``TransformerConfig`` built from the HF model's shape and that split."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from trainers.engine_config import EngineConfig
+from trainers.megatron.convert import ModelShape
+
+# megatron-core's local layer spec normalises with torch's norms, which refuse
+# sequence parallelism ("sequence parallel not supported by torch LayerNorm"); it
+# needs Transformer Engine's or Apex's, CUDA builds.
+SEQUENCE_PARALLEL_MISSING = (
+    "sequence_parallel needs Transformer Engine or Apex layer norms (CUDA); the engine "
+    "builds megatron-core's local layer spec, whose torch norms refuse it"
+)
+
+
+@dataclass(frozen=True)
+class MegatronParallel:
+    """How the model is split over ranks; data parallelism takes the rest of the world."""
+
+    tp: int = 1  # tensor parallel: each layer's matrices split over tp ranks
+    pp: int = 1  # pipeline parallel: the layers split into pp stages
+    vpp: int = 1  # virtual pipeline stages per rank (interleaved 1F1B)
+    cp: int = 1  # context parallel: the sequence split over cp ranks
+    ep: int = 1  # expert parallel (MoE models)
+    sequence_parallel: bool = False  # activations outside attention/MLP split over tp ranks
+    distributed_optimizer: bool = False  # optimizer state sharded over data-parallel ranks
+    recompute: str = "none"  # none | selective (core attention) | full (whole layers)
+
+    def check(self, world_size: int) -> None:
+        """Raise on a layout this engine cannot run, saying what to change."""
+        model_parallel = self.tp * self.pp * self.cp
+        if world_size % model_parallel:
+            raise ValueError(
+                f"world size {world_size} does not divide by tp x pp x cp = {model_parallel}"
+            )
+        if self.vpp != 1 or self.cp != 1 or self.ep != 1:
+            raise NotImplementedError(
+                "the Megatron engine runs tp, pp and data parallelism; vpp, cp and ep must be 1"
+            )
+        if self.sequence_parallel:
+            raise NotImplementedError(SEQUENCE_PARALLEL_MISSING)
+        if self.recompute not in ("none", "selective", "full"):
+            raise ValueError(f"recompute={self.recompute!r}: expected none, selective or full")
+
+
+@dataclass(frozen=True)
+class MegatronEngineConfig(EngineConfig):
+    parallel: MegatronParallel = field(default_factory=MegatronParallel)
+
+    def check(self, world_size: int) -> None:
+        if self.dtype != "float32":
+            raise NotImplementedError(
+                f"dtype={self.dtype}: the Megatron engine trains in float32 for now"
+            )
+        self.parallel.check(world_size)
+
+
+def check_divisible(s: ModelShape, p: MegatronParallel) -> None:
+    """Raise if the model's shape does not split over ``p``'s ranks."""
+    problems = []
+    if s.heads % p.tp or s.kv_heads % p.tp:
+        problems.append(
+            f"attention heads ({s.heads}) and key/value heads ({s.kv_heads}) must divide by tp"
+        )
+    if s.vocab % p.tp:
+        problems.append(f"the vocabulary ({s.vocab}) must divide by tp")
+    if s.ffn % p.tp:
+        problems.append(f"the MLP width ({s.ffn}) must divide by tp")
+    if s.num_layers % (p.pp * p.vpp):
+        problems.append(f"the layers ({s.num_layers}) must divide by pp x vpp")
+    if problems:
+        raise ValueError(f"tp={p.tp}, pp={p.pp}: " + "; ".join(problems))
+
+
+def transformer_config(s: ModelShape, p: MegatronParallel):
+    """megatron-core's ``TransformerConfig`` for a model of shape ``s`` split as ``p``:
+    float32, no dropout, unfused (CPU-capable) kernels."""
+    from megatron.core.transformer import TransformerConfig
+
+    recompute: dict[str, Any] = {}
+    if p.recompute == "selective":
+        recompute = dict(recompute_granularity="selective")
+    elif p.recompute == "full":
+        recompute = dict(
+            recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1
+        )
+    return TransformerConfig(
+        num_layers=s.num_layers,
+        hidden_size=s.hidden,
+        num_attention_heads=s.heads,
+        num_query_groups=s.kv_heads,
+        kv_channels=s.head_dim,
+        ffn_hidden_size=s.ffn,
+        normalization="RMSNorm",
+        layernorm_epsilon=s.eps,
+        qk_layernorm=s.qk_norm,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=s.qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        params_dtype=torch.float32,
+        pipeline_dtype=torch.float32,
+        use_cpu_initialization=True,
+        # unfused paths only: the fused kernels are CUDA (Apex, Transformer Engine)
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        tensor_model_parallel_size=p.tp,
+        pipeline_model_parallel_size=p.pp,
+        sequence_parallel=p.sequence_parallel,
+        # micro-batches differ in rows and length; pipeline stages send shapes first
+        variable_seq_lengths=p.pp > 1,
+        moe_token_dispatcher_type="alltoall",  # the default refuses variable_seq_lengths
+        # each micro-batch loss is already its share of the global loss: summed as it is
+        calculate_per_token_loss=True,
+        **recompute,
+    )

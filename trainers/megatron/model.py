@@ -1,0 +1,347 @@
+"""One rank's share of a megatron-core GPT model, with its optimizer: what the
+Megatron policy and critic engines are built from.
+
+Legend: b = samples, t = tokens, s = sequence (megatron's leading dim), h = hidden.
+
+- **Model.** megatron-core's ``GPTModel`` with the local layer spec (no
+  Transformer Engine), weights converted from the HF checkpoint by
+  ``trainers.megatron.convert``; on a machine without CUDA ``cpu_shim`` makes it
+  run with gloo. A critic's output layer is a scalar value head instead of the
+  vocabulary projection.
+- **Steps.** Every forward and backward goes through megatron's
+  forward-backward schedule (1F1B across pipeline stages when ``pp > 1``). Loss
+  normalisers are global counts, as in the FSDP engine; the micro-batch losses
+  are summed, never averaged, and gradients are summed over data-parallel
+  ranks, so the update does not depend on how the batch was split.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from algos import LossNorm
+from trainers.batch import TrajectoryBatch
+from trainers.fsdp.common import (
+    SUMMED_METRICS,
+    global_metrics,
+    global_norm,
+    init_distributed,
+    micro_batches,
+)
+from trainers.megatron import cpu_shim
+from trainers.megatron.config import (
+    MegatronEngineConfig,
+    check_divisible,
+    transformer_config,
+)
+from trainers.megatron.convert import (
+    hf_to_megatron,
+    shape_from_hf,
+    to_global,
+    tp_layout,
+    tp_merge,
+    tp_split,
+)
+from trainers.megatron.schedule import (
+    OnOutput,
+    all_keys,
+    dp_batch,
+    rows_from_last_stage,
+    run_schedule,
+)
+
+# One micro-batch's loss from the model's output: its share of the global loss, and metrics.
+MicroLoss = Callable[
+    [TrajectoryBatch, torch.Tensor, LossNorm], tuple[torch.Tensor, dict[str, float]]
+]
+
+
+class ValueHead(torch.nn.Module):
+    """Stands in for ``GPTModel.output_layer`` on a critic: hidden states (s, b, h) ->
+    values (s, b, 1). Zero-initialised, as the FSDP critic's head; replicated on
+    every tensor-parallel rank (the hidden states are whole there)."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.value_head = torch.nn.Linear(hidden, 1)
+        torch.nn.init.zeros_(self.value_head.weight)
+        torch.nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, hidden_sbh: torch.Tensor, weight=None, runtime_gather_output=None):
+        return self.value_head(hidden_sbh.float()), None
+
+
+class MegatronModel:
+    """Process groups, the model, the optimizer and one globally normalised step.
+
+    ``value_head``: the output layer is a ``ValueHead`` (a critic) rather than
+    the vocabulary projection (a policy); the head's weights start at zero.
+    """
+
+    def __init__(
+        self,
+        cfg: MegatronEngineConfig,
+        rank: int,
+        world_size: int,
+        init_method: str,
+        value_head: bool = False,
+    ):
+        from megatron.core import parallel_state as mpu
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+        from transformers import AutoConfig
+
+        cfg.check(world_size)
+        cpu_shim.apply()
+        torch.set_num_threads(cfg.threads)
+        torch.manual_seed(cfg.seed)
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        p = cfg.parallel
+        self.device = init_distributed(cfg.device, cfg.backend, rank, world_size, init_method)
+        mpu.initialize_model_parallel(
+            tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp
+        )
+        model_parallel_cuda_manual_seed(cfg.seed)
+        self.mpu = mpu
+        self.hf_config = AutoConfig.from_pretrained(cfg.model_path)
+        self.shape = shape_from_hf(self.hf_config)
+        check_divisible(self.shape, p)
+        self.tconfig = transformer_config(self.shape, p)
+        self.first_stage = mpu.is_pipeline_first_stage()
+        self.last_stage = mpu.is_pipeline_last_stage()
+        self.value_head = value_head
+        model = GPTModel(
+            self.tconfig,
+            get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=self.shape.qk_norm),
+            vocab_size=self.shape.vocab,
+            max_sequence_length=self.shape.max_positions,
+            pre_process=self.first_stage,
+            post_process=self.last_stage,
+            parallel_output=False,  # full-vocabulary logits on every tensor-parallel rank
+            share_embeddings_and_output_weights=self.shape.tied and not value_head,
+            position_embedding_type="rope",
+            rotary_base=int(self.shape.rope_theta),
+        )
+        if value_head and self.last_stage:
+            model.output_layer = ValueHead(self.shape.hidden)
+        layers = model.decoder.layers
+        self.layer_offset = layers[0].layer_number - 1 if len(layers) else 0
+        self.model = model
+        self.load_hf_weights()
+        self.num_params = _hf_num_params(self.hf_config, value_head)
+        self.chunk: Any = model  # the DDP wrapper once an optimizer is built
+        self.optimizer: Any = None
+        self.steps = 0
+        if cfg.trainable:
+            self._build_optimizer()
+        else:
+            model.requires_grad_(False)
+
+    # -- setup ---------------------------------------------------------------------
+    def _build_optimizer(self) -> None:
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        c, p = self.cfg, self.cfg.parallel
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, use_distributed_optimizer=p.distributed_optimizer
+        )
+        self.chunk = DistributedDataParallel(self.tconfig, ddp_config, self.model)
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(
+                optimizer="adam",
+                lr=c.lr,
+                weight_decay=c.weight_decay,
+                adam_beta1=c.betas[0],
+                adam_beta2=c.betas[1],
+                adam_eps=1e-8,
+                clip_grad=c.max_grad_norm,
+                use_distributed_optimizer=p.distributed_optimizer,
+            ),
+            [self.chunk],
+            # {} rather than None: weight decay on every parameter, as the FSDP
+            # engine's AdamW does (megatron's default spares biases and norms)
+            config_overrides={},
+        )
+
+        def finalize(models, num_tokens=None, **kwargs):
+            # data-parallel gradient sum, tied-embedding and sequence-parallel norm
+            # reductions; no division by the token count, the loss is normalised already
+            return finalize_model_grads(models, None, **kwargs)
+
+        self.tconfig.finalize_model_grads_func = finalize
+
+    def local_params(self) -> dict[str, torch.nn.Parameter]:
+        """This rank's parameters under their model-wide Megatron names."""
+        return {to_global(n, self.layer_offset): p for n, p in self.model.named_parameters()}
+
+    @torch.no_grad()
+    def load_hf_weights(self) -> None:
+        """This rank's shards of the HF checkpoint's weights (a value head keeps its zeros)."""
+        from transformers import AutoModelForCausalLM
+
+        from trainers.hf_format import to_checkpoint_format
+
+        hf_model = AutoModelForCausalLM.from_pretrained(self.cfg.model_path, dtype=torch.float32)
+        full = hf_to_megatron(to_checkpoint_format(hf_model, hf_model.state_dict()), self.shape)
+        if self.shape.tied:  # the last stage's copy of the embedding (pp > 1)
+            full["output_layer.weight"] = full["embedding.word_embeddings.weight"]
+        tp, tp_rank = self.cfg.parallel.tp, self.mpu.get_tensor_model_parallel_rank()
+        for name, param in self.local_params().items():
+            if self.value_head and name.startswith("output_layer."):
+                continue
+            shard = tp_split(name, full[name], tp)[tp_rank]
+            if shard.shape != param.shape:
+                raise ValueError(f"{name}: converted shape {tuple(shard.shape)} != {param.shape}")
+            param.copy_(shard)
+
+    # -- steps ------------------------------------------------------------------------
+    def micro_batches(self, batch: TrajectoryBatch) -> list[TrajectoryBatch]:
+        c = self.cfg
+        return micro_batches(batch, c.micro_batch_size, c.micro_batch_tokens, c.packing)
+
+    def run(self, mbs: list[TrajectoryBatch], on_output: OnOutput) -> list[Any]:
+        """``run_schedule`` of this model over ``mbs``."""
+        return run_schedule(self.chunk, mbs, on_output, self.cfg.packing)
+
+    def step(
+        self,
+        batch: TrajectoryBatch,
+        loss_fn: MicroLoss,
+        norm_const: float,
+        prefix: str,
+        record: list[torch.Tensor] | None = None,
+    ) -> tuple[dict[str, float], torch.Tensor]:
+        """One optimizer step over the data-parallel batch; global metrics on every rank,
+        and this rank's rows of what ``loss_fn`` appended to ``record`` (one (b, t)
+        tensor per micro-batch, on the last stage), zeros if it recorded nothing."""
+        if self.optimizer is None:
+            raise RuntimeError("this engine is a frozen reference policy; it cannot update")
+        self.chunk.train()
+        norm = global_norm(batch, norm_const)  # each rank counts its own share once
+        data, mine = dp_batch(batch, self.mpu)
+        self.chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        sums: dict[str, float] = {}
+        loss_sum = [0.0]
+
+        def on_output(mb, output):
+            loss, metrics = loss_fn(mb, output, norm)
+            loss_sum[0] += float(loss.detach())
+            weight = float(mb.response_mask_bt.sum())
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + float(v) * (1.0 if k in SUMMED_METRICS else weight)
+            return loss, None
+
+        mbs = self.micro_batches(data)
+        with torch.enable_grad():
+            self.run(mbs, on_output)
+        recorded = torch.zeros(data.input_ids_bt.shape, dtype=torch.float32)
+        if record is not None:
+            recorded = rows_from_last_stage(
+                mbs, record, data.input_ids_bt.shape, self.mpu, self.cfg.parallel.pp
+            )
+        grad_norm, skipped = self._optimizer_step()
+        lr = self.lr()
+        # Each data-parallel batch's sums live on its last stage, once per tensor-parallel
+        # rank: counted from tensor-parallel rank 0 only, then summed over the world.
+        keys = all_keys(sorted(sums))
+        reports = self.last_stage and self.mpu.get_tensor_model_parallel_rank() == 0
+        out = global_metrics(sums, keys, loss_sum[0], norm, prefix, contributes=reports)
+        out[f"{prefix}/grad_norm"] = grad_norm
+        out[f"{prefix}/lr"] = lr
+        out[f"{prefix}/skipped_updates"] = float(skipped)
+        return out, recorded[mine]
+
+    def lr(self) -> float:
+        """Linear warm-up, the FSDP engine's schedule: lr * min(1, (step + 1) / (warmup + 1))."""
+        warmup = max(self.cfg.lr_warmup_steps, 0)
+        return self.cfg.lr * min(1.0, (self.steps + 1) / (warmup + 1))
+
+    def _optimizer_step(self) -> tuple[float, bool]:
+        """Clip and step unless the global gradient norm is NaN or Inf (then skip, on
+        every rank alike: the norm is the same everywhere)."""
+        from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+        opt = self.optimizer
+        lr = self.lr()
+        for group in opt.param_groups:
+            group["lr"] = lr
+        opt.prepare_grads()
+        grad_norm = float(opt.get_grad_norm())
+        if not math.isfinite(grad_norm):
+            opt.zero_grad()
+            return grad_norm, True
+        for sub in getattr(opt, "chained_optimizers", [opt]):
+            params = sub.get_parameters()
+            if params and self.cfg.max_grad_norm > 0:
+                clip_grad_by_total_norm_fp32(params, self.cfg.max_grad_norm, grad_norm)
+        opt.step_with_ready_grads()
+        self.steps += 1
+        return grad_norm, False
+
+    # -- weights ------------------------------------------------------------------------
+    @torch.no_grad()
+    def gathered_state(
+        self, value: Callable[[torch.nn.Parameter], torch.Tensor] = lambda p: p.detach()
+    ) -> dict[str, torch.Tensor] | None:
+        """Full Megatron tensors of ``value(param)`` (the weights; the tests also read
+        gradients) on global rank 0, None elsewhere. Collective.
+
+        Tensor-parallel shards are all-gathered within each stage, then the first
+        data-parallel replica's stages send their layers to rank 0.
+        """
+        mpu = self.mpu
+        tp_group = mpu.get_tensor_model_parallel_group()
+        tp = self.cfg.parallel.tp
+        state: dict[str, torch.Tensor] = {}
+        for name, param in self.local_params().items():
+            if self.shape.tied and not self.value_head and name == "output_layer.weight":
+                continue  # the last stage's copy of the embedding
+            local = value(param)
+            if tp > 1 and tp_layout(name) != "rep":
+                # gloo's all_gather writes into whatever memory it is given:
+                # contiguous buffers, or the shards come back scrambled
+                shards = [torch.empty_like(local) for _ in range(tp)]
+                dist.all_gather(shards, local.contiguous(), group=tp_group)
+                local = tp_merge(name, shards)
+            state[name] = local.clone()
+        if mpu.get_data_parallel_rank() != 0 or mpu.get_tensor_model_parallel_rank() != 0:
+            return None
+        if self.cfg.parallel.pp > 1:
+            group = mpu.get_pipeline_model_parallel_group()
+            parts: list[Any] | None = [None] * self.cfg.parallel.pp if self.rank == 0 else None
+            dist.gather_object(state, parts, dst=0, group=group)
+            if self.rank != 0:
+                return None
+            assert parts is not None
+            state = {k: v for part in parts for k, v in part.items()}
+        return state if self.rank == 0 else None
+
+    def close(self) -> None:
+        if self.mpu.model_parallel_is_initialized():
+            self.mpu.destroy_model_parallel()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _hf_num_params(config: Any, value_head: bool) -> int:
+    """The HF model's parameter count: the causal LM's, or the body's and a value head's."""
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        if value_head:
+            body = AutoModel.from_config(config)
+            return sum(p.numel() for p in body.parameters()) + config.hidden_size + 1
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,142 @@
+"""Batches through megatron's forward-backward schedule: the model-parallel group's
+data-parallel batch, each micro-batch's inputs, and results moved off the last
+pipeline stage.
+
+Legend: b = samples, t = tokens, T = tokens of one packed row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from trainers.batch import TrajectoryBatch
+from trainers.fsdp.common import pack
+
+# What the last stage does with one micro-batch's model output: (loss, result). The
+# losses are summed and back-propagated; the results are returned in order.
+OnOutput = Callable[[TrajectoryBatch, torch.Tensor], tuple[torch.Tensor, Any]]
+
+
+def dp_batch(batch: TrajectoryBatch, mpu: Any) -> tuple[TrajectoryBatch, slice]:
+    """The model-parallel group's shares joined into one batch, and this rank's rows.
+
+    The ranks of one model-parallel group (tp x pp ranks holding one copy of the
+    model between them) must all see the same samples. Collective in that group.
+    """
+    group = mpu.get_model_parallel_group()
+    size = dist.get_world_size(group)
+    if size == 1:
+        return batch, slice(0, len(batch))
+    shares: list[Any] = [None] * size
+    dist.all_gather_object(shares, batch, group=group)
+    me = dist.get_rank(group)
+    start = sum(len(s) for s in shares[:me])
+    width = max(s.input_ids_bt.shape[1] for s in shares)
+    joined = _concat([_pad_width(s, width) for s in shares])
+    return joined, slice(start, start + len(batch))
+
+
+def model_inputs(mb: TrajectoryBatch, packing: bool) -> tuple[torch.Tensor, ...]:
+    """Token ids, positions and the boolean attention mask (True: masked) of ``mb``.
+
+    Padded rows use one causal mask; right padding only follows real tokens,
+    so real tokens never see it. A packed row's mask is block-diagonal:
+    causal within a sample, nothing across samples.
+    """
+    if packing:
+        ids_1T, pos_1T, lengths = pack(mb)
+        sample_T = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+        same_TT = sample_T[:, None] == sample_T[None, :]
+        causal_TT = torch.ones_like(same_TT).tril()
+        return ids_1T, pos_1T, ~(same_TT & causal_TT)[None, None]
+    b, t = mb.input_ids_bt.shape
+    pos_bt = torch.arange(t).expand(b, t)
+    mask_11tt = torch.ones(t, t, dtype=torch.bool).triu(1)[None, None]
+    return mb.input_ids_bt, pos_bt, mask_11tt
+
+
+def run_schedule(
+    chunk: Any, mbs: list[TrajectoryBatch], on_output: OnOutput, packing: bool
+) -> list[Any]:
+    """Forward (and, with grad enabled, backward) of ``chunk`` over ``mbs`` through
+    megatron's schedule (1F1B across pipeline stages); returns ``on_output``'s
+    results on the last pipeline stage, an empty list elsewhere."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    def forward_step(data, model):
+        mb = next(data)
+        ids, pos, mask = model_inputs(mb, packing)
+        out = model(ids, pos, attention_mask=mask)
+
+        def loss_func(output):
+            loss, result = on_output(mb, output)
+            return loss, torch.tensor(0, dtype=torch.int), result
+
+        return out, loss_func
+
+    return get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=iter(mbs),
+        model=[chunk],
+        num_microbatches=len(mbs),
+        seq_length=max(mb.input_ids_bt.shape[1] for mb in mbs),
+        micro_batch_size=max(len(mb) for mb in mbs),
+        forward_only=not torch.is_grad_enabled(),
+    )
+
+
+def rows_from_last_stage(
+    mbs: list[TrajectoryBatch], pieces: list[torch.Tensor], shape: torch.Size, mpu: Any, pp: int
+) -> torch.Tensor:
+    """The per-micro-batch (rows, width) ``pieces`` of the last stage laid out as one
+    (b, t) tensor of ``shape`` (zeros past each piece's width), on every stage."""
+    out = torch.zeros(shape, dtype=torch.float32)
+    if mpu.is_pipeline_last_stage():
+        row = 0
+        for mb, piece in zip(mbs, pieces):
+            out[row : row + len(mb), : piece.shape[1]] = piece
+            row += len(mb)
+    return from_last_stage(out, mpu, pp)
+
+
+def from_last_stage(tensor: torch.Tensor, mpu: Any, pp: int) -> torch.Tensor:
+    """``tensor`` as the last pipeline stage has it, on every stage."""
+    if pp == 1:
+        return tensor
+    src = mpu.get_pipeline_model_parallel_last_rank()
+    dist.broadcast(tensor, src, group=mpu.get_pipeline_model_parallel_group())
+    return tensor
+
+
+def all_keys(keys: list[str]) -> list[str]:
+    """The union of every rank's metric names, in one order (ranks off the last stage have none)."""
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, keys)
+    return sorted({k for ks in everyone for k in ks})
+
+
+def _pad_width(batch: TrajectoryBatch, width: int) -> TrajectoryBatch:
+    """Right-pad every (b, t) tensor of ``batch`` with zeros to ``width`` columns."""
+    t = batch.input_ids_bt.shape[1]
+    if t == width:
+        return batch
+    updates = {
+        k: F.pad(v, (0, width - t)) if v.dim() == 2 else v for k, v in batch.tensor_fields().items()
+    }
+    return replace(batch, **updates)  # type: ignore[arg-type]
+
+
+def _concat(parts: list[TrajectoryBatch]) -> TrajectoryBatch:
+    """Rows of every part, in order (same widths)."""
+    first = parts[0]
+    updates: dict[str, Any] = {
+        k: torch.cat([getattr(p, k) for p in parts]) for k in first.tensor_fields()
+    }
+    updates["scores_b"] = {k: torch.cat([p.scores_b[k] for p in parts]) for k in first.scores_b}
+    return replace(first, **updates)
