@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from rlpost.config import Config
+from rlpost.result import RunError
 from rlpost.rewards import RewardScorer
 from rollout.agent import AgentLoopConfig, Episode, episode_metrics, load_env, run_episodes
 from rollout.agent.env import EnvFactory, ToolEnv
@@ -123,13 +124,30 @@ def episode_results(episodes: list[Episode], n: int) -> list[GenerationResult]:
 
 
 def score_episodes(
-    scorer: RewardScorer, results: list[GenerationResult], rows: list[dict]
+    scorer: RewardScorer,
+    results: list[GenerationResult],
+    rows: list[dict],
+    *,
+    named_only: bool = False,
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """The reward of each episode: its environment's last reward when it gave one,
     else ``reward.fn`` on the final answer and the row (and the messages, when the
-    function names that parameter). ``rows`` has one entry per episode."""
+    function names that parameter). ``rows`` has one entry per episode.
+
+    ``named_only``: the advantage estimator needs every episode's named rewards
+    (gdpo), which an environment's single number does not give; an environment
+    reward is then an error rather than a score dropped in favour of zeros.
+    """
     episodes: list[Episode] = [c.episode for r in results for c in r.completions]
     own = [i for i, e in enumerate(episodes) if e.reward is None]
+    if named_only and len(own) < len(episodes):
+        raise RunError(
+            f"agent.env: the environment returned a reward for {len(episodes) - len(own)} of "
+            f"{len(episodes)} episodes, but algo.advantage.estimator=gdpo normalises each named "
+            f"reward of reward.fn ({', '.join(scorer.weights) or 'none given'}) on its own and "
+            "an environment's reward is one number; have the environment's step() return "
+            "reward None and score episodes with reward.fn, or use another algo (e.g. algo=grpo)"
+        )
     named: dict[str, list[float]] = {"total": [float(e.reward or 0.0) for e in episodes]}
     metrics: dict[str, float] = {"reward/errors": 0.0, "reward/timeouts": 0.0}
     if own:

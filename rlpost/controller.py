@@ -500,7 +500,8 @@ class Controller:
         if self.agent is not None:
             from rlpost.agent_rollout import score_episodes
 
-            return score_episodes(self.scorer, results, flat_rows)
+            named_only = self.adv_cfg.estimator == "gdpo"
+            return score_episodes(self.scorer, results, flat_rows, named_only=named_only)
         texts = [c.text for res in results for c in res.completions]
         named, metrics = self.scorer.score(texts, flat_rows)
         scores = {k: torch.tensor(v, dtype=torch.float32) for k, v in named.items()}

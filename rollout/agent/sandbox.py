@@ -93,7 +93,7 @@ class SandboxResult:
     isolation: dict[str, str]
 
 
-def run_python(code: str) -> str:
+def python(code: str) -> str:
     """Run Python code and return what it prints (stdout and stderr, cut to 2000
     characters). The code runs as a fresh script in an empty working directory,
     with no network access and no new processes; files can be written only in the
@@ -103,8 +103,15 @@ def run_python(code: str) -> str:
     Args:
         code: a complete Python program.
     """
+    from rollout.agent.tools import ToolFailed, ToolTimeout
+
     result = run_sandboxed(code)
-    return result.output if result.output else "(no output)"
+    output = result.output if result.output else "(no output)"
+    if result.status == "timeout":
+        raise ToolTimeout(output)
+    if result.status != "ok":  # an exception, a limit or a refused operation
+        raise ToolFailed(output)
+    return output
 
 
 def run_sandboxed(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
@@ -130,7 +137,13 @@ def _run_in(workdir: str, code: str, limits: SandboxLimits) -> SandboxResult:
         os.chown(workdir, *ids)
     os.chmod(workdir, 0o700)
     status_r, status_w = os.pipe()
-    config = {**dataclasses.asdict(limits), "workdir": workdir, "ids": ids, "status_fd": status_w}
+    config = {
+        **dataclasses.asdict(limits),
+        "workdir": workdir,
+        "ids": ids,
+        "status_fd": status_w,
+        "parent_pid": os.getpid(),
+    }
     start = time.monotonic()
     try:
         proc = subprocess.Popen(
@@ -364,6 +377,11 @@ def _child_main(config: dict[str, Any]) -> int:
     os.dup2(devnull, 0)
     os.close(devnull)
     libc = ctypes.CDLL(None, use_errno=True)
+    # Die with the caller: a caller killed mid-call (a tool worker past its
+    # timeout) cannot end this session's processes itself.
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != config["parent_pid"]:
+        return 1  # the caller died before the line above took effect
     namespaces = _unshare(libc)
     status_fd = config["status_fd"]
 

@@ -18,9 +18,11 @@ import asyncio
 import atexit
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,12 @@ class _Worker:
         # the parent's import path, so 'module:fn' specs resolve in the child as here
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join([root, *[p for p in sys.path if p]])
+        # The worker's own temporary directory, removed when it is killed: a tool
+        # stopped mid-call leaves no temporary files behind. Traversable by all, so
+        # a tool may hand a directory inside it to a process of another user.
+        self.tmp = tempfile.mkdtemp(prefix="rlpost-tool-")
+        os.chmod(self.tmp, 0o711)
+        env["TMPDIR"] = self.tmp
         self.proc = subprocess.Popen(
             [sys.executable, "-u", "-m", "rollout.agent.tool_pool"],
             stdin=subprocess.PIPE,
@@ -93,6 +101,7 @@ class _Worker:
         self.stdin.close()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 class ToolWorkerPool:
@@ -204,7 +213,7 @@ def default_pool() -> ToolWorkerPool:
 
 def _serve() -> None:
     """Worker side: read ``{"spec", "arguments"}`` lines, answer ``{"status", "text"}``."""
-    from rollout.agent.tools import ToolError, load_tool, result_text
+    from rollout.agent.tools import ToolError, ToolFailed, ToolTimeout, load_tool, result_text
 
     channel = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)  # whatever the tool prints goes to stderr, not into the reply channel
@@ -219,6 +228,10 @@ def _serve() -> None:
             status, text = result_text(loaded[spec](**request["arguments"]))
         except ToolError as e:
             status, text = "error", str(e)
+        except ToolTimeout as e:
+            status, text = "timeout", str(e)
+        except ToolFailed as e:
+            status, text = "error", f"failed:\n{e}"
         except Exception as e:  # the tool's failure is a message to the model
             status, text = "error", f"raised {type(e).__name__}: {e}"
         channel.write(json.dumps({"status": status, "text": text}).encode() + b"\n")

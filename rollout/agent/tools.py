@@ -29,7 +29,7 @@ from rollout.agent.tool_schema import SchemaError, check_arguments, tool_schema
 TOOLS: dict[str, str] = {
     "calculator": "rollout.agent.builtin_tools:calculator",
     "multiply": "rollout.agent.builtin_tools:multiply",
-    "python": "rollout.agent.sandbox:run_python",
+    "python": "rollout.agent.sandbox:python",
 }
 
 Status = Literal["ok", "error", "timeout"]
@@ -37,6 +37,16 @@ Status = Literal["ok", "error", "timeout"]
 
 class ToolError(ValueError):
     """A tool cannot be loaded or described; the message says what to change."""
+
+
+class ToolFailed(Exception):
+    """Raised by a tool to report a failed call in its own words: the message is
+    what the model reads, and the call counts in ``agent/tool_errors``."""
+
+
+class ToolTimeout(Exception):
+    """Raised by a tool that stopped its own work at a time limit: the message is
+    what the model reads, and the call counts in ``agent/tool_timeouts``."""
 
 
 @dataclass(frozen=True)
@@ -174,6 +184,8 @@ async def _run(
         return outcome(
             "timeout", f"Error: {call.name} timed out after {timeout_s:g} s and was stopped"
         )
+    if status == "timeout":
+        return outcome("timeout", f"Error: {call.name} stopped at its time limit:\n{text}")
     if status != "ok":
         return outcome("error", f"Error: {call.name} {text}")
     return outcome("ok", text)
@@ -184,6 +196,10 @@ async def _run_async(tool: Tool, arguments: dict[str, Any], timeout_s: float) ->
         value = await asyncio.wait_for(tool.fn(**arguments), timeout_s)
     except asyncio.TimeoutError:
         raise
+    except ToolTimeout as e:
+        return "timeout", str(e)
+    except ToolFailed as e:
+        return "error", f"failed:\n{e}"
     except Exception as e:  # the tool's failure is a message to the model
         return "error", f"raised {type(e).__name__}: {e}"
     return result_text(value)
@@ -193,7 +209,9 @@ __all__ = [
     "TOOLS",
     "Tool",
     "ToolError",
+    "ToolFailed",
     "ToolOutcome",
+    "ToolTimeout",
     "load_tool",
     "load_tools",
     "register_tool",

@@ -4,6 +4,7 @@ execution where every failure is a message to the model and a timeout kills the 
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
 from pathlib import Path
 from typing import Literal, Optional
@@ -257,3 +258,56 @@ def test_async_tools_run_in_process_and_are_cancelled(tools_file, pool):
     assert (ok.status, ok.text) == ("ok", "napped")
     assert late.status == "timeout" and late.seconds < 1.0
     assert pool.pids() == pids_before  # no worker used
+
+
+def _sandbox_processes() -> list[int]:
+    """Live processes running the python tool's sandbox script."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if (
+            entry.name.isdigit()
+            and b"rollout/agent/sandbox.py" in cmdline
+            and _alive(int(entry.name))
+        ):
+            found.append(int(entry.name))
+    return found
+
+
+def test_python_tool_containments_are_counted_and_leave_nothing_behind(pool):
+    tools = load_tools(["python"])
+    assert list(tools) == ["python"]  # the name the model calls
+    code = {
+        "ok": "print(6 * 7)",
+        "network": "import socket\nsocket.create_connection(('10.1.2.3', 80), timeout=1)",
+        "write_outside": "open('/etc/rlpost-sandbox-test', 'w')",
+        "memory": "x = bytearray(2 << 30)",
+        "raise": "1 / 0",
+        "sleep": "import time\ntime.sleep(60)",
+    }
+    calls = [ToolCall("python", {"code": c}, name) for name, c in code.items()]
+    outcomes = {o.call.id: o for o in asyncio.run(run_tool_calls(calls, tools, 20.0, pool))}
+    assert (outcomes["ok"].status, outcomes["ok"].text) == ("ok", "42\n")
+    for name in ("network", "write_outside", "memory", "raise"):
+        assert outcomes[name].status == "error", (name, outcomes[name].text)
+        assert outcomes[name].text.startswith("Error: python failed:\n"), outcomes[name].text
+    assert "ZeroDivisionError" in outcomes["raise"].text
+    assert not Path("/etc/rlpost-sandbox-test").exists()
+    # the sandbox's own 5 s wall limit: a timeout, counted as one
+    sleep = outcomes["sleep"]
+    assert sleep.status == "timeout" and "time limit of 5 s exceeded" in sleep.text, sleep.text
+
+    # a call timeout shorter than the sandbox's: the pool kills the worker, and the
+    # sandbox's processes and its directory go with it
+    before = set(Path(tempfile.gettempdir()).glob("rlpost-*"))
+    call = ToolCall("python", {"code": code["sleep"]}, "short")
+    (late,) = asyncio.run(run_tool_calls([call], tools, 1.0, pool))
+    assert late.status == "timeout" and "timed out after 1 s" in late.text
+    deadline = time.monotonic() + 5
+    while _sandbox_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _sandbox_processes() == []
+    assert set(Path(tempfile.gettempdir()).glob("rlpost-*")) <= before

@@ -19,7 +19,8 @@ from collections.abc import Iterator
 import pytest
 
 from rollout.agent import sandbox
-from rollout.agent.sandbox import SandboxLimits, run_python, run_sandboxed
+from rollout.agent.sandbox import SandboxLimits, run_sandboxed
+from rollout.agent.sandbox import python as python_tool
 
 KERNEL_ONLY = SandboxLimits(python_guard=False)
 
@@ -63,8 +64,8 @@ def test_prints_and_returns() -> None:
     assert result.status == "ok" and result.returncode == 0
     assert result.output == "hello 42\nto stderr\n__main__\n"
     assert set(result.isolation) == {"network", "processes", "filesystem"}
-    assert run_python("print('hi')") == "hi\n"
-    assert run_python("x = 1") == "(no output)"
+    assert python_tool("print('hi')") == "hi\n"
+    assert python_tool("x = 1") == "(no output)"
 
 
 def test_exception_returns_traceback_of_the_code_only() -> None:

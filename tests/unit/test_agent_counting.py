@@ -1,0 +1,153 @@
+"""What an episode counts and how it is scored: malformed calls, failing tools and
+timeouts reach ``agent/tool_errors`` and ``agent/tool_timeouts``, a cut episode
+``agent/truncated``; an environment's reward wins over ``reward.fn``, which gets
+the messages when it asks for them; gdpo refuses environment rewards.
+
+The model turns come from ``ScriptedModel``, a stand-in for the rollout engine
+that answers each turn with fixed text: what is tested is the loop above the
+engine (the engine itself is tested in tests/integration/test_agent_loop.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from rlpost.agent_rollout import episode_results, score_episodes
+from rlpost.archs import build_tokenizer
+from rlpost.result import RunError
+from rlpost.rewards import RewardScorer
+from rollout.agent.env import ToolEnv
+from rollout.agent.loop import AgentLoopConfig, episode_metrics, run_episodes
+from rollout.agent.tool_pool import ToolWorkerPool
+from rollout.base import Completion, SamplingConfig
+
+TOOLS_PY = '''
+import time
+
+def fails(x: int) -> str:
+    """Raise."""
+    raise RuntimeError("no")
+
+def hangs(seconds: float) -> str:
+    """Sleep."""
+    time.sleep(seconds)
+    return "woke"
+'''
+SAMPLING = SamplingConfig(temperature=1.0, top_p=1.0, max_tokens=400, seed=3)
+
+
+class ScriptedModel:
+    """Stand-in for the rollout engine: answers turn ``k`` of an episode with
+    ``turns[k]`` (plus the end token), log-prob -0.5 per token."""
+
+    def __init__(self, tokenizer, turns: list[str]):
+        self.tokenizer, self.turns = tokenizer, turns
+        self.seen: dict[str, int] = {}
+
+    async def __call__(self, prompt_ids: list[int], sampling: SamplingConfig, session_id: str):
+        k = self.seen.get(session_id, 0)
+        self.seen[session_id] = k + 1
+        ids = self.tokenizer.encode(self.turns[k], add_special_tokens=False)
+        ids = (ids + [self.tokenizer.eos_token_id])[: sampling.max_tokens]
+        reason = "stop" if ids[-1] == self.tokenizer.eos_token_id else "length"
+        return Completion(ids, [-0.5] * len(ids), self.turns[k], reason)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def pool():
+    pool = ToolWorkerPool(max_workers=4)
+    yield pool
+    pool.close()
+
+
+def _episodes(tokenizer, turns, make_env, config, rows=({"prompt": "go"},), n=1):
+    model = ScriptedModel(tokenizer, turns)
+    return asyncio.run(
+        run_episodes(
+            list(rows), n, generate=model, tokenizer=tokenizer, make_env=make_env,
+            sampling=SAMPLING, config=config, session_prefix="c",
+        )
+    )  # fmt: skip
+
+
+def test_failed_malformed_and_timed_out_calls_are_counted(tokenizer, pool, tmp_path: Path):
+    tools_py = tmp_path / "t.py"
+    tools_py.write_text(TOOLS_PY)
+    turns = [
+        '<tool_call>{"name": "fails", "arguments": {"x": 1}}</tool_call>'
+        '<tool_call>{"name": "hangs", "arguments": {"seconds": 30}}</tool_call>'
+        "<tool_call>{not json</tool_call>"
+        '<tool_call>{"name": "missing", "arguments": {}}</tool_call>',
+        "done",
+    ]
+    make_env = lambda: ToolEnv([f"{tools_py}:fails", f"{tools_py}:hangs"], 0.5, pool)  # noqa: E731
+    config = AgentLoopConfig(max_turns=4, max_response_tokens=2000, max_model_len=4000)
+    (ep,) = _episodes(tokenizer, turns, make_env, config)
+    assert ep.num_turns == 2 and not ep.truncated
+    assert ep.tool_calls == 3  # the well-formed blocks: fails, hangs, missing
+    # fails (raised) + missing (unknown tool) + the malformed block
+    assert (ep.tool_errors, ep.tool_timeouts) == (3, 1)
+    tool_texts = [m["content"] for m in ep.messages if m["role"] == "tool"]
+    assert len(tool_texts) == 4 and all(t.startswith("Error: ") for t in tool_texts)
+    assert ep.final_text == "done"
+    m = episode_metrics([ep, ep])
+    assert m["agent/tool_calls"] == 6 and m["agent/tool_errors"] == 6
+    assert m["agent/tool_timeouts"] == 2 and m["agent/turns_mean"] == 2
+    assert m["agent/model_tokens_mean"] == sum(ep.response_mask)
+    assert m["agent/env_tokens_mean"] == len(ep.response_mask) - sum(ep.response_mask)
+
+
+def test_an_episode_cut_by_its_token_budget_is_truncated(tokenizer, pool):
+    turn = '<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool_call>'
+    make_env = lambda: ToolEnv(["multiply"], 5.0, pool)  # noqa: E731
+    roomy = AgentLoopConfig(max_turns=2, max_response_tokens=4000, max_model_len=8000)
+    (full,) = _episodes(tokenizer, [turn, turn], make_env, roomy)
+    budget = len(full.turns[0].sampled_ids) + 5  # room for the first turn, not its reply
+    config = AgentLoopConfig(max_turns=8, max_response_tokens=budget, max_model_len=8000)
+    (ep,) = _episodes(tokenizer, [turn] * 8, make_env, config)
+    assert ep.truncated and len(ep.response_ids) <= budget
+    assert episode_metrics([ep, full])["agent/truncated"] == 1.0  # full: max_turns reached
+
+
+class RewardsOddTurns:
+    """Rewards row ``i`` with ``i`` when ``i`` is odd, else gives no reward."""
+
+    def reset(self, row: dict) -> list[dict]:
+        self.i = row["i"]
+        return [{"role": "user", "content": f"row {row['i']}"}]
+
+    def step(self, message: dict):
+        return [], True, (float(self.i) if self.i % 2 else None)
+
+
+def score(completion: str, i: int, messages: list[dict]) -> dict[str, float]:
+    """Named rewards from the answer, the row's column and the whole chat."""
+    return {"row": float(i) * 10, "chat": float(len(messages))}
+
+
+def test_environment_rewards_win_and_reward_fn_sees_the_messages(tokenizer):
+    rows = [{"i": i} for i in range(4)]
+    config = AgentLoopConfig(max_turns=1, max_response_tokens=100, max_model_len=1000)
+    episodes = _episodes(tokenizer, ["answer"], RewardsOddTurns, config, rows=rows)
+    results = episode_results(episodes, 1)
+    scorer = RewardScorer(score, {"row": 1.0, "chat": 0.5})
+    scores, metrics = score_episodes(scorer, results, rows)
+    # rows 1 and 3: the environment's reward; rows 0 and 2: reward.fn with 2 messages
+    assert scores["total"].tolist() == [0.0 + 1.0, 1.0, 20.0 + 1.0, 3.0]
+    assert scores["row"].tolist() == [0.0, 0.0, 20.0, 0.0]
+    assert scores["chat"].tolist() == [2.0, 0.0, 2.0, 0.0]
+    assert metrics["agent/env_rewarded"] == 2 and metrics["reward/mean"] == 26.0 / 4
+    with pytest.raises(RunError, match=r"returned a reward for 2 of 4 episodes.*gdpo"):
+        score_episodes(scorer, results, rows, named_only=True)
+    # gdpo with an environment that never rewards: every episode has its named rewards
+    quiet = _episodes(tokenizer, ["answer"], RewardsOddTurns, config, rows=rows[::2])
+    scores, _ = score_episodes(scorer, episode_results(quiet, 1), rows[::2], named_only=True)
+    assert scores["row"].tolist() == [0.0, 20.0]
