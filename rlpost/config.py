@@ -134,7 +134,9 @@ class LoraConfig:
     alpha: float = spec(16.0, gt=0, help="LoRA scaling numerator: the update is (alpha / rank) B A")
     dropout: float = spec(0.0, ge=0, le=1, help="dropout on the LoRA input")
     target_modules: str | list[str] = spec(
-        "all-linear", help="'all-linear' (every linear layer but lm_head) or module names"
+        "all-linear",
+        help="'all-linear' (every nn.Linear of the language model: not the head, a vision "
+        "tower or fused MoE experts) or module names",
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -125,6 +126,31 @@ def check_megatron_model(cfg: Config) -> list[str]:
     return []
 
 
+def check_lora_adapter(cfg: Config) -> list[str]:
+    """``rollout.lora_sync=adapter`` on a MoE model is refused on the CPU: vLLM's CPU
+    build runs LoRA on MoE layers only through a Triton kernel it lacks (it fails at
+    the first request); merged syncs work there."""
+    if not (cfg.model.lora.rank and cfg.rollout.lora_sync == "adapter" and cfg.model.path):
+        return []
+    config_file = Path(cfg.model.path).expanduser() / "config.json"
+    if cfg.rollout.name != "vllm" or not config_file.exists():
+        return []
+    from rlpost.device import resolve_device
+
+    if resolve_device(cfg.trainer.device).kind != "cpu":
+        return []
+    config = json.loads(config_file.read_text())
+    text = config.get("text_config") or config
+    keys = ("num_experts", "num_local_experts", "n_routed_experts")
+    if not any(text.get(k) for k in keys):
+        return []
+    return [
+        f"rollout.lora_sync=adapter: model.path={cfg.model.path} is a mixture-of-experts model, "
+        "and vLLM's CPU build serves LoRA adapters on those only through a Triton kernel it "
+        "does not have; use rollout.lora_sync=merged"
+    ]
+
+
 def drop_long_prompts(rows: list[dict], tokenizer: Any, limit: int) -> tuple[list[dict], int]:
     """Rows whose templated prompt fits ``data.max_prompt_tokens``, and how many did not."""
     from rlpost.data import validate_row
@@ -153,6 +179,7 @@ def preflight(cfg: Config) -> tuple[Any, list[dict], list[dict], int]:
     try:
         check_model_path(cfg)
         problems.extend(check_megatron_model(cfg))
+        problems.extend(check_lora_adapter(cfg))
     except ConfigError as exc:
         problems.extend(exc.problems)
     try:

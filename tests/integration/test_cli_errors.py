@@ -61,15 +61,50 @@ CASES = {
         ["model.path=./does-not-exist"],
         ["model.path='./does-not-exist'", "config.json"],
     ),
+    # The user's files without data=files would train on the built-in task.
+    "data_files_without_data_files_preset": (
+        [
+            "data.train_files=[{tmp}/rows.jsonl]",
+            "data.val_files=[{tmp}/rows.jsonl]",
+            "reward=custom",
+            "reward.fn={reward_py}:score",
+        ],
+        ["data.train_files=", "data.val_files=", "add data=files"],
+    ),  # fmt: skip
+    # A keyword-style reward naming a column the rows lack (one path, not a list).
+    "reward_names_a_missing_column": (
+        [
+            "data=files",
+            "data.train_files={tmp}/rows.jsonl",
+            "data.val_files={tmp}/rows.jsonl",
+            "reward=custom",
+            "reward.fn={tmp}/keyword.py:score",
+        ],
+        ["reward.fn=", "difficulty", "answer", "prompt"],
+    ),  # fmt: skip
+    "lora_adapter_on_a_moe_model_on_the_cpu": (
+        ["model.path={tmp}/moe", "model.lora.rank=8", "rollout.lora_sync=adapter"],
+        ["rollout.lora_sync=adapter", "mixture-of-experts", "use rollout.lora_sync=merged"],
+    ),
 }
+ROWS_JSONL = '{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": "4"}\n'
+KEYWORD_PY = "def score(completion, difficulty, **row):\n    return 0.0\n"
+# Enough of a MoE model's config.json for the checks that run before any load.
+MOE_CONFIG = (
+    '{"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "num_experts": 4}'
+)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input_exits_2_before_ray_starts(case, tmp_path):
     reward_py = tmp_path / "reward.py"
     reward_py.write_text(REWARD_PY)
+    (tmp_path / "rows.jsonl").write_text(ROWS_JSONL)
+    (tmp_path / "keyword.py").write_text(KEYWORD_PY)
+    (tmp_path / "moe").mkdir()
+    (tmp_path / "moe" / "config.json").write_text(MOE_CONFIG)
     args, expected = CASES[case]
-    args = [a.format(reward_py=reward_py) for a in args]
+    args = [a.format(reward_py=reward_py, tmp=tmp_path) for a in args]
     proc, seconds, run_dir = run_cli(args, tmp_path)
     assert proc.returncode == 2, proc.stderr[-2000:]
     error_lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

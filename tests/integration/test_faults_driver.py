@@ -53,7 +53,7 @@ def test_signal_checkpoints_and_stops_cleanly(model, tmp_path, sig):
     assert code == 128 + sig, text[-3000:]
     last = metrics(run_dir)[-1]["step"]
     assert f"stopped by {sig.name} after step {last}" in text, text[-3000:]
-    assert "resume with the same command (trainer.resume=auto)" in text
+    assert f"resume with the same command and trainer.run_dir={run_dir.resolve()} " in text
     checkpoints = [p.name for p in (run_dir / "checkpoints").iterdir()]
     assert checkpoints == [f"step_{last:06d}"]
     assert (run_dir / "checkpoints" / checkpoints[0] / "COMPLETE").exists()

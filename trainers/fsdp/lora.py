@@ -13,12 +13,14 @@ names PEFT writes to ``adapter_model.safetensors`` (what vLLM's LoRA loads).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from trainers.hf_format import language_model, vision_parameters
+from trainers.hf_format import language_model
 
 PEFT_PREFIX = "base_model.model."
 ADAPTER = "default"
@@ -59,21 +61,69 @@ def apply_lora(model: torch.nn.Module, lora: LoraSettings, base_model_path: str)
     from peft import get_peft_model
 
     config = lora.peft_config(base_model_path)
-    if config.target_modules == "all-linear" and vision_parameters(model):
-        # A VL model: "all-linear" means the language model's (the head excluded),
-        # not the vision tower's, which model.freeze_vision keeps as it is.
-        inside = {id(m) for m in language_model(model).modules()}
-        config.target_modules = [
-            name
-            for name, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear) and id(m) in inside
-        ]
-    peft_model = get_peft_model(model, config)  # type: ignore[arg-type]
+    if config.target_modules == "all-linear":
+        config.target_modules = all_linear_targets(model)
+    with _targets_as_named():
+        peft_model = get_peft_model(model, config)  # type: ignore[arg-type]
     trainable = [n for n, p in peft_model.named_parameters() if p.requires_grad]
     bad = [n for n in trainable if ".lora_A." not in n and ".lora_B." not in n]
     if bad or not trainable:
         raise RuntimeError(f"LoRA left non-adapter parameters trainable: {bad[:5]}")
     return peft_model
+
+
+@contextmanager
+def _targets_as_named() -> Iterator[None]:
+    """Keep PEFT from renaming the targets of a new adapter on a MoE model.
+
+    For MoE models whose layout changed in transformers 5, PEFT maps targets named
+    like the old per-expert layers (``down_proj``, ``gate_proj``, ...) to the fused
+    expert tensors, so that adapters trained on the old layout still load. For a
+    new adapter on the model's own module names that mapping is wrong: it drops
+    the dense and shared-expert MLPs a name list selects and adapts the fused
+    experts instead, which no merged sync or vLLM adapter can take.
+    """
+    try:
+        import peft.utils.transformers_weight_conversion as conversion
+    except ImportError:  # a PEFT without the mapping: nothing to keep it from
+        yield
+        return
+    convert = conversion.convert_peft_config_for_transformers
+    conversion.convert_peft_config_for_transformers = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        conversion.convert_peft_config_for_transformers = convert
+
+
+def all_linear_targets(model: torch.nn.Module) -> list[str]:
+    """What ``all-linear`` adapts: the language model's ``nn.Linear`` layers.
+
+    Not the head, not a VL model's vision tower (``model.freeze_vision`` keeps
+    it as it is), and not the fused expert tensors of a MoE model, which
+    PEFT's own ``all-linear`` adapts as parameters but no rollout engine can
+    take as a merged update or an adapter. The layers' short names (``q_proj``,
+    ...) are used, as PEFT writes them, unless a short name also names
+    something else (a VL tower's ``q_proj``, a fused expert tensor
+    ``experts.down_proj``): then the full module names.
+    """
+    inside = {id(m) for m in language_model(model).modules()}
+    linear = {
+        name
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and id(m) in inside
+    }
+    if not linear:
+        raise ValueError(
+            "model.lora.target_modules='all-linear' found no nn.Linear layer in the "
+            "language model; list the module names to adapt instead"
+        )
+    short = {name.rsplit(".", 1)[-1] for name in linear}
+    others = [name for name, _ in model.named_modules() if name not in linear]
+    others += [name for name, _ in model.named_parameters() if name.rsplit(".", 1)[0] not in linear]
+    if any(name.rsplit(".", 1)[-1] in short for name in others):
+        return sorted(linear)
+    return sorted(short)
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
