@@ -16,6 +16,17 @@ the last assistant message's content is a probe string: everything after that
 message's close is the environment's messages and the generation prompt. This
 does not need the template to render a conversation's prefix as a prefix (Qwen3
 renders the latest assistant turn differently from earlier ones).
+
+Nor is the conversation ever rendered again: each turn's prompt is the previous
+prompt + the sampled ids + the delta, so earlier model turns stay exactly as
+sampled. Qwen3's template, rendering a chat afresh, rewrites an assistant turn
+that holds ``</think>`` into a canonical ``<think>\n...\n</think>\n\n`` block,
+and drops the block entirely from turns before the latest user message. The
+episode keeps what the model was conditioned on when it sampled: it is one
+sequence, every turn's prompt extends the previous one, and the trainer scores
+each token in the context it was sampled in. The price is that the model sees
+its earlier reasoning during training where a chat server using that template
+would hide it.
 """
 
 from __future__ import annotations

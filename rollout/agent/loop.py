@@ -8,16 +8,18 @@ decoded text is never tokenised again, so the trainer scores the very tokens the
 policy produced and ``logprobs`` stay comparable with its own.
 
 Each turn's prompt is the previous prompt + the sampled ids + the environment's
-delta ids. An episode ends when the environment says done (``ToolEnv``: the model
-answered without a tool call), after ``max_turns`` model turns, or when its
-response budget is spent. The budget ``max_response_tokens`` counts every token
-after the prompt, model and environment tokens alike, because that is the length
-the trainer has to fit; ``max_model_len`` bounds prompt + response. An episode
-that stops for lack of turns or room (not because the environment said done) is
-``truncated``. A turn cut by the episode's budget ends the episode before the
-environment sees it; messages an environment returns with ``done`` (or after the
-last allowed turn) are not added, since no model turn follows them: ``messages``
-is always the chat the tokens render.
+delta ids; the chat is never rendered afresh, which would change earlier turns
+under templates such as Qwen3's (see ``chat.py``). An episode ends when the
+environment says done (``ToolEnv``: the model answered without a tool call),
+after ``max_turns`` model turns, or when its response budget is spent. The
+budget ``max_response_tokens`` counts every token after the prompt, model and
+environment tokens alike, because that is the length the trainer has to fit;
+``max_model_len`` bounds prompt + response. An episode that stops for lack of
+turns or room (not because the environment said done) is ``truncated``. A turn
+cut by the episode's budget ends the episode before the environment sees it;
+messages an environment returns with ``done`` (or after the last allowed turn)
+are not added, since no model turn follows them: ``messages`` is always the chat
+the tokens hold.
 """
 
 from __future__ import annotations

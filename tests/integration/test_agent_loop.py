@@ -1,12 +1,15 @@
 """Multi-turn episodes on the real ``hf`` engine with tiny random models.
 
-What is proved, for the tiny template and a ChatML template with tools: the
-response is exactly the engine's sampled ids plus the template's delta ids per
-turn (each turn's prompt is the previous prompt + sampled + delta), decoding it
-gives the template's rendering of the chat, the mask is 1 exactly on sampled ids,
+What is proved, for the tiny template, a ChatML template with tools and the real
+Qwen2.5 and Qwen3 templates (``chat_templates.py``): the response is exactly the
+engine's sampled ids plus the template's delta ids per turn (each turn's prompt is
+the previous prompt + sampled + delta), decoding it gives the template's rendering
+of the chat with the model's turns verbatim, the mask is 1 exactly on sampled ids,
 the log-probs are the engine's and a plain transformers forward reproduces them
 (trainer parity on a multi-turn sequence), the limits stop episodes, and all
-episodes are in flight at once.
+episodes are in flight at once. Tool replies under the Qwen templates are
+``<tool_response>`` blocks in a user turn; where Qwen3's template would re-render
+an earlier turn (its ``<think>`` block), the episode keeps the turn as sampled.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import asyncio
 import pytest
 import torch
 import torch.nn.functional as F
+from chat_templates import QWEN2_5, QWEN2_5_TOKENS, QWEN3, QWEN3_TOKENS
 from tokenizers import AddedToken
 from transformers import GenerationConfig, Qwen2ForCausalLM
 
@@ -45,13 +49,20 @@ SAMPLING = SamplingConfig(temperature=1.0, top_p=1.0, max_tokens=12, seed=7)
 class ThreeUserTurns:
     """Answers every assistant turn with a fixed message; done after ``turns`` answers."""
 
-    def __init__(self, turns: int = 3, role: str = "user", tools: list[dict] | None = None):
-        self.turns, self.role, self.seen = turns, role, 0
+    def __init__(
+        self,
+        turns: int = 3,
+        role: str = "user",
+        tools: list[dict] | None = None,
+        system: str | None = None,
+    ):
+        self.turns, self.role, self.seen, self.system = turns, role, 0, system
         if tools is not None:
             self.tool_schemas = tools
 
     def reset(self, row: dict) -> list[dict]:
-        return [{"role": "user", "content": row["prompt"]}]
+        opening = [{"role": "system", "content": self.system}] if self.system else []
+        return [*opening, {"role": "user", "content": row["prompt"]}]
 
     async def step(self, message: dict) -> tuple[list[dict], bool, float | None]:
         self.seen += 1
@@ -79,14 +90,18 @@ class Recorder:
         return completion
 
 
-def _chatml_model(out_dir) -> str:
+def _chatml_model(out_dir, template: str = CHATML, added: tuple[str, ...] = ()) -> str:
+    """A tiny random Qwen2 model whose tokenizer has ``<|im_start|>`` / ``<|im_end|>`` as
+    special tokens, ``added`` as plain added tokens (as Qwen's ``<tool_call>``, ``<think>``
+    ...) and ``template`` as its chat template."""
     tokenizer = build_tokenizer()
     tokenizer.add_tokens(
         [AddedToken(t, special=True, normalized=False) for t in ("<|im_start|>", "<|im_end|>")],
         special_tokens=True,
     )
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
     tokenizer.eos_token = "<|im_end|>"
-    tokenizer.chat_template = CHATML
+    tokenizer.chat_template = template
     config = build_config("micro", tokenizer)
     config.initializer_range, config.eos_token_id = 0.3, tokenizer.eos_token_id
     torch.manual_seed(0)
@@ -117,6 +132,17 @@ def tiny(tmp_path_factory) -> HFEngine:
 @pytest.fixture(scope="module")
 def chatml(tmp_path_factory) -> HFEngine:
     return HFEngine(HFEngineConfig(model_path=_chatml_model(tmp_path_factory.mktemp("chatml"))))
+
+
+QWEN = {"qwen2.5": (QWEN2_5, QWEN2_5_TOKENS), "qwen3": (QWEN3, QWEN3_TOKENS)}
+
+
+@pytest.fixture(scope="module", params=sorted(QWEN))
+def qwen(request, tmp_path_factory) -> tuple[str, HFEngine]:
+    """The tiny model with a real Qwen chat template and the tokens its markup uses."""
+    template, added = QWEN[request.param]
+    path = _chatml_model(tmp_path_factory.mktemp(request.param), template, added)
+    return request.param, HFEngine(HFEngineConfig(model_path=path))
 
 
 def _run(loop, engine, make_env, config, rows=ROWS, n=2, sampling=SAMPLING):
@@ -287,3 +313,177 @@ def test_limits_stop_episodes_and_truncate(loop, tiny):
     config = AgentLoopConfig(max_turns=50, max_response_tokens=200, max_model_len=40, parser=None)
     episodes, _ = _run(loop, tiny, endless, config, rows=ROWS[:2], n=1)
     assert all(ep.truncated and len(ep.prompt_ids) + len(ep.response_ids) <= 40 for ep in episodes)
+
+
+def _verbatim_prompt(chat: ChatTokens, ep: Episode, turn: int) -> str:
+    """Turn ``turn``'s prompt as the contract defines it: the template's rendering of the
+    chat up to that turn with every earlier assistant turn exactly as sampled.
+
+    The template renders placeholders, which the sampled texts then replace: Qwen3
+    re-renders an assistant message holding ``</think>`` (it moves the reasoning into a
+    canonical ``<think>\n...\n</think>\n\n`` block, or drops it before the latest user
+    query), and the loop must not follow it there.
+    """
+    messages, k = [], 0
+    for m in ep.messages:
+        if k == turn and m["role"] == "assistant":
+            break
+        if m["role"] == "assistant":
+            m = {"role": "assistant", "content": f"\u27e6turn {k}\u27e7"}
+            k += 1
+        messages.append(m)
+    text = chat.render(messages, True)
+    for j in range(turn):
+        assert text.count(f"\u27e6turn {j}\u27e7") == 1
+        text = text.replace(f"\u27e6turn {j}\u27e7", ep.turns[j].text)
+    return text
+
+
+def test_qwen_templates_tool_replies_are_token_in_token_out(loop, qwen):
+    """The real Qwen2.5 / Qwen3 templates: a tool's reply comes back as a <tool_response>
+    block inside a user turn, and the trajectory is still the sampled ids + those deltas."""
+    name, engine = qwen
+    config = AgentLoopConfig(max_turns=8, max_response_tokens=200, max_model_len=256)
+    # a short system message: Qwen2.5's default one would not leave room in 256 positions
+    make_env = lambda: ThreeUserTurns(role="tool", system="Be brief.")  # noqa: E731
+    episodes, recorder = _run(loop, engine, make_env, config)
+    _check_token_in_token_out(episodes, recorder)
+    chat = ChatTokens(engine.tokenizer)
+    for ep in episodes:
+        assert chat.decode(ep.prompt_ids) == (
+            "<|im_start|>system\nBe brief.<|im_end|>\n"
+            f"<|im_start|>user\n{ep.messages[1]['content']}<|im_end|>\n<|im_start|>assistant\n"
+        )
+        for k, turn in enumerate(ep.turns[:-1], start=1):
+            close = "\n" if turn.finish_reason == "stop" else "<|im_end|>\n"
+            assert chat.decode(turn.env_ids) == (
+                f"{close}<|im_start|>user\n<tool_response>\nagain {k}\n</tool_response>"
+                "<|im_end|>\n<|im_start|>assistant\n"
+            )
+        # each turn's prompt is the template's rendering of the chat so far, model turns verbatim
+        prompts = [p for session, p, _, _ in recorder.calls if session == ep.session_id]
+        for k, prompt in enumerate(prompts):
+            assert chat.decode(prompt) == _verbatim_prompt(chat, ep, k)
+    if name == "qwen3":  # this seed samples "</think>" in an earlier turn: the re-render case
+        assert any("</think>" in t.text for ep in episodes for t in ep.turns[:-1])
+    _check_trainer_parity(episodes, engine)
+
+
+def _scripted(tokenizer, texts: list[str]):
+    """A fixed policy (not an engine): turn k samples ``texts[k]`` and the end token."""
+    turns = iter(texts)
+
+    async def generate(prompt_ids, sampling, session_id):
+        text = next(turns)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        return Completion(ids, [0.0] * len(ids), text, "stop")
+
+    return generate
+
+
+QWEN_CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>'
+
+
+def test_qwen_tool_calls_round_trip_through_tool_env(qwen):
+    """A Hermes call in the form the Qwen templates write it, answered by the calculator:
+    tool schemas in the system turn, the reply as <tool_response> in a user turn."""
+    name, engine = qwen
+    tok = engine.tokenizer
+    script = [f"<think>\nI need the tool.\n</think>\n\n{QWEN_CALL}", "It is 42."]
+    config = AgentLoopConfig(max_turns=4, max_response_tokens=200, max_model_len=4096)
+    recorder: list[list[int]] = []
+    generate = _scripted(tok, script)
+
+    async def recording(prompt_ids, sampling, session_id):
+        recorder.append(list(prompt_ids))
+        return await generate(prompt_ids, sampling, session_id)
+
+    episodes = asyncio.run(
+        run_episodes(
+            [{"prompt": "6*7?"}], 1, generate=recording, tokenizer=tok,
+            make_env=lambda: ToolEnv(["calculator"], timeout_s=10), sampling=SAMPLING,
+            config=config,
+        )
+    )  # fmt: skip
+    ep = episodes[0]
+    assert ep.num_turns == 2 and ep.tool_calls == 1 and ep.tool_errors == 0 and not ep.truncated
+    assert ep.messages[2] == {
+        "role": "tool", "name": "calculator", "content": "42", "tool_call_id": "call_0"
+    }  # fmt: skip
+    assert ep.final_text == "It is 42."
+    chat = ChatTokens(tok, [load_tool("calculator").schema])
+    system = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n"
+    tools_header = (
+        f"<|im_start|>system\n{system if name == 'qwen2.5' else ''}# Tools\n\n"
+        "You may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+        '{"type": "function", "function": {"name": "calculator", '
+    )
+    assert chat.decode(ep.prompt_ids).startswith(tools_header)
+    assert chat.decode(ep.prompt_ids).endswith(
+        "<|im_start|>user\n6*7?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    delta = (
+        "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    assert chat.decode(ep.turns[0].env_ids) == delta
+    # token in, token out: turn 2's prompt is turn 1's + the sampled ids + the delta
+    assert recorder[1] == ep.prompt_ids + ep.turns[0].sampled_ids + ep.turns[0].env_ids
+    n_model, n_env = len(ep.turns[0].sampled_ids), len(ep.turns[0].env_ids)
+    assert ep.response_mask == [1] * n_model + [0] * n_env + [1] * len(ep.turns[1].sampled_ids)
+    assert chat.decode(ep.prompt_ids + ep.response_ids) == (
+        chat.decode(ep.prompt_ids) + script[0] + "<|im_end|>" + delta + script[1] + "<|im_end|>"
+    )
+    if name == "qwen3":
+        # Between tool calls Qwen3 keeps the reasoning (no new user query): its own rendering
+        # of the parsed chat is the trajectory's, token for token.
+        assert chat.prompt_ids(ep.messages[:3]) == recorder[1]
+
+
+@pytest.mark.parametrize("qwen", ["qwen3"], indirect=True)
+def test_qwen3_earlier_thinking_stays_as_sampled(qwen):
+    """After a new user message Qwen3's template drops the <think> blocks of earlier assistant
+    turns, so rendering the chat afresh would change the prefix the model already saw. The
+    loop never re-renders: turn 2's prompt extends turn 1's, thinking included."""
+    _, engine = qwen
+    tok = engine.tokenizer
+    script = ["<think>\nplan\n</think>\n\nhello", "<think>\nmore\n</think>\n\nbye"]
+    config = AgentLoopConfig(max_turns=4, max_response_tokens=200, max_model_len=256)
+    generate = _scripted(tok, script)
+    prompts: list[list[int]] = []
+
+    async def recording(prompt_ids, sampling, session_id):
+        prompts.append(list(prompt_ids))
+        return await generate(prompt_ids, sampling, session_id)
+
+    episodes = asyncio.run(
+        run_episodes(
+            [{"prompt": "hi"}], 1, generate=recording, tokenizer=tok,
+            make_env=lambda: ThreeUserTurns(turns=2), sampling=SAMPLING, config=config,
+        )
+    )  # fmt: skip
+    ep = episodes[0]
+    chat = ChatTokens(tok)
+    assert ep.num_turns == 2 and ep.reward == 2.0 and not ep.truncated
+    assert chat.decode(ep.turns[0].env_ids) == (
+        "\n<|im_start|>user\nagain 1<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert prompts[1] == ep.prompt_ids + ep.turns[0].sampled_ids + ep.turns[0].env_ids
+    opening = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert chat.decode(prompts[1]) == (
+        f"{opening}<think>\nplan\n</think>\n\nhello<|im_end|>\n"
+        "<|im_start|>user\nagain 1<|im_end|>\n<|im_start|>assistant\n"
+    )
+    # the template's fresh rendering of the same chat: turn 1's thinking is gone
+    fresh = chat.prompt_ids(ep.messages[:3])
+    assert chat.decode(fresh) == (
+        f"{opening}hello<|im_end|>\n<|im_start|>user\nagain 1<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert fresh != prompts[1]  # re-rendering would change tokens the model has conditioned on
+    assert chat.decode(ep.response_ids) == (
+        script[0]
+        + "<|im_end|>\n<|im_start|>user\nagain 1<|im_end|>\n<|im_start|>assistant\n"
+        + script[1]
+        + "<|im_end|>"
+    )
