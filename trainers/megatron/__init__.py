@@ -1,5 +1,6 @@
 """Megatron-core training backend (``trainer=megatron``): tensor and pipeline parallelism.
 
-``convert`` (HF <-> Megatron weights) is plain torch; ``engine`` and ``cpu_shim``
-import megatron-core (the ``megatron`` extra).
+``convert`` (HF <-> Megatron weights) and ``config`` are plain torch; ``model``
+(one rank's GPT model and optimizer), ``schedule``, ``checkpoint``, ``engine``
+(the policy) and ``cpu_shim`` import megatron-core (the ``megatron`` extra).
 """

@@ -4,9 +4,9 @@ and RNG state, written atomically; they load back into the same parallel layout.
 Layout of a checkpoint directory ``D``::
 
     D/engine.json     engine config and world size
-    D/rank{r}.pt      rank r's parameters (model-wide Megatron names), optimizer
-                      state (with the distributed optimizer: also the parameter
-                      state gathered on data-parallel rank 0), steps, RNG state
+    D/rank{r}.pt      rank r's parameters (model-wide Megatron names), the Adam
+                      state of the parameters its optimizer steps (with the
+                      distributed optimizer: its shard), steps, RNG state
 
 Every rank writes into ``D.partial``; after a barrier rank 0 renames it to ``D``.
 """
@@ -42,9 +42,7 @@ def save(m: MegatronModel, path: str) -> str:
         "rng": rng_state(),
     }
     if m.optimizer is not None:
-        state["optimizer"] = m.optimizer.state_dict()
-        if m.cfg.parallel.distributed_optimizer:
-            state["param_state"] = m.optimizer.get_parameter_state_dp_zero()
+        state["optimizer"] = [adam.state_dict() for adam in _adams(m)]
     torch.save(state, tmp / f"rank{m.rank}.pt")
     if m.rank == 0:
         meta = {"config": dataclasses.asdict(m.cfg), "world_size": m.world_size}
@@ -76,9 +74,17 @@ def load(m: MegatronModel, path: str) -> None:
         for name, param in m.local_params().items():
             param.copy_(state["model"][name])
     if m.optimizer is not None and "optimizer" in state:
-        m.optimizer.load_state_dict(state["optimizer"])
-        if "param_state" in state:
-            m.optimizer.load_parameter_state_from_dp_zero(state["param_state"])
+        for adam, adam_state in zip(_adams(m), state["optimizer"], strict=True):
+            adam.load_state_dict(adam_state)
     m.steps = state["steps"]
     set_rng_state(state["rng"])
     dist.barrier()
+
+
+def _adams(m: MegatronModel) -> list[torch.optim.Optimizer]:
+    """The torch optimizers inside megatron's (one per chained optimizer). Each holds
+    this rank's Adam state whole: the distributed optimizer's steps only its shard
+    (views of the float32 parameters), so a rank's state loads back into the same
+    layout without gathering it anywhere."""
+    opt = m.optimizer
+    return [sub.optimizer for sub in getattr(opt, "chained_optimizers", [opt])]
