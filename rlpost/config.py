@@ -296,7 +296,9 @@ class TrainerConfig:
     max_bad_steps: int = spec(
         3, ge=1, help="stop after this many steps in a row whose update was skipped for NaN/Inf"
     )
-    save_every: int = spec(0, ge=0, help="checkpoint every N steps (0 = never)")
+    save_every: int = spec(
+        50, ge=0, help="checkpoint every N steps and at the last step (0 = never)"
+    )
     keep_last: int = spec(2, ge=1, help="checkpoints kept in run_dir/checkpoints")
     resume: str = spec(
         "auto", help="auto (latest checkpoint in run_dir, if any), none, or a checkpoint path"
