@@ -39,9 +39,18 @@ def test_train_twice_in_one_process(tmp_path: Path):
     model = build_tiny_model("micro", tmp_path / "model", seed=0)
     cwd = os.getcwd()
     assert not ray.is_initialized()
+    # The second run trains multi-turn episodes: a custom environment on user rows.
+    rows = "".join(f'{{"prompt": "Guess my digit.", "secret": {i % 10}}}\n' for i in range(8))
+    (tmp_path / "guess.jsonl").write_text(rows)
+    agent = [
+        "data=files", f"data.train_files={tmp_path / 'guess.jsonl'}",
+        f"data.val_files={tmp_path / 'guess.jsonl'}", "rollout.max_tokens=8",
+        f"agent.env={REPO / 'examples/agent/guess_env.py'}:GuessEnv", "agent.max_turns=3",
+        "agent.max_response_tokens=64",
+    ]  # fmt: skip
     results = []
     for i, steps in enumerate((1, 2)):
-        cfg = compose(small_run(model, tmp_path / f"run{i}", steps))
+        cfg = compose(small_run(model, tmp_path / f"run{i}", steps) + (agent if i else []))
         results.append(train(cfg))
         assert os.getcwd() == cwd
         assert not ray.is_initialized()  # it started Ray, so it stopped it
@@ -52,6 +61,8 @@ def test_train_twice_in_one_process(tmp_path: Path):
         assert Path(result.final_model, "config.json").exists()
     # The second run's replica followed its own trainer, not a leftover one.
     assert results[1].history[-1]["rollout/logprob_abs_diff_max"] < 1e-3
+    assert "agent/turns_mean" not in results[0].history[-1]
+    assert all(1.0 < h["agent/turns_mean"] <= 3.0 for h in results[1].history[1:])
 
 
 def test_quickstart_notebook_runs_end_to_end(tmp_path: Path, monkeypatch):
