@@ -514,8 +514,9 @@ class Controller:
         ol = self.cfg.algo.overlong
         lengths = torch.tensor([len(c.token_ids) for res in results for c in res.completions])
         # An episode's length limit is its whole response budget, not one turn's.
-        limit = self.cfg.agent.max_response_tokens if self.agent else self.sampling.max_tokens
-        penalty = ol.factor * overlong_penalty(lengths, max_len=limit, buffer=ol.buffer)
+        penalty = ol.factor * overlong_penalty(
+            lengths, max_len=self.response_budget, buffer=ol.buffer
+        )
         scores["total"] = scores["total"] + penalty
         return {"reward/overlong_penalty_mean": float(penalty.mean())}
 
@@ -596,6 +597,14 @@ class Controller:
             values_bt=batch.old_values_bt,
         )
 
+    @property
+    def response_budget(self) -> int:
+        """The most response tokens a sample can have: one completion's, or a whole
+        episode's in agent mode (DAPO's overlong limit, Dr.GRPO's loss constant)."""
+        if self.agent is not None:
+            return self.cfg.agent.max_response_tokens
+        return self.sampling.max_tokens
+
     def update_policy(self, batch: TrajectoryBatch) -> dict[str, float]:
         """The policy update; the truncated importance weight of ``algo.rollout_is_cap``
         is applied inside it. Without old log-probs in the batch, they come from the
@@ -603,7 +612,7 @@ class Controller:
         kwargs = dict(
             loss_cfg=self.loss_cfg,
             temperature=self.sampling.temperature,
-            norm_const=float(self.sampling.max_tokens),
+            norm_const=float(self.response_budget),
             reg=self.reg,
             is_cap=self.cfg.algo.rollout_is_cap,
         )
