@@ -362,19 +362,24 @@ class Controller:
         """A trainer rank died: rebuild every trainer group, load the latest checkpoint
         (or go back to step 0 if there is none) and re-sync the rollout; returns the
         step the run continues after. Re-raises ``exc`` when the dead actor is not a
-        trainer rank or ``trainer.max_restarts`` restarts are used up."""
+        trainer rank; a ``RunError`` naming ``trainer.max_restarts`` when the restarts
+        are used up."""
         w = self.workers
         groups = [g for g in (w.policy, w.reference, w.critic) if g is not None]
         limit = self.cfg.trainer.max_restarts
-        if (
-            self.rebuild_trainers is None
-            or self.trainer_restarts >= limit
-            or not any(g.owns(exc.actor_id) for g in groups)
-        ):
+        if self.rebuild_trainers is None or not any(g.owns(exc.actor_id) for g in groups):
             raise exc
+        why = " ".join(str(exc).split())[:300]
+        if self.trainer_restarts >= limit:
+            last = self.ckpt.latest()
+            raise RunError(
+                f"a trainer rank died after trainer.max_restarts={limit} restart(s) were used "
+                f"up ({why}). The last checkpoint is {last or 'none (the run starts afresh)'}: "
+                "rerun the same command (trainer.resume=auto) to continue from it, and raise "
+                "trainer.max_restarts if ranks are expected to die (preemptible nodes)."
+            ) from exc
         self.trainer_restarts += 1
         start = time.perf_counter()
-        why = " ".join(str(exc).split())[:300]
         log.warning("a trainer rank died; restart %d of %d: %s", self.trainer_restarts, limit, why)
         w.policy, w.reference, w.critic = self.rebuild_trainers()
         path = pick_checkpoint("auto", self.run_dir, self.cfg.trainer.keep_last)

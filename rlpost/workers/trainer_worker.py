@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import socket
+import time
 from typing import Any
 
 import ray
@@ -53,9 +53,10 @@ class TrainerWorker:
 
         engines: dict[str, Any] = {"policy": FSDPEngine, "critic": CriticEngine}
         if type(cfg).__name__ == "MegatronEngineConfig":  # no megatron import for FSDP runs
+            from trainers.megatron.critic import MegatronCriticEngine
             from trainers.megatron.engine import MegatronEngine
 
-            engines = {"policy": MegatronEngine}
+            engines = {"policy": MegatronEngine, "critic": MegatronCriticEngine}
         self.engine = engines[kind](cfg, rank, world_size, init_method)
         return self.engine.num_params
 
@@ -170,27 +171,66 @@ class TrainerGroup:
         return self._each("save_hf", out_dir)[0]
 
     def close(self, timeout_s: float = 60.0) -> None:
-        """Close each rank's engine, then end the actors. A rank that died has nothing
-        to close, and one stuck in a collective with a dead peer is ended as it is."""
-        refs = [w.call.remote("close") for w in self.workers]
+        """Close each rank's engine, then end the actors. Once one rank is found dead
+        the others are ended at once: a survivor may be stuck in a collective with
+        the dead rank (NCCL waits for its timeout), and its close would queue behind
+        that call until ``timeout_s``."""
+        pending = [w.call.remote("close") for w in self.workers]
+        deadline = time.monotonic() + timeout_s
         try:
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-            for ref in ready:
-                with contextlib.suppress(ray.exceptions.RayActorError):
-                    ray.get(ref)
+            while pending:
+                ready, pending = ray.wait(pending, timeout=max(deadline - time.monotonic(), 0))
+                if not ready:
+                    break  # the deadline passed
+                try:
+                    ray.get(ready)
+                except ray.exceptions.RayActorError:
+                    break  # a rank is dead: end them all now
         finally:
             for w in self.workers:
                 ray.kill(w)
 
 
-def _gather(refs: list[Any]) -> list[Any]:
+def _gather(refs: list[Any], settle_s: float = 10.0) -> list[Any]:
     """``ray.get(refs)``, but raising as soon as one rank fails: the others may be
-    waiting for the dead one in a collective until the backend's timeout."""
+    waiting for the dead one in a collective until the backend's timeout.
+
+    When a rank was killed, its survivors' collectives fail too (gloo: "Connection
+    reset by peer"), often before Ray reports the death. The death is what the
+    caller can act on (``Controller.restart_trainers``), so after a failed call the
+    other ranks get up to ``settle_s`` seconds to show one (a ``RayActorError``),
+    which is raised instead.
+    """
     pending = list(refs)
     while pending:
         ready, pending = ray.wait(pending, num_returns=1)
-        ray.get(ready)
+        try:
+            ray.get(ready)
+        except ray.exceptions.RayActorError:
+            raise
+        except ray.exceptions.RayError as exc:
+            died = _dead_rank(pending, settle_s)
+            if died is not None:
+                raise died from exc
+            raise
     return ray.get(refs)
+
+
+def _dead_rank(refs: list[Any], timeout_s: float) -> ray.exceptions.RayActorError | None:
+    """The error of the first of ``refs`` whose rank died within ``timeout_s``, if any."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, timeout=max(deadline - time.monotonic(), 0))
+        if not ready:
+            return None
+        try:
+            ray.get(ready)
+        except ray.exceptions.RayActorError as exc:
+            return exc
+        except ray.exceptions.RayError:
+            pass  # this rank failed too, but is alive
+    return None
 
 
 def _padded(batch: TrajectoryBatch, world_size: int) -> TrajectoryBatch:

@@ -115,3 +115,24 @@ def alive(procs: dict, grace_s: float = 10.0) -> list[str]:
 def actor_pids(pid: int, cls: str) -> list[int]:
     """The processes below ``pid`` that run an actor of class ``cls`` (e.g. TrainerWorker)."""
     return [p.pid for p, cmdline in descendants(pid).items() if f"ray::{cls}" in cmdline]
+
+
+def trainer_rank_pids(pid: int) -> list[int]:
+    """The trainer ranks below ``pid``, rank 0 first (one trainer group of two ranks).
+
+    Rank 0 hosts the group's rendezvous store, on the port that
+    ``TrainerWorker.address`` draws from 20000..31999; gloo's own sockets and
+    Ray's worker ports lie outside that range.
+    """
+    import psutil
+
+    ranks = actor_pids(pid, "TrainerWorker")
+    assert len(ranks) == 2, ranks
+
+    def hosts_store(p: int) -> bool:
+        conns = psutil.Process(p).net_connections(kind="tcp")
+        return any(c.status == psutil.CONN_LISTEN and 20000 <= c.laddr.port < 32000 for c in conns)
+
+    first = [p for p in ranks if hosts_store(p)]
+    assert len(first) == 1, f"cannot tell rank 0 among {ranks}"
+    return [first[0], next(p for p in ranks if p != first[0])]
