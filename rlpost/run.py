@@ -277,8 +277,10 @@ def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
         role: str = "policy",
     ) -> TrainerGroup:
         engine_cfg: Any
-        if t.name == "megatron" and kind == "policy":  # the critic stays an FSDP2 engine
-            engine_cfg = megatron_engine_config(cfg, model_path, lr, lr_warmup_steps, trainable)
+        if t.name == "megatron":
+            engine_cfg = megatron_engine_config(
+                cfg, model_path, lr, lr_warmup_steps, trainable, packing=kind == "policy"
+            )
             return TrainerGroup(
                 engine_cfg, t.world_size, t.num_cpus_per_worker, t.threads, device.ray_resource,
                 kind, scheduling=placement.scheduling(role),
@@ -409,15 +411,21 @@ def engine_settings(
 
 
 def megatron_engine_config(
-    cfg: Config, model_path: str, lr: float, lr_warmup_steps: int, trainable: bool
+    cfg: Config,
+    model_path: str,
+    lr: float,
+    lr_warmup_steps: int,
+    trainable: bool,
+    packing: bool = True,
 ) -> Any:
-    """The Megatron engine's settings for ``trainer=megatron`` (policy and reference)."""
+    """The Megatron engines' settings for ``trainer=megatron`` (policy, reference and
+    critic; the critic runs padded, ``packing=False``)."""
     from trainers.megatron.config import MegatronEngineConfig, MegatronParallel
 
     mg = cfg.trainer.megatron
     return MegatronEngineConfig(
         **engine_settings(cfg, model_path, lr, lr_warmup_steps, trainable),
-        packing=cfg.trainer.packing,
+        packing=cfg.trainer.packing and packing,
         parallel=MegatronParallel(
             tp=mg.tp,
             pp=mg.pp,

@@ -1,6 +1,8 @@
-"""Exact resume with trainer=megatron through the real CLI: 4 steps in one run equal
-2 steps, a stop, and 2 more resumed from the checkpoint (fixed seed), with the
-Adam state sharded over 2 data-parallel ranks (the distributed optimizer)."""
+"""Exact resume with trainer=megatron through the real CLI: 4 PPO steps in one run
+equal 2 steps, a stop, and 2 more resumed from the checkpoint (fixed seed). The
+policy and the critic both run on Megatron, each with its Adam state sharded over 2
+data-parallel ranks (the distributed optimizer); no KL penalty, so no reference
+policy (2 x 2 trainer ranks on the test machine's 2 cores)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,13 @@ from rlpost.tiny import build_tiny_model
 pytest.importorskip("vllm")
 pytest.importorskip("megatron.core")
 
-ARGS = ("trainer=megatron", "trainer.world_size=2", "trainer.megatron.distributed_optimizer=true")
+ARGS = (
+    "algo=ppo",
+    "algo.kl.reward_coef=0",
+    "trainer=megatron",
+    "trainer.world_size=2",
+    "trainer.megatron.distributed_optimizer=true",
+)
 
 
 def test_resumed_megatron_run_matches_uninterrupted_run(tmp_path):
@@ -28,7 +36,7 @@ def test_resumed_megatron_run_matches_uninterrupted_run(tmp_path):
     for a, b in zip(straight, resumed):
         assert comparable(a) == comparable(b), a["step"]
     # The policy really moved between steps 2 and 4 (the comparison is not vacuous).
-    assert all(r["actor/grad_norm"] > 0 for r in straight[3:])
+    assert all(r["actor/grad_norm"] > 0 and r["critic/grad_norm"] > 0 for r in straight[3:])
     # Still in the LR warm-up at step 3: the resumed engine's step count went on from
     # 2 (a fresh count would repeat step 1's rate, and the rows would differ).
     assert straight[3]["actor/lr"] > straight[2]["actor/lr"] > straight[1]["actor/lr"]

@@ -2,5 +2,6 @@
 
 ``convert`` (HF <-> Megatron weights) and ``config`` are plain torch; ``model``
 (one rank's GPT model and optimizer), ``schedule``, ``checkpoint``, ``engine``
-(the policy) and ``cpu_shim`` import megatron-core (the ``megatron`` extra).
+(the policy), ``critic`` (PPO's value model) and ``cpu_shim`` import
+megatron-core (the ``megatron`` extra).
 """
