@@ -4,8 +4,10 @@
 
 CHECKPOINT is a run checkpoint (``run_dir/checkpoints/step_N``, whose
 ``policy/`` is used) or an engine checkpoint directory. The result loads with
-``AutoModelForCausalLM.from_pretrained`` and with vLLM; the tokenizer is
-copied from the base model the run trained.
+transformers (``AutoModelForCausalLM``, or ``AutoModelForImageTextToText`` for
+a vision-language model) and with vLLM, its weights named as hub checkpoints
+name them (``trainers.hf_format.use_hub_layout``); the tokenizer, and a VL
+model's processor, are copied from the base model the run trained.
 """
 
 from __future__ import annotations
@@ -31,11 +33,11 @@ def engine_dir(checkpoint: str | Path) -> Path:
 def export(checkpoint: str | Path, out_dir: str | Path) -> Path:
     """Write the checkpoint's policy to ``out_dir`` as an HF model, atomically."""
     import torch.distributed.checkpoint as dcp
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trainers.fsdp.common import DTYPES
     from trainers.fsdp.lora import LoraSettings, apply_lora
     from trainers.fsdp.state import read_meta
+    from trainers.hf_format import load_model, save_preprocessing, use_hub_layout
 
     src = engine_dir(checkpoint)
     meta = read_meta(src)
@@ -45,7 +47,7 @@ def export(checkpoint: str | Path, out_dir: str | Path) -> Path:
     if isinstance(lora_raw["target_modules"], list):
         lora_raw["target_modules"] = tuple(lora_raw["target_modules"])
     lora = LoraSettings(**lora_raw)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=DTYPES[cfg["dtype"]])
+    model = load_model(base, DTYPES[cfg["dtype"]])
     if lora.enabled:
         model = apply_lora(model, lora, base)
     state = model.state_dict()
@@ -57,8 +59,8 @@ def export(checkpoint: str | Path, out_dir: str | Path) -> Path:
         model = model.merge_and_unload()  # type: ignore[operator]
     out = Path(out_dir)
     with atomic_directory(out) as tmp:
-        model.save_pretrained(tmp)
-        AutoTokenizer.from_pretrained(base).save_pretrained(tmp)
+        use_hub_layout(model).save_pretrained(tmp)
+        save_preprocessing(base, tmp)
     return out
 
 

@@ -9,6 +9,14 @@ where the files have ``mlp.experts.{e}.gate_proj.weight`` and
 parameter for them, so weights leave the trainer in the checkpoint layout
 (``to_checkpoint_format``) and an engine that runs a transformers model maps
 them back (``CheckpointLayout``).
+
+Hub checkpoints of CLIP and SigLIP vision towers (LLaVA, Gemma 3) nest them
+under ``vision_tower.vision_model.``; transformers 5 drops that level in memory
+and saves it only for a model it loaded from such names. A model built from a
+config, or loaded from a directory transformers 5 wrote, comes out as
+``vision_tower.embeddings.*``, which vLLM 0.32 cannot load. ``use_hub_layout``
+makes every conversion here (weight sync, ``save_pretrained``) write the
+nested names.
 """
 
 from __future__ import annotations
@@ -104,6 +112,43 @@ def vision_parameters(model: Any) -> list[torch.nn.Parameter]:
     return [p for p in base.parameters() if id(p) not in keep]
 
 
+# The level hub checkpoints of CLIP-family vision towers (CLIP, SigLIP) keep and
+# transformers 5 removes on load (its ``PrefixChange(prefix_to_remove=...)``).
+NESTED_TOWER_PREFIX = "vision_model"
+
+
+def use_hub_layout(model: Any) -> Any:
+    """Make ``model`` (in place; returned) convert and save its CLIP-family vision
+    towers under ``vision_model.`` as hub checkpoints and vLLM name them, however
+    it was built or loaded. Idempotent; nothing changes for other models.
+
+    transformers keeps, on a loaded model, the conversions the checkpoint's names
+    used, and reverses them to save; the tower's nesting is one of them only when
+    the checkpoint had it. Here it is added whenever transformers' own mapping for
+    the model has it.
+    """
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import PrefixChange
+
+    base = _base(model)
+    mapping = get_model_conversion_mapping(base, add_legacy=False)
+    nesting = [
+        c
+        for c in mapping
+        if isinstance(c, PrefixChange) and c.prefix_to_remove == NESTED_TOWER_PREFIX
+    ]
+    if not nesting:
+        return model
+    current = getattr(base, "_weight_conversions", None)
+    if current is None:  # built from a config: transformers' mapping, as it would save
+        current = [c for c in mapping if not isinstance(c, PrefixChange)]
+    have = {(repr(c), c.scope_prefix) for c in current}
+    base._weight_conversions = list(current) + [
+        c for c in nesting if (repr(c), c.scope_prefix) not in have
+    ]
+    return model
+
+
 def to_checkpoint_format(model: Any, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``state`` (the model's own parameter names) renamed and split as its
     checkpoint files hold it; unchanged for models without a conversion.
@@ -111,11 +156,12 @@ def to_checkpoint_format(model: Any, state: dict[str, torch.Tensor]) -> dict[str
     Tied copies (``lm_head.weight`` where the embeddings are tied) stay in: an
     engine whose head is a module sharing the embedding's weight (vLLM's Qwen2)
     refreshes that module only when its name arrives; an engine without such a
-    module drops the name (``rollout/vllm/worker_ext.py``).
+    module drops the name (``rollout/vllm/worker_ext.py``). CLIP-family vision
+    towers get their hub names (``use_hub_layout``).
     """
     from transformers.core_model_loading import revert_weight_conversion
 
-    return revert_weight_conversion(_base(model), dict(state))
+    return revert_weight_conversion(_base(use_hub_layout(model)), dict(state))
 
 
 class CheckpointLayout:

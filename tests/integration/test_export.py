@@ -94,3 +94,50 @@ def test_exported_lora_model_generates_in_vllm_like_transformers(model_dir, tmp_
         )[0, len(prompt) :].tolist()
         got = res.completions[0].token_ids
         assert got == ids[: len(got)] and len(got) >= 1
+
+
+def _save_vl_checkpoint(rank: int, model_dir: str, port: int, run_dir: str):
+    eng = engine(model_dir, rank, 1, port)
+    manager = CheckpointManager(run_dir, keep_last=1)
+    manager.atomic_write(1, lambda tmp: eng.save_checkpoint(str(tmp / "policy")))
+    eng.close()
+
+
+def test_an_exported_llava_names_its_vision_tower_as_vllm_loads_it(tmp_path):
+    """A LLaVA directory as transformers 5 writes a model it built from a config
+    (``vision_tower.embeddings.*``, which vLLM refuses) trains, and its export has
+    the hub names (``vision_tower.vision_model.*``), the same weights and the
+    processor."""
+    from safetensors import safe_open
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    from rlpost.vl.compat import install
+    from rlpost.vl.models import VL_ARCHS
+
+    install()
+    tok, config, processor = VL_ARCHS["LlavaForConditionalGeneration"]()
+    source = tmp_path / "llava"
+    LlavaForConditionalGeneration(config).save_pretrained(source)
+    processor.save_pretrained(source)
+    tok.save_pretrained(source)
+    run_dir = tmp_path / "run"
+    spawn(_save_vl_checkpoint, (str(source), free_port(), str(run_dir)))
+    step = CheckpointManager(run_dir, 1).latest()
+    out = tmp_path / "hf"
+    cmd = [sys.executable, "-m", "rlpost.export", str(step), str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+
+    def tower(path: Path) -> list[str]:
+        with safe_open(str(path / "model.safetensors"), "pt") as f:
+            return sorted(k for k in f.keys() if k.startswith("vision_tower."))  # noqa: SIM118
+
+    assert tower(source) and all(".vision_model." not in k for k in tower(source))
+    assert tower(out) == sorted(
+        k.replace("tower.", "tower.vision_model.", 1) for k in tower(source)
+    )
+    before = LlavaForConditionalGeneration.from_pretrained(source).state_dict()
+    after = LlavaForConditionalGeneration.from_pretrained(out).state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert AutoProcessor.from_pretrained(out).image_token == "<image>"

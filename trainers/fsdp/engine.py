@@ -60,6 +60,7 @@ from trainers.hf_format import (
     placeholder_token_ids,
     save_preprocessing,
     to_checkpoint_format,
+    use_hub_layout,
     vision_parameters,
 )
 from trainers.logprobs import token_logprobs as token_logprobs  # re-exported
@@ -140,7 +141,10 @@ class FSDPEngine:
         self.updater = (
             Updater(model, cfg.optim(), world_size, self._micro_batches) if cfg.trainable else None
         )
-        self._forward_args = set(inspect.signature(model.forward).parameters)
+        # What the transformers model's forward takes (under LoRA too, whose wrapper
+        # passes image inputs on as keyword arguments).
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self._forward_args = set(inspect.signature(base.forward).parameters)
         self._never_sample = placeholder_token_ids(model.config)
         self.num_params = sum(p.numel() for p in model.parameters())
         self.num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -162,17 +166,19 @@ class FSDPEngine:
         return logits
 
     def _image_inputs(self, mb: TrajectoryBatch, ids: torch.Tensor) -> dict[str, torch.Tensor]:
-        """A VL micro-batch's image-processor outputs, its samples' joined in order;
-        models that place images by token type also get ``mm_token_type_ids``
-        (1 on image tokens)."""
+        """A VL micro-batch's image-processor outputs that the forward takes, its
+        samples' joined in order (not counts such as InternVL's ``num_patches``).
+        Models that place images by token type get ``mm_token_type_ids`` (Qwen-VL)
+        or ``token_type_ids`` (Gemma 3, whose image tokens attend to each other
+        both ways), 1 on image tokens."""
         if mb.mm_inputs_b is None:
             return {}
-        out = {
-            k: torch.cat([m[k] for m in mb.mm_inputs_b]).to(self.device) for k in mb.mm_inputs_b[0]
-        }
+        keys = [k for k in mb.mm_inputs_b[0] if k in self._forward_args]
+        out = {k: torch.cat([m[k] for m in mb.mm_inputs_b]).to(self.device) for k in keys}
         image_token = getattr(self.model.config, "image_token_id", None)
-        if image_token is not None and "mm_token_type_ids" in self._forward_args:
-            out["mm_token_type_ids"] = (ids == image_token).long()
+        for name in ("mm_token_type_ids", "token_type_ids"):
+            if image_token is not None and name in self._forward_args:
+                out[name] = (ids == image_token).long()
         return out
 
     def _token_stats(
@@ -492,7 +498,7 @@ class FSDPEngine:
         if missing:
             raise ValueError(f"save_hf: no weights for {missing[:5]}")
         with atomic_directory(out_dir) as tmp:
-            model.save_pretrained(tmp)
+            use_hub_layout(model).save_pretrained(tmp)
             save_preprocessing(tokenizer_dir or self.cfg.model_path, tmp)
         return str(out_dir)
 
