@@ -221,18 +221,25 @@ def _manifest(root: Path) -> dict[str, tuple[int, int]]:
 
 
 def _write_failure(exc: BaseException, root: Path) -> str:
-    """Why a save failed, in words: the out-of-space error behind ``exc`` (raised
-    here or in a worker; torch reports a short write as a RuntimeError), with the
-    space left, or else the error itself."""
+    """Why a save failed, in one line: the out-of-space error behind ``exc`` (raised
+    here or in a worker, where torch's distributed checkpoint and Ray wrap it and
+    only its text survives; torch reports a short write as a RuntimeError), with
+    the space left, or else the last line of the error itself."""
     free = shutil.disk_usage(root).free if root.exists() else -1
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, OSError) and seen.errno in DISK_ERRNOS:
             return f"{os.strerror(seen.errno or 0)} ({free} bytes free)"
         seen = getattr(seen, "cause", None) or seen.__cause__ or seen.__context__
-    if 0 <= free < (1 << 20) or "unexpected pos" in str(exc):
-        return f"the disk is full or a file-size limit was hit ({free} bytes free; {exc})"
-    return f"{type(exc).__name__}: {exc}"
+    text = str(exc)
+    errnos = [int(n) for n in re.findall(r"\[Errno (\d+)\]", text)]
+    for n in errnos:
+        if n in DISK_ERRNOS:
+            return f"{os.strerror(n)} ({free} bytes free)"
+    last = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
+    if 0 <= free < (1 << 20) or "unexpected pos" in text:
+        return f"the disk is full or a file-size limit was hit ({free} bytes free; {last})"
+    return f"{type(exc).__name__}: {last}"
 
 
 def save_driver_state(directory: str | Path, state: dict[str, Any]) -> None:

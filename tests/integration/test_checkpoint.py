@@ -1,9 +1,14 @@
-"""Engine checkpoints: exact resume and crash safety.
+"""Checkpoints: exact resume and crash safety.
 
 A run of 2k steps and a run of k steps, saved, then resumed in a new process
 for k more steps end with bit-identical parameters and identical metrics at
 step 2k. A save that fails or is killed half-way leaves the previous
 checkpoint as the latest complete one, and it still loads.
+
+Through the real CLI: a save onto a full disk stops the run with an error
+naming the path and the intact previous checkpoint, which the same command
+resumes from once there is room; a truncated file in the newest checkpoint
+makes ``trainer.resume=auto`` fall back to the one before it with a warning.
 """
 
 from __future__ import annotations
@@ -230,3 +235,116 @@ def test_disk_full_during_save_is_a_clear_error_and_the_previous_checkpoint_load
     finally:
         if mounted:
             subprocess.run(["umount", str(run_dir)])
+
+
+def _cli(model: str, run_dir: Path, steps: int, *extra: str):
+    import subprocess
+
+    from cli_utils import ENV, cli_command
+
+    cmd = cli_command(Path(model), run_dir, steps, *extra)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
+
+
+def _limit_writer(proc, run_dir: Path, fsize: int) -> None:
+    """RLIMIT_FSIZE on the trainer rank (the checkpoint's writer) once step 2's
+    checkpoint is complete; Python ignores SIGXFSZ, so a write past it is EFBIG."""
+    import psutil
+    from cli_utils import actor_pids, wait_until
+
+    wait_until((run_dir / "checkpoints/step_000002/COMPLETE").exists, proc, run_dir)
+    [pid] = actor_pids(proc.pid, "TrainerWorker")
+    psutil.Process(pid).rlimit(psutil.RLIMIT_FSIZE, (fsize, fsize))
+
+
+def test_disk_full_through_the_cli_is_a_clear_error_and_the_same_command_resumes(
+    model_dir, tmp_path
+):
+    import re
+    import subprocess
+    import time
+
+    from cli_utils import metrics, output, start
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    # A 2 MiB tmpfs holds the run's small files and one checkpoint of the micro
+    # model (1.3 MB), not two. Where mounting is not allowed: RLIMIT_FSIZE on the
+    # trainer rank once the first checkpoint is written.
+    mount = ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(run_dir)]
+    mounted = subprocess.run(mount, capture_output=True).returncode == 0
+    mechanism = "a 2 MiB tmpfs" if mounted else "RLIMIT_FSIZE=256 KiB on the trainer rank"
+    try:
+        proc = start(Path(model_dir), run_dir, 1000)  # checkpoints every 2 steps
+        try:
+            if not mounted:
+                _limit_writer(proc, run_dir, 256 * 1024)
+            code = proc.wait(timeout=300)
+        finally:
+            proc.kill()
+        text = output(run_dir)
+        assert code == 2, text[-3000:]
+        [line] = [x for x in text.splitlines() if x.startswith("error: checkpoint")]
+        failed = re.match(r"error: checkpoint of step (\d+) could not be written to (\S+):", line)
+        assert failed and failed.group(2) == str(run_dir / "checkpoints"), line
+        # torch reports a write cut short by RLIMIT_FSIZE as "unexpected pos", not EFBIG
+        reasons = ("No space left on device", "File too large", "a file-size limit was hit")
+        assert any(r in line for r in reasons), line
+        intact = re.search(r"The previous checkpoint \(step_(\d+)\) is intact", line)
+        assert intact, line
+        kept, lost = int(intact.group(1)), int(failed.group(1)) - int(intact.group(1))
+        assert kept >= 2 and lost == 2  # the save after it failed
+        assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [f"step_{kept:06d}"]
+
+        # Room again, the same command with resume=auto (the default).
+        if mounted:
+            remount = ["mount", "-o", "remount,size=16m", str(run_dir)]
+            subprocess.run(remount, check=True)
+        started = time.perf_counter()
+        done = _cli(model_dir, run_dir, kept + 1)
+        back_s = time.perf_counter() - started
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert f"step_{kept:06d} (step {kept})" in done.stderr, done.stderr[-3000:]
+        assert [r["step"] for r in metrics(run_dir)] == list(range(kept + 2))
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(run_dir)])
+    print(f"disk full ({mechanism}) during the save of step {kept + lost}: exit 2 naming "
+          f"{run_dir / 'checkpoints'} and step_{kept:06d} as intact; {lost} step(s) lost; "
+          f"after freeing space the same command resumed from step {kept} and finished in "
+          f"{back_s:.1f}s")  # fmt: skip
+
+
+def test_truncated_newest_checkpoint_through_the_cli_falls_back_to_the_previous(
+    model_dir, tmp_path
+):
+    import time
+
+    from cli_utils import comparable, metrics
+
+    run_dir = tmp_path / "run"
+    assert _cli(model_dir, run_dir, 4).returncode == 0  # checkpoints of steps 2 and 4
+    first = metrics(run_dir)
+    newest = run_dir / "checkpoints/step_000004/policy/state/__0_0.distcp"
+    size = newest.stat().st_size
+    with open(newest, "r+b") as f:  # as a disk filling up or a copy cut short leaves it
+        f.truncate(size // 2)
+
+    started = time.perf_counter()
+    rerun = _cli(model_dir, run_dir, 5)
+    rerun_s = time.perf_counter() - started
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    err = rerun.stderr
+    assert (
+        f"checkpoint {run_dir.resolve()}/checkpoints/step_000004 is damaged "
+        f"(policy/state/__0_0.distcp has {size // 2} bytes, {size} were written); "
+        "falling back to the one before it"
+    ) in err, err[-3000:]
+    assert "resuming from step_000002 instead" in err
+    assert "step_000002 (step 2)" in err
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5]
+    for a, b in zip(first[3:5], rows[3:5]):  # steps 3 and 4 redone exactly from step 2
+        assert comparable(a) == comparable(b), a["step"]
+    print(f"newest checkpoint (step 4) truncated to {size // 2} of {size} bytes: resume=auto "
+          f"warned, fell back to step 2 and redid 2 steps; the rerun took {rerun_s:.1f}s")  # fmt: skip

@@ -110,3 +110,25 @@ def test_distributed_checkpoint_metadata_with_a_payload_is_refused(tmp_path):
     ):
         check_dcp_metadata(state)
     assert not marker.exists()
+
+
+def test_a_save_failing_in_a_worker_for_want_of_space_is_one_line(tmp_path):
+    # What a rank's failed save looks like on the driver: Ray's RayTaskError around
+    # torch's CheckpointException, the OSError surviving only as text.
+    remote = RuntimeError(
+        'ray::TrainerWorker.call() (pid=1)\n  File "filesystem.py", line 520\n'
+        "torch.distributed.checkpoint.api.CheckpointException: ranks:dict_keys([0])\n"
+        "OSError: [Errno 28] No space left on device"
+    )
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    _save(manager, 1)
+
+    def writer(tmp):
+        raise remote
+
+    with pytest.raises(CheckpointError) as info:
+        manager.atomic_write(2, writer)
+    message = str(info.value)
+    assert "\n" not in message and "pid=1" not in message, message
+    assert f"step 2 could not be written to {tmp_path / 'checkpoints'}: No space left" in message
+    assert "The previous checkpoint (step_000001) is intact" in message
