@@ -1,14 +1,15 @@
 """The support matrix: which architectures rlpost trains, verified, as ``SUPPORT.md``.
 
-    python -m rlpost.support                          # every architecture (rlpost.archs)
+    python -m rlpost.support                          # every architecture
     python -m rlpost.support Gemma2ForCausalLM ...    # some rows; the others keep theirs
     python -m rlpost.support --render                 # SUPPORT.md from results/support/
 
-Each architecture is built tiny (``rlpost.archs``) and sent through the checks:
-build, FSDP2, LoRA (``checks``), a real GRPO run with vLLM and weight sync
-(``grpo_run``) and the export (``checks``), each step in a process of its own
-(``runner``) so that a crash is recorded as that check's error, not the end of
-the run; ``report`` renders the stored results.
+Each architecture is built tiny (``rlpost.archs``; vision-language ones by
+``rlpost.vl.models``, with an image in every prompt: ``vl``) and sent through
+the checks: build, FSDP2, LoRA (``checks``), a real GRPO run with vLLM and
+weight sync (``grpo_run``) and the export (``checks``), each step in a process
+of its own (``runner``) so that a crash is recorded as that check's error, not
+the end of the run; ``report`` renders the stored results.
 """
 
 from rlpost.support.common import CHECKS, STEPS, Outcome

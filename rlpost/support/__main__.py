@@ -9,8 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rlpost.archs import ARCHS
-from rlpost.support.common import STEPS, Outcome
+from rlpost.support.common import STEPS, Outcome, architectures
 from rlpost.support.report import MARKDOWN, TITLES, write_markdown
 from rlpost.support.runner import RESULTS_DIR, check_architecture, device_kind, save_record
 
@@ -23,8 +22,9 @@ def main(argv: list[str] | None = None) -> int:
         description="Run the support checks on tiny models of each architecture and "
         "regenerate SUPPORT.md.",
     )
+    known = architectures()
     parser.add_argument(
-        "archs", nargs="*", help=f"transformers classes (default: all): {', '.join(ARCHS)}"
+        "archs", nargs="*", help=f"transformers classes (default: all): {', '.join(known)}"
     )
     parser.add_argument(
         "--render", action="store_true", help="only rewrite SUPPORT.md from the stored results"
@@ -40,11 +40,11 @@ def main(argv: list[str] | None = None) -> int:
         help="models and runs go here (kept); default: a temporary directory",
     )
     args = parser.parse_args(argv)
-    unknown = [a for a in args.archs if a not in ARCHS]
+    unknown = [a for a in args.archs if a not in known]
     if unknown:
-        parser.error(f"unknown architectures {unknown}; choose from {', '.join(ARCHS)}")
+        parser.error(f"unknown architectures {unknown}; choose from {', '.join(known)}")
     if not args.render:
-        run(args.archs or list(ARCHS), args.results, args.work)
+        run(args.archs or known, args.results, args.work)
     print(f"wrote {write_markdown(args.results, args.markdown)}")
     return 0
 

@@ -25,6 +25,14 @@ from rlpost.support.common import (
     run_dir,
     skipped,
 )
+from rlpost.support.vl import (
+    image_row,
+    is_vl,
+    processor_inputs,
+    reference_logprobs,
+    with_cause,
+    write_image,
+)
 
 # transformers' reference attention: vLLM matches it, and SDPA leaves out Gemma 2's
 # attention-logit cap.
@@ -33,8 +41,10 @@ REFERENCE_ATTENTION = "eager"
 
 def step_build(arch: str, work: Path) -> dict[str, Outcome]:
     from rlpost.archs import GEMMA_SLIDING_WINDOW, build_arch_model, is_gemma
+    from rlpost.vl.models import build_vl_model
 
-    out = build_arch_model(arch, model_dir(work))
+    build = build_vl_model if is_vl(arch) else build_arch_model
+    out = build(arch, model_dir(work))
     from safetensors import safe_open
 
     with safe_open(str(out / "model.safetensors"), "pt") as f:
@@ -42,58 +52,82 @@ def step_build(arch: str, work: Path) -> dict[str, Outcome]:
     text = f"{n / 1e6:.2f} M parameters"
     if is_gemma(arch):
         text += f", sliding window {GEMMA_SLIDING_WINDOW} tokens"
+    if is_vl(arch):
+        row = image_row(prompt_row(VAL_TEXTS[0]), write_image(work / "build.png", 0))
+        inputs = processor_inputs(out, row)
+        text += f", a prompt with an image: {inputs['input_ids'].shape[1]} tokens"
     return {"build": passed(text)}
 
 
 def step_fsdp(arch: str, work: Path) -> dict[str, Outcome]:
     """FSDP2 on this machine's device: log-prob parity with transformers, one update.
+    A VL model's samples hold an image each, and its vision tower trains here too
+    (``freeze_vision=False``), so that the backward pass goes through it.
 
     Legend: b = samples, t = tokens.
     """
     import torch
     import torch.nn.functional as F
-    from transformers import AutoModelForCausalLM
 
     from algos import PolicyLossConfig
     from rlpost.device import resolve_device
+    from rlpost.support.vl import fsdp_samples
     from trainers.batch import TrajectoryBatch, pad_sequences
     from trainers.fsdp import FSDPEngine, FSDPEngineConfig
+    from trainers.hf_format import auto_class, vision_parameters
 
     device = resolve_device("auto")
     path = str(model_dir(work))
     rendezvous = work / "fsdp.rendezvous"
     rendezvous.unlink(missing_ok=True)
+    vl = is_vl(arch)
     engine = FSDPEngine(
         FSDPEngineConfig(
-            model_path=path, lr=1e-3, device=device.kind, backend=device.backend, seed=0
+            model_path=path, lr=1e-3, device=device.kind, backend=device.backend, seed=0,
+            freeze_vision=not vl,
         ),
         rank=0,
         world_size=1,
         init_method=f"file://{rendezvous}",
-    )
+    )  # fmt: skip
     try:
         # Ragged samples longer than Gemma's sliding window, random token ids.
         g = torch.Generator().manual_seed(0)
         lengths = [(12, 20), (30, 6), (5, 27), (20, 14)]  # (prompt, response)
-        vocab = engine.model.config.vocab_size
-        ids = [torch.randint(0, vocab, (p + r,), generator=g).tolist() for p, r in lengths]
+        reference = auto_class(path).from_pretrained(
+            path, dtype=torch.float32, attn_implementation=REFERENCE_ATTENTION
+        )
+        mm_inputs_b = None
+        if vl:  # the processor's prompt with an image, then a random response
+            ids, prompts, mm_inputs_b, ref_inputs = fsdp_samples(
+                path, work, [r for _, r in lengths], g
+            )
+            lengths = [(p, len(s) - p) for p, s in zip(prompts, ids)]
+        else:
+            vocab = engine.model.config.vocab_size
+            ids = [torch.randint(0, vocab, (p + r,), generator=g).tolist() for p, r in lengths]
         batch = TrajectoryBatch(
             input_ids_bt=pad_sequences(ids, 0),
             attention_mask_bt=pad_sequences([[1] * len(s) for s in ids], 0),
             response_mask_bt=pad_sequences([[0] * p + [1] * r for p, r in lengths], 0),
+            mm_inputs_b=mm_inputs_b,
         )
         logp_bt = engine.logprobs(batch)
-        reference = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch.float32, attn_implementation=REFERENCE_ATTENTION
-        )
-        with torch.no_grad():
-            logits_btv = reference(
-                input_ids=batch.input_ids_bt, attention_mask=batch.attention_mask_bt
-            ).logits
-        ce_bt = F.cross_entropy(
-            logits_btv[:, :-1].transpose(1, 2).float(), batch.input_ids_bt[:, 1:], reduction="none"
-        )
-        ref_bt = F.pad(-ce_bt, (1, 0)) * batch.response_mask_bt
+        if vl:  # one sample at a time, with the processor's own outputs
+            refs = [reference_logprobs(reference, s, x) for s, x in zip(ids, ref_inputs)]
+            ref_bt = torch.nn.utils.rnn.pad_sequence(refs, batch_first=True)
+            ref_bt = ref_bt * batch.response_mask_bt
+        else:
+            with torch.no_grad():
+                logits_btv = reference(
+                    input_ids=batch.input_ids_bt, attention_mask=batch.attention_mask_bt
+                ).logits
+            ce_bt = F.cross_entropy(
+                logits_btv[:, :-1].transpose(1, 2).float(),
+                batch.input_ids_bt[:, 1:],
+                reduction="none",
+            )
+            ref_bt = F.pad(-ce_bt, (1, 0)) * batch.response_mask_bt
         gap = float((logp_bt - ref_bt).abs().max())
         if gap > MAX_GAP:
             raise CheckFailed(f"FSDP2 log-probs differ from transformers' by {gap:.3g}")
@@ -103,6 +137,7 @@ def step_fsdp(arch: str, work: Path) -> dict[str, Outcome]:
         metrics = engine.update_policy(batch, PolicyLossConfig())
         loss, grad_norm = metrics["actor/pg_loss"], metrics["actor/grad_norm"]
         no_grad, bad = [], []
+        vision = {id(p) for p in vision_parameters(engine.model)}
         for name, p in engine.model.named_parameters():
             if p.grad is None:
                 no_grad.append(name)
@@ -115,24 +150,29 @@ def step_fsdp(arch: str, work: Path) -> dict[str, Outcome]:
         if grad_norm == 0:
             raise CheckFailed("the update's gradient is zero")
         n = sum(1 for _ in engine.model.parameters())
+        tower = [name for name, p in engine.model.named_parameters() if id(p) in vision]
     finally:
         engine.close()
-    return {
-        "fsdp": passed(
-            f"log-probs within {gap:.1e} of transformers'; loss {loss:.3g}, "
-            f"grad norm {grad_norm:.3g}; {n - len(no_grad)}/{n} tensors got gradients"
-        )
-    }
+    text = (
+        f"log-probs within {gap:.1e} of transformers'; loss {loss:.3g}, "
+        f"grad norm {grad_norm:.3g}; {n - len(no_grad)}/{n} tensors got gradients"
+    )
+    if vl:
+        reached = len(set(tower) - set(no_grad))
+        text += f" ({reached}/{len(tower)} of the vision tower and projector)"
+        if reached == 0:
+            raise CheckFailed(f"{text}: no gradient reached the vision tower")
+    return {"fsdp": passed(text)}
 
 
 def step_lora(arch: str, work: Path) -> dict[str, Outcome]:
     """rlpost's default LoRA settings on this architecture: what they adapt, and
     that the merged weights a sync sends (``merged_hf_weights``) equal PEFT's merge."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     from rlpost.config import compose
     from trainers.fsdp.lora import LoraSettings, adapter_config, apply_lora, merged_hf_weights
+    from trainers.hf_format import language_model, load_model
 
     lora_cfg = compose(["model.lora.rank=8"]).model.lora
     targets = lora_cfg.target_modules
@@ -143,10 +183,16 @@ def step_lora(arch: str, work: Path) -> dict[str, Outcome]:
         target_modules=targets if isinstance(targets, str) else tuple(targets),
     )
     path = str(model_dir(work))
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    layers = model.config.num_hidden_layers
+    model = load_model(path, torch.float32)
+    layers = model.config.get_text_config().num_hidden_layers
     peft = apply_lora(model, settings, path)
+    language = {id(m) for m in language_model(peft).modules()}
     adapted = [name for name, module in peft.named_modules() if hasattr(module, "lora_A")]
+    outside = [n for n, m in peft.named_modules() if hasattr(m, "lora_A") and id(m) not in language]
+    if is_vl(arch) and outside:  # a VL model's default targets: the language model's only
+        raise CheckFailed(
+            f"adapts {len(outside)} modules outside the language model: {outside[:3]}"
+        )
     config = adapter_config(peft)
     names = sorted({n.rsplit(".", 1)[-1] for n in config["target_modules"]})
     # PEFT adapts fused 3-D parameters (transformers' MoE experts) as parameters.
@@ -197,13 +243,16 @@ def step_export(arch: str, work: Path) -> dict[str, Outcome]:
         return {"export": skipped("not reached: the run wrote no final model")}
     gap = engine_parity(final, work / "export")
     if gap > MAX_GAP:
-        raise CheckFailed(f"vLLM's log-probs differ from transformers' by {gap:.3g}")
+        raise CheckFailed(
+            with_cause(arch, f"vLLM's log-probs differ from transformers' by {gap:.3g}")
+        )
     return {"export": passed(f"vLLM and transformers log-probs within {gap:.1e}")}
 
 
 def engine_parity(model: Path, out: Path) -> float:
     """Largest gap between the log-probs of tokens rlpost's vLLM engine samples from
-    ``model`` and transformers' log-probs of the same tokens.
+    ``model`` and transformers' log-probs of the same tokens (the prompt holds an
+    image for a vision-language model).
 
     Transformers scores in another process: vLLM's Transformers backend (e.g. for
     GlmForCausalLM) patches transformers classes in the process it runs in.
@@ -212,23 +261,32 @@ def engine_parity(model: Path, out: Path) -> float:
 
     from rlpost.device import resolve_device
     from rlpost.samples import encode_prompt
+    from rlpost.vl.images import row_images
     from rollout.base import GenerationRequest, SamplingConfig
     from rollout.vllm import VLLMEngine, VLLMEngineConfig
+    from trainers.hf_format import is_vision_language
 
+    out.mkdir(parents=True, exist_ok=True)
+    row = prompt_row(VAL_TEXTS[0])
+    if is_vision_language(str(model)):
+        row = image_row(row, write_image(out / "image.png", 0))
     tokenizer = AutoTokenizer.from_pretrained(model)
-    prompt = encode_prompt(tokenizer, prompt_row(VAL_TEXTS[0]))
+    prompt = encode_prompt(tokenizer, row)
     device = resolve_device("auto").kind
     engine = VLLMEngine(
         VLLMEngineConfig(model_path=str(model), kv_cache_gib=0.0625, seed=0, device=device)
     )
     sampling = SamplingConfig(n=2, temperature=1.0, max_tokens=16, seed=0)
-    (result,) = engine.generate([GenerationRequest(prompt_ids=prompt, sampling=sampling)])
+    request = GenerationRequest(prompt_ids=prompt, sampling=sampling, images=row_images(row))
+    (result,) = engine.generate([request])
+    # With an image, the engine's prompt ids are the expanded ones.
     samples = [
-        {"ids": prompt + c.token_ids, "start": len(prompt), "logprobs": c.logprobs}
+        {"ids": result.prompt_ids + c.token_ids, "start": len(result.prompt_ids),
+         "logprobs": c.logprobs}
         for c in result.completions
-    ]
-    out.mkdir(parents=True, exist_ok=True)
+    ]  # fmt: skip
     (out / "samples.json").write_text(json.dumps(samples))
+    (out / "row.json").write_text(json.dumps(row))
     cmd = [sys.executable, "-m", "rlpost.support.runner", "score-hf", str(model), str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if proc.returncode:
@@ -237,19 +295,21 @@ def engine_parity(model: Path, out: Path) -> float:
 
 
 def score_hf(model_path: Path, out: Path) -> None:
-    """Transformers' log-probs of ``out/samples.json``; writes the largest gap to ``out/gap.json``."""
+    """Transformers' log-probs of ``out/samples.json`` (prompted by ``out/row.json``,
+    whose images the model's processor prepares); writes the largest gap to
+    ``out/gap.json``."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
+    from trainers.hf_format import auto_class, is_vision_language
+
+    model = auto_class(str(model_path)).from_pretrained(
         model_path, dtype=torch.float32, attn_implementation=REFERENCE_ATTENTION
     )
+    row = json.loads((out / "row.json").read_text())
+    inputs = processor_inputs(model_path, row) if is_vision_language(str(model_path)) else {}
     gap = 0.0
     for s in json.loads((out / "samples.json").read_text()):
-        ids = torch.tensor([s["ids"]])
-        with torch.no_grad():
-            logp_tv = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
+        logp_t = reference_logprobs(model, s["ids"], inputs)
         for i, lp in enumerate(s["logprobs"]):
-            pos = s["start"] + i
-            gap = max(gap, abs(lp - float(logp_tv[pos - 1, s["ids"][pos]])))
+            gap = max(gap, abs(lp - float(logp_t[s["start"] + i])))
     (out / "gap.json").write_text(json.dumps({"gap": gap}))

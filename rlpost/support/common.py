@@ -12,11 +12,13 @@ GRPO_STEPS = 2  # two steps: the second samples from weights the first one synce
 
 # Columns of SUPPORT.md, in order, with what each checks.
 CHECKS: dict[str, str] = {
-    "build": "tiny random-weight model and byte-level BPE tokenizer built and saved",
+    "build": "tiny random-weight model and byte-level BPE tokenizer (VL: and processor) built "
+    "and saved",
     "fsdp": "FSDP2 load; log-probs equal transformers' (eager attention); one policy update "
-    "with finite loss and gradients",
-    "lora": "rlpost's default LoRA targets (all-linear) resolve; the merged weights a sync "
-    "sends equal PEFT's own merge",
+    "with finite loss and gradients (VL: prompts with an image, gradients through the vision "
+    "tower)",
+    "lora": "rlpost's default LoRA targets (all-linear) resolve (VL: in the language model "
+    "only); the merged weights a sync sends equal PEFT's own merge",
     "vllm": "vLLM loads and generates in a GRPO run; its log-probs equal the trainer's before "
     "any sync (transformers', where the run stopped before its first step)",
     "sync": f"after a weight sync the rollout's log-probs equal the trainer's (< {MAX_GAP:g})",
@@ -34,6 +36,15 @@ STEPS: dict[str, tuple[str, ...]] = {
     "export": ("export",),
 }
 Status = Literal["pass", "fail", "skip"]
+
+
+def architectures() -> list[str]:
+    """Every row of SUPPORT.md, in order: the text architectures (``rlpost.archs``),
+    then the vision-language ones (``rlpost.vl.models``)."""
+    from rlpost.archs import ARCHS
+    from rlpost.vl.models import VL_ARCHS
+
+    return [*ARCHS, *VL_ARCHS]
 
 
 @dataclass(frozen=True)

@@ -35,20 +35,25 @@ from rlpost.support.common import (
     run_dir,
     skipped,
 )
+from rlpost.support.vl import image_row, is_vl, vision_change, with_cause, write_image
 
 # A reward that differs between almost any two completions, so every group of
 # samples has a non-zero advantage and the policy moves.
 REWARD_PY = "def score(completion, row):\n    return (sum(map(ord, completion)) % 101) / 100\n"
 
 
-def cli_command(work: Path) -> list[str]:
-    """``python -m rlpost.main`` on the built model with user files and reward."""
+def cli_command(work: Path, images: bool = False) -> list[str]:
+    """``python -m rlpost.main`` on the built model with user files and reward;
+    ``images``: every prompt holds an image (a PNG file beside the data)."""
     data = work / "data"
     data.mkdir(exist_ok=True)
     for name, texts in (("train", TRAIN_TEXTS), ("val", VAL_TEXTS)):
-        (data / f"{name}.jsonl").write_text(
-            "".join(json.dumps(prompt_row(t)) + "\n" for t in texts)
-        )
+        rows = [prompt_row(t) for t in texts]
+        if images:  # paths relative to the data file, as a user would write them
+            for i, row in enumerate(rows):
+                write_image(data / "images" / f"{name}-{i}.png", i)
+                rows[i] = image_row(row, f"images/{name}-{i}.png")
+        (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (data / "reward.py").write_text(REWARD_PY)
     return [
         sys.executable, "-m", "rlpost.main", "algo=grpo",
@@ -94,7 +99,11 @@ def step_run(arch: str, work: Path) -> dict[str, Outcome]:
     try:
         with open(log, "w") as log_file:
             proc = subprocess.run(
-                cli_command(work), stdout=log_file, stderr=subprocess.STDOUT, env=env, timeout=1200
+                cli_command(work, is_vl(arch)),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                timeout=1200,
             )
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
@@ -105,6 +114,17 @@ def step_run(arch: str, work: Path) -> dict[str, Outcome]:
     final = run_dir(work) / "final"
     change = _weight_change(model_dir(work), final) if (final / "config.json").exists() else None
     out = judge_run(proc.returncode, log.read_text(errors="replace"), rows, change)
+    for check in ("vllm", "sync"):  # a known cause of a log-prob gap, where there is one
+        if out[check].status == "fail" and "log-probs differ" in out[check].text:
+            out[check] = failed(with_cause(arch, out[check].text))
+    if is_vl(arch) and out["grpo"].status == "pass" and change is not None:
+        # model.freeze_vision=true (the default): the language model alone trains.
+        tower, _ = vision_change(model_dir(work), final)
+        if tower > 0:
+            out["grpo"] = failed(f"the frozen vision tower moved by up to {tower:.1e}")
+        else:
+            text = out["grpo"].text.replace("weights moved", "language model moved")
+            out["grpo"] = passed(f"{text}; vision tower unchanged (frozen)")
     if out["vllm"].status == "pass" and 1 not in {r["step"] for r in rows}:
         # The run stopped before logging step 1's gap: measure it on the initial model.
         try:
@@ -113,7 +133,9 @@ def step_run(arch: str, work: Path) -> dict[str, Outcome]:
             out["vllm"] = failed(describe(exc))
         else:
             if gap > MAX_GAP:
-                out["vllm"] = failed(f"log-probs differ from transformers' by {gap:.3g}")
+                out["vllm"] = failed(
+                    with_cause(arch, f"log-probs differ from transformers' by {gap:.3g}")
+                )
             else:
                 out["vllm"] = passed(f"log-probs within {gap:.1e} of transformers' (no sync)")
     return out

@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rlpost.archs import ARCHS
-from rlpost.support.common import CHECKS
+from rlpost.support.common import CHECKS, architectures
 from rlpost.support.runner import REPO, RESULTS_DIR, load_records
 
 MARKDOWN = REPO / "SUPPORT.md"
@@ -67,13 +66,19 @@ def render(results_dir: Path = RESULTS_DIR) -> str:
         "Each row is a tiny random-weight model of that transformers class built by "
         "`rlpost.archs` (2 layers, hidden 256, head_dim 64, a byte-level BPE tokenizer trained "
         "locally, a chat template), saved with `save_pretrained` and passed as `model.path` "
-        "like a hub checkpoint. ✓ passed; ✗ failed, with the error; – not reached, because a "
-        "check it depends on failed; empty: not run.",
+        "like a hub checkpoint. The vision-language rows (`...ForConditionalGeneration`, "
+        "built by `rlpost.vl.models`: the same language model, a two-layer vision tower, the "
+        "model's processor and a chat template with image parts) put an image in every "
+        "prompt: the FSDP2 check scores and trains through the vision tower, the GRPO run "
+        "reads user rows with PNG files and keeps the vision tower frozen (its default). "
+        "✓ passed; ✗ failed, with the error; – not reached, because a check it depends on "
+        "failed; empty: not run.",
         "",
         "| architecture | " + " | ".join(head) + " |",
         "| --- | " + " | ".join("---" for _ in head) + " |",
     ]
-    for arch in ARCHS:
+    rows = architectures()
+    for arch in rows:
         c = cpu.get(arch, {}).get("checks", {})
         g = gpu.get(arch, {}).get("checks", {})
         cells = [_cell(c.get(k)) for k in CHECKS] + [_cell(g.get(k)) for k in GPU_CHECKS]
@@ -89,7 +94,7 @@ def render(results_dir: Path = RESULTS_DIR) -> str:
     ]
     lines += ["", "## Failures", ""] + (failures or ["None."])
     lines += ["", "## What was measured (CPU)", ""]
-    for arch in ARCHS:
+    for arch in rows:
         if arch not in cpu:
             continue
         checks = cpu[arch]["checks"]

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import json
 
-from rlpost.archs import ARCHS
-from rlpost.support.common import CHECKS, cli_error
+from rlpost.support.common import CHECKS, architectures, cli_error
 from rlpost.support.grpo_run import judge_run
 from rlpost.support.report import GPU_CHECKS, render
 from rlpost.support.runner import save_record
@@ -81,7 +80,8 @@ def test_support_md_has_a_row_per_architecture_and_empty_gpu_columns(tmp_path):
     save_record("Qwen3MoeForCausalLM", "cpu", checks, 60.0, tmp_path)
     text = render(tmp_path)
     table = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
-    assert len(table) == 1 + len(ARCHS)  # header + one row each
+    assert len(table) == 1 + len(architectures())  # header + one row each
+    assert any(line.startswith("| LlavaForConditionalGeneration |") for line in table)
     assert len(table[0].split("|")) - 2 == 1 + len(CHECKS) + len(GPU_CHECKS)
     (row,) = [line for line in table if line.startswith("| Qwen3MoeForCausalLM |")]
     cells = [c.strip() for c in row.split("|")[2:-1]]
