@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainers.files import atomic_directory
+from trainers.files import atomic_directory, check_dcp_metadata
 
 
 def engine_dir(checkpoint: str | Path) -> Path:
@@ -40,6 +40,7 @@ def export(checkpoint: str | Path, out_dir: str | Path) -> Path:
     from trainers.hf_format import load_model, save_preprocessing, use_hub_layout
 
     src = engine_dir(checkpoint)
+    check_dcp_metadata(src / "state")  # before torch unpickles it without limits
     meta = read_meta(src)
     cfg = meta["config"]
     base = cfg["model_path"]

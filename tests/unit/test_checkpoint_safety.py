@@ -97,6 +97,7 @@ def test_distributed_checkpoint_metadata_with_a_payload_is_refused(tmp_path):
 
     import torch.distributed.checkpoint as dcp
 
+    from rlpost.export import export
     from trainers.files import check_dcp_metadata
 
     state = tmp_path / "state"
@@ -109,7 +110,11 @@ def test_distributed_checkpoint_metadata_with_a_payload_is_refused(tmp_path):
         UnsafeCheckpointError, match=r"\.metadata: refused to load: it names posix.system"
     ):
         check_dcp_metadata(state)
-    assert not marker.exists()
+    # python -m rlpost.export refuses it too, before reading anything else
+    (tmp_path / "engine.json").write_text("{}")
+    with pytest.raises(UnsafeCheckpointError, match="refused to load"):
+        export(tmp_path, tmp_path / "out")
+    assert not marker.exists() and not (tmp_path / "out").exists()
 
 
 def test_a_save_failing_in_a_worker_for_want_of_space_is_one_line(tmp_path):
