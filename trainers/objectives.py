@@ -9,6 +9,8 @@ every engine optimises the same loss, term for term.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from algos import (
@@ -21,7 +23,15 @@ from algos import (
     truncated_is_weight,
 )
 from trainers.batch import TrajectoryBatch
-from trainers.fsdp.engine import RegularizerConfig
+
+
+@dataclass(frozen=True)
+class RegularizerConfig:
+    """KL-to-reference loss term and entropy bonus added to the policy loss."""
+
+    kl_coef: float = 0.0  # > 0 needs ref_logp_bt in the batch
+    kl_type: str = "k3"
+    entropy_coef: float = 0.0
 
 
 def check_policy_batch(batch: TrajectoryBatch, reg: RegularizerConfig) -> None:

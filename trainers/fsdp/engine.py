@@ -21,14 +21,9 @@ import torch
 import torch.distributed as dist
 
 from algos import (
-    POLICY_LOSSES,
     LossNorm,
     PolicyLossConfig,
-    aggregate,
-    kl_penalty,
-    masked_mean,
     sft_loss,
-    truncated_is_weight,
 )
 from trainers.batch import TrajectoryBatch
 from trainers.engine_config import EngineConfig
@@ -65,6 +60,8 @@ from trainers.hf_format import (
 )
 from trainers.logprobs import token_logprobs as token_logprobs  # re-exported
 from trainers.logprobs import token_logprobs_and_entropy
+from trainers.objectives import RegularizerConfig as RegularizerConfig  # re-exported
+from trainers.objectives import check_policy_batch, policy_objective
 
 
 @dataclass(frozen=True)
@@ -98,15 +95,6 @@ class FSDPEngineConfig(EngineConfig):
             max_grad_norm=self.max_grad_norm,
             lr_warmup_steps=self.lr_warmup_steps,
         )
-
-
-@dataclass(frozen=True)
-class RegularizerConfig:
-    """KL-to-reference loss term and entropy bonus added to the policy loss."""
-
-    kl_coef: float = 0.0  # > 0 needs ref_logp_bt in the batch
-    kl_type: str = "k3"
-    entropy_coef: float = 0.0
 
 
 class FSDPEngine:
@@ -350,16 +338,10 @@ class FSDPEngine:
         """The micro-batch loss of a policy update. ``record`` is None: the old log-probs
         come from the batch; a list: they are the forward's own, detached, and each
         micro-batch's log-probs are appended to it."""
-        if batch.advantages_bt is None:
-            raise ValueError("a policy update needs advantages_bt in the batch")
         reg = reg or RegularizerConfig()
-        if reg.kl_coef > 0 and batch.ref_logp_bt is None:
-            raise ValueError("a KL loss (kl_coef > 0) needs ref_logp_bt in the batch")
-        policy_loss = POLICY_LOSSES[loss_cfg.name]
+        check_policy_batch(batch, reg)
 
         def loss_fn(mb: TrajectoryBatch, norm: LossNorm) -> tuple[torch.Tensor, dict[str, float]]:
-            assert mb.advantages_bt is not None
-            mask = mb.response_mask_bt.to(self.device).float()
             logp, entropy = self._token_stats(mb, temperature, reg.entropy_coef != 0)
             assert entropy is not None
             if record is None:
@@ -368,27 +350,7 @@ class FSDPEngine:
             else:
                 old_logp = logp.detach()
                 record.append(old_logp.cpu())
-            adv = mb.advantages_bt.to(self.device)
-            metrics: dict[str, float] = {}
-            if is_cap is not None and mb.rollout_logp_bt is not None:
-                # Scaling A_t by w_t > 0 scales that token's clipped PPO term by w_t.
-                is_w, metrics = truncated_is_weight(
-                    old_logp, mb.rollout_logp_bt.to(self.device), mask, is_cap
-                )
-                adv = adv * is_w
-            loss, pg_metrics = policy_loss(logp, old_logp, adv, mask, loss_cfg, norm)
-            metrics.update(pg_metrics)
-            metrics["actor/entropy"] = float(masked_mean(entropy.detach(), mask))
-            if reg.entropy_coef != 0:
-                loss = loss - reg.entropy_coef * aggregate(entropy, mask, loss_cfg.agg, norm)
-            if reg.kl_coef > 0:
-                assert mb.ref_logp_bt is not None
-                kl = kl_penalty(logp, mb.ref_logp_bt.to(self.device), reg.kl_type)
-                kl_loss = aggregate(kl, mask, loss_cfg.agg, norm)
-                loss = loss + reg.kl_coef * kl_loss
-                metrics["actor/kl_loss"] = float(kl_loss.detach())
-                metrics["actor/kl"] = float(masked_mean(kl.detach(), mask))
-            return loss, metrics
+            return policy_objective(logp, entropy, old_logp, mb, loss_cfg, reg, norm, is_cap)
 
         return loss_fn
 
