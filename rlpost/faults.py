@@ -23,11 +23,19 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class Interrupted(KeyboardInterrupt):
-    """A run stopped by ``signum``; ``checkpoint`` holds step ``step`` when one was written."""
+    """A run stopped by ``signum``; ``checkpoint`` holds step ``step`` when one was
+    written. ``at_start`` says the signal came before the step loop began."""
 
-    def __init__(self, signum: int, step: int | None = None, checkpoint: Path | None = None):
+    def __init__(
+        self,
+        signum: int,
+        step: int | None = None,
+        checkpoint: Path | None = None,
+        at_start: bool = False,
+    ):
         super().__init__(signal.Signals(signum).name)
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        self.at_start = at_start
 
     @property
     def exit_code(self) -> int:
@@ -36,16 +44,24 @@ class Interrupted(KeyboardInterrupt):
     def advice(self) -> str:
         name = signal.Signals(self.signum).name
         if self.checkpoint is not None and self.step is not None:
-            run_dir = self.checkpoint.parent.parent  # run_dir/checkpoints/step_N
             return (
                 f"stopped by {name} after step {self.step} (checkpoint {self.checkpoint}); "
-                f"resume with the same command and trainer.run_dir={run_dir} "
-                f"(trainer.resume=auto) to continue from step {self.step + 1}"
+                f"resume with the same command (trainer.resume=auto) to continue from step "
+                f"{self.step + 1}"
+            )
+        latest = (
+            "trainer.resume=auto continues from the latest checkpoint in trainer.run_dir, "
+            "if there is one"
+        )
+        if self.at_start:
+            return (
+                f"stopped by {name} during start-up, before the first step: nothing was "
+                f"trained, so this run wrote no checkpoint to resume from; rerun the same "
+                f"command to start again ({latest})"
             )
         return (
-            f"stopped by {name} before a checkpoint of this run was written; resume with the "
-            "same command (trainer.resume=auto) to continue from the latest checkpoint in "
-            "trainer.run_dir, if there is one"
+            f"stopped at once by a second {name}: the step in progress was not checkpointed; "
+            f"rerun the same command to go on ({latest})"
         )
 
 
@@ -87,4 +103,4 @@ class StopOnSignal:
                 signal.Signals(signum).name,
             )
             return
-        raise Interrupted(signum)
+        raise Interrupted(signum, at_start=not self.armed)
