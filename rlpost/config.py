@@ -206,6 +206,11 @@ class RolloutConfig:
     )
     n: int = spec(8, ge=1, help="samples per prompt (the group size)")
     max_tokens: int = spec(8, ge=1, help="maximum tokens per completion")
+    min_tokens: int = spec(
+        0,
+        ge=0,
+        help="no end token before this many tokens (forces long completions, e.g. for benchmarks); vLLM's log-probs then leave the end token out, so sync mode needs rollout.max_logprob_gap=null",
+    )
     temperature: float = spec(1.0, ge=0, help="sampling temperature for training rollouts")
     top_p: float = spec(1.0, gt=0, le=1, help="nucleus sampling")
     max_model_len: int = spec(256, ge=16, help="prompt + completion length the engine accepts")
@@ -481,6 +486,10 @@ def _cross_checks(cfg: Config) -> list[str]:
         problems.append(
             f"data.prompts_per_step x rollout.n = {samples} must divide by "
             f"trainer.world_size x algo.mini_batches = {cfg.trainer.world_size * cfg.algo.mini_batches}"
+        )
+    if cfg.rollout.min_tokens > cfg.rollout.max_tokens:
+        problems.append(
+            f"rollout.min_tokens={cfg.rollout.min_tokens}: must be <= rollout.max_tokens={cfg.rollout.max_tokens}"
         )
     if cfg.rollout.max_tokens + cfg.data.max_prompt_tokens > cfg.rollout.max_model_len:
         problems.append(

@@ -138,7 +138,11 @@ class Controller:
         )
         r = cfg.rollout
         self.sampling = SamplingConfig(
-            n=r.n, temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens
+            n=r.n,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            max_tokens=r.max_tokens,
+            min_tokens=r.min_tokens,
         )
         # Samples per step must split over ranks and mini-batches.
         self.group_multiple = cfg.trainer.world_size * a.mini_batches

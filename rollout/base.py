@@ -21,6 +21,8 @@ class SamplingConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     max_tokens: int = 16
+    # No end token before this many (capped at max_tokens): forces long completions.
+    min_tokens: int = 0
     seed: int | None = None
 
 

@@ -88,6 +88,7 @@ class HFEngine:
             top_p=None if greedy else s.top_p,
             top_k=None if greedy else 0,  # 0: no top-k (transformers would default to 50)
             max_new_tokens=min(s.max_tokens, self.cfg.max_model_len - len(request.prompt_ids)),
+            min_new_tokens=min(s.min_tokens, s.max_tokens) or None,
             num_return_sequences=s.n,
             eos_token_id=self.eos_token_id,
             pad_token_id=self.pad_token_id,

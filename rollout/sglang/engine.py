@@ -49,6 +49,7 @@ def sampling_params(request: GenerationRequest, k: int) -> dict[str, Any]:
     s = request.sampling
     params: dict[str, Any] = {
         "max_new_tokens": s.max_tokens,
+        "min_new_tokens": min(s.min_tokens, s.max_tokens),
         "temperature": s.temperature,
         "top_p": s.top_p,
     }

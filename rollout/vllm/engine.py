@@ -263,6 +263,7 @@ class VLLMEngine:
             temperature=s.temperature,
             top_p=s.top_p,
             max_tokens=s.max_tokens,
+            min_tokens=min(s.min_tokens, s.max_tokens),
             seed=s.seed,
             logprobs=0,
             logit_bias=self._never_sample,
