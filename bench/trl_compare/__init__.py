@@ -1,0 +1,1 @@
+"""bench/compare_trl.py's parts: rlpost against TRL and against the raw limit."""
