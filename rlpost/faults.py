@@ -44,10 +44,11 @@ class Interrupted(KeyboardInterrupt):
     def advice(self) -> str:
         name = signal.Signals(self.signum).name
         if self.checkpoint is not None and self.step is not None:
+            run_dir = self.checkpoint.parent.parent  # run_dir/checkpoints/step_N
             return (
                 f"stopped by {name} after step {self.step} (checkpoint {self.checkpoint}); "
-                f"resume with the same command (trainer.resume=auto) to continue from step "
-                f"{self.step + 1}"
+                f"resume with the same command and trainer.run_dir={run_dir} "
+                f"(trainer.resume=auto) to continue from step {self.step + 1}"
             )
         latest = (
             "trainer.resume=auto continues from the latest checkpoint in trainer.run_dir, "
