@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
@@ -45,6 +46,12 @@ def _serve(conn: Connection) -> None:
     ``(index, completion, row, extras)`` messages with ``(index, status, value_or_traceback)``."""
     from rlpost.rewards import load_reward_fn
 
+    # The driver decides when to stop: Ctrl-C in a terminal (SIGINT to the whole
+    # process group) or a scheduler's SIGTERM to every process must not end a call
+    # in flight; the driver closes its workers, and a driver that dies leaves them
+    # an EOF on the socket.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     spec, plan = conn.recv()
     fn = load_reward_fn(spec)
     conn.send(("ready", None, None))
@@ -74,6 +81,7 @@ class _Worker:
             [sys.executable, "-m", "rlpost.reward_pool", str(child.fileno())],
             pass_fds=[child.fileno()],
             env=env,
+            start_new_session=True,  # out of the terminal's process group: Ctrl-C is the driver's
         )
         child.close()
         self.conn = Connection(parent.detach())
@@ -108,11 +116,16 @@ class RewardPool:
         out: list[Outcome | None] = [None] * len(completions)
         todo = list(range(len(completions)))[::-1]  # popped from the end: input order
         while todo or any(w.index is not None for w in self.workers):
-            for w in self.workers:
+            for k, w in enumerate(self.workers):
                 if w.index is None and w.ready and todo:
                     i = todo.pop()
+                    try:
+                        w.conn.send((i, completions[i], rows[i], extras[i]))
+                    except OSError:  # died while idle: the call goes to its replacement
+                        todo.append(i)
+                        self._replace(k)
+                        continue
                     w.index, w.started = i, time.monotonic()
-                    w.conn.send((i, completions[i], rows[i], extras[i]))
             busy = [w for w in self.workers if w.index is not None or not w.ready]
             deadline = min(
                 (w.started + self.timeout_s for w in busy if w.index is not None),

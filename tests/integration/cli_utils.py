@@ -41,12 +41,16 @@ def run(model: Path, run_dir: Path, steps: int, *extra: str) -> list[dict]:
     return metrics(run_dir)
 
 
-def start(model: Path, run_dir: Path, steps: int, *extra: str) -> subprocess.Popen:
-    """Start the CLI in the background; its output goes to ``run_dir``.log."""
+def start(
+    model: Path, run_dir: Path, steps: int, *extra: str, session: bool = False
+) -> subprocess.Popen:
+    """Start the CLI in the background; its output goes to ``run_dir``.log. ``session``:
+    in a process group of its own, as a terminal starts a command (for ``os.killpg``)."""
     log = open(f"{run_dir}.log", "w")
     return subprocess.Popen(
-        cli_command(model, run_dir, steps, *extra), stdout=log, stderr=subprocess.STDOUT, env=ENV
-    )
+        cli_command(model, run_dir, steps, *extra), stdout=log, stderr=subprocess.STDOUT, env=ENV,
+        start_new_session=session,
+    )  # fmt: skip
 
 
 def output(run_dir: Path) -> str:

@@ -1,7 +1,9 @@
 """The driver stopped from outside, through the real CLI on the micro model.
 
-- SIGINT or SIGTERM: it checkpoints the last finished step, stops its workers
-  and its Ray, and exits 130 or 143 with a line saying how to resume. A second
+- SIGINT (Ctrl-C, sent to the whole process group; the reward workers are not
+  in it, and ignore it) or SIGTERM: it checkpoints the last finished step, stops
+  its workers and its Ray, and exits 130 or 143 with a line saying how to
+  resume. A second
   SIGINT stops it at once, mid-step, without a checkpoint; one during start-up
   (before the first step) exits 130 saying there is no checkpoint of this run.
 - SIGKILL: nothing runs on the way out, yet its local Ray dies with it: the
@@ -15,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import time
 
@@ -41,12 +44,16 @@ def _ray_of(pid: int) -> dict:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_checkpoints_and_stops_cleanly(model, tmp_path, sig):
     run_dir = tmp_path / "run"
-    proc = start(model, run_dir, 1000, "trainer.save_every=0")  # only the stop checkpoints
+    # only the stop checkpoints; its own process group, as a terminal starts it
+    proc = start(model, run_dir, 1000, "trainer.save_every=0", session=True)
     try:
         wait_until(lambda: len(metrics(run_dir)) >= 2, proc, run_dir)  # step 1 is done
         procs = _ray_of(proc.pid)
         sent = time.perf_counter()
-        proc.send_signal(sig)
+        if sig == signal.SIGINT:  # Ctrl-C: the terminal signals the whole process group
+            os.killpg(proc.pid, sig)
+        else:  # `kill PID`
+            proc.send_signal(sig)
         code = proc.wait(timeout=120)
     finally:
         proc.kill()

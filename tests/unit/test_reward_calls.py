@@ -125,3 +125,35 @@ def test_pool_scores_concurrently_and_survives_hangs_and_crashes(reward_file):
         assert all(w.proc.poll() is None for w in scorer.pool.workers)
     finally:
         scorer.close()
+
+
+def test_pool_workers_outlast_a_process_group_signal_and_an_idle_worker_death(reward_file):
+    import os
+    import signal
+
+    fn = load_reward_fn(reward_file)
+    scorer = RewardScorer(fn, spec=reward_file, num_workers=2, timeout_s=5)
+    try:
+        scorer.score(["4"], [ROW])  # start the workers
+        while not all(w.ready for w in scorer.pool.workers):  # both have loaded the function
+            scorer.score(["4", "4"], [{**ROW, "delay": 0.1}] * 2)
+        # Ctrl-C in a terminal signals its process group: the workers are not in it.
+        assert all(os.getpgid(w.proc.pid) != os.getpgrp() for w in scorer.pool.workers)
+        # A scheduler's SIGTERM (or a SIGINT) to every process: calls still finish;
+        # the driver decides whether the run stops.
+        for w in scorer.pool.workers:
+            os.kill(w.proc.pid, signal.SIGINT)
+            os.kill(w.proc.pid, signal.SIGTERM)
+        scores, metrics = scorer.score(["4", "4"], [{**ROW, "delay": 0.3}] * 2)
+        assert scores["total"] == [1.0, 1.0] and metrics["reward/errors"] == 0
+        assert scorer.pool.restarts == 0
+
+        # A worker killed between calls: its next call goes to a replacement.
+        dead = scorer.pool.workers[0].proc
+        dead.kill()
+        dead.wait()
+        scores, metrics = scorer.score(["4", "4", "x"], [ROW] * 3)
+        assert scores["total"] == [1.0, 1.0, 0.0] and metrics["reward/errors"] == 0
+        assert scorer.pool.restarts == 1
+    finally:
+        scorer.close()
