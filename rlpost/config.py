@@ -246,8 +246,10 @@ class MegatronConfig:
     tp: int = spec(1, ge=1, help="tensor parallel: each layer's matrices split over tp ranks")
     pp: int = spec(1, ge=1, help="pipeline parallel: the layers split into pp stages (1F1B)")
     vpp: int = spec(1, ge=1, help="virtual pipeline stages per rank (not implemented yet: 1)")
-    cp: int = spec(1, ge=1, help="context parallel: sequence split (not implemented yet: 1)")
-    ep: int = spec(1, ge=1, help="expert parallel, MoE models only (not implemented yet: 1)")
+    cp: int = spec(1, ge=1, help="context parallel: sequence split (needs Transformer Engine: 1)")
+    ep: int = spec(
+        1, ge=1, help="expert parallel (Qwen3-MoE): the experts split over ep data-parallel ranks"
+    )
     sequence_parallel: bool = spec(
         False, help="split activations outside attention/MLP over tp ranks (not available yet)"
     )
@@ -514,12 +516,22 @@ def _megatron_checks(cfg: Config) -> list[str]:
         problems.append(
             f"trainer.megatron.vpp={mg.vpp}: virtual stages need trainer.megatron.pp > 1"
         )
-    for key in ("vpp", "cp", "ep"):
-        if getattr(mg, key) > 1:
-            problems.append(
-                f"trainer.megatron.{key}={getattr(mg, key)}: not implemented yet; the Megatron "
-                "trainer runs tp, pp and data parallelism (set it to 1)"
-            )
+    if mg.ep > 1 and t.world_size % (mg.tp * mg.pp * mg.ep):
+        problems.append(
+            f"trainer.world_size={t.world_size}: must divide by trainer.megatron.tp x pp x ep "
+            f"= {mg.tp * mg.pp * mg.ep} (expert-parallel ranks are data-parallel ranks)"
+        )
+    if mg.vpp > 1:
+        problems.append(
+            f"trainer.megatron.vpp={mg.vpp}: not implemented yet; the Megatron trainer runs "
+            "tp, pp, ep and data parallelism (set it to 1)"
+        )
+    if mg.cp > 1:
+        problems.append(
+            f"trainer.megatron.cp={mg.cp}: not available; megatron-core's local attention "
+            "refuses it ('Context parallelism is only supported by TEDotProductAttention!'), "
+            "which needs Transformer Engine (CUDA)"
+        )
     if mg.ep > 1 and cfg.model.path is None:
         problems.append(
             f"trainer.megatron.ep={mg.ep}: expert parallelism needs an MoE model; the built-in "

@@ -67,3 +67,21 @@ def test_heads_that_do_not_split_over_tp_are_named_before_ray_starts():
     three = ["trainer.megatron.pp=3", "trainer.world_size=3", "data.prompts_per_step=3"]
     cfg = compose(["trainer=megatron", *three])
     assert "the layers (4) must divide by pp" in check_megatron_model(cfg)[0]
+
+
+def test_expert_parallelism_splits_an_moe_models_experts(tmp_path):
+    from rlpost.archs import build_arch_model
+
+    moe = build_arch_model("Qwen3MoeForCausalLM", tmp_path / "moe")  # 4 experts
+    args = ["trainer=megatron", f"model.path={moe}"]
+    cfg = compose([*args, "trainer.megatron.ep=2", "trainer.world_size=2"])
+    assert check_megatron_model(cfg) == []
+    # 3 ranks over 4 experts: not a whole number of experts per rank
+    cfg = compose(
+        [*args, "trainer.megatron.ep=3", "trainer.world_size=3", "data.prompts_per_step=3"]
+    )
+    assert "the experts (4) must divide by ep" in check_megatron_model(cfg)[0]
+    # expert-parallel ranks come out of the data-parallel ones
+    (problem,) = _problems(*args, "trainer.megatron.ep=2", "trainer.megatron.tp=2",
+                           "trainer.world_size=2")  # fmt: skip
+    assert problem.startswith("trainer.world_size=2: must divide by trainer.megatron.tp x pp x ep")

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
 from trainers.hf_format import to_checkpoint_format
 from trainers.megatron.convert import (
@@ -13,6 +13,7 @@ from trainers.megatron.convert import (
     split_qkv,
     to_global,
     to_local,
+    tp_layout,
     tp_merge,
     tp_split,
 )
@@ -77,6 +78,21 @@ def test_pipeline_layer_names_shift_by_the_stage_offset():
     assert to_global("embedding.word_embeddings.weight", 4) == "embedding.word_embeddings.weight"
 
 
+def test_expert_names_shift_by_the_rank_first_expert():
+    # ep=2 over 4 experts: rank 1 holds experts 2 and 3 as its local experts 0 and 1
+    name = "decoder.layers.1.mlp.experts.local_experts.1.linear_fc1.weight"
+    model_wide = "decoder.layers.5.mlp.experts.local_experts.3.linear_fc1.weight"
+    assert to_global(name, 4, expert_offset=2) == model_wide
+    assert to_local(model_wide, 4, expert_offset=2) == name
+    assert to_global("decoder.layers.0.mlp.router.weight", 0, 2) == (
+        "decoder.layers.0.mlp.router.weight"
+    )
+    # an expert's fc1 is [gate; up] like the dense MLP's, its fc2 row-parallel, the router whole
+    assert tp_layout(model_wide) == "glu"
+    assert tp_layout(model_wide.replace("fc1", "fc2")) == "row"
+    assert tp_layout("decoder.layers.0.mlp.router.weight") == "rep"
+
+
 @pytest.mark.parametrize(
     "config",
     [
@@ -84,8 +100,18 @@ def test_pipeline_layer_names_shift_by_the_stage_offset():
         Qwen2Config(**SMALL, tie_word_embeddings=False),
         Qwen3Config(**SMALL, head_dim=16, tie_word_embeddings=True),  # QK-norm, head_dim != h/n
         LlamaConfig(**SMALL, tie_word_embeddings=False),
+        Qwen3MoeConfig(
+            **SMALL,
+            head_dim=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            tie_word_embeddings=False,
+        ),  # fmt: skip
     ],
-    ids=["qwen2-tied", "qwen2", "qwen3", "llama"],
+    ids=["qwen2-tied", "qwen2", "qwen3", "llama", "qwen3-moe"],
 )
 @pytest.mark.parametrize("tp", [1, 2])
 def test_round_trip_through_megatron_shards_is_bit_equal(config, tp):
@@ -100,8 +126,12 @@ def test_round_trip_through_megatron_shards_is_bit_equal(config, tp):
     assert back.keys() == hf.keys()
     for name, tensor in hf.items():
         assert torch.equal(back[name], tensor), name
-    # the Megatron side has what GPTModel's local spec names, nothing more
-    expected = 2 + shape.num_layers * (6 + shape.qkv_bias + 2 * shape.qk_norm) + (not shape.tied)
+    # the Megatron side has what GPTModel's local spec names, nothing more: per layer two
+    # norms, QKV, the output projection and the MLP (fc1 and fc2, or a router and each
+    # expert's fc1 and fc2)
+    mlp = 1 + 2 * shape.experts if shape.experts else 2
+    per_layer = 4 + mlp + shape.qkv_bias + 2 * shape.qk_norm
+    expected = 2 + shape.num_layers * per_layer + (not shape.tied)
     assert len(full) == expected
 
 
@@ -122,6 +152,8 @@ def test_unsupported_features_are_named():
         )
     with pytest.raises(NotImplementedError, match="attention_bias"):
         shape_from_hf(LlamaConfig(**SMALL, attention_bias=True))
+    with pytest.raises(NotImplementedError, match="dense layers between the MoE layers"):
+        shape_from_hf(Qwen3MoeConfig(**SMALL, num_experts=4, mlp_only_layers=[0]))
     from transformers import GPT2Config
 
     with pytest.raises(NotImplementedError, match="gpt2"):

@@ -41,9 +41,14 @@ class MegatronParallel:
             raise ValueError(
                 f"world size {world_size} does not divide by tp x pp x cp = {model_parallel}"
             )
-        if self.vpp != 1 or self.cp != 1 or self.ep != 1:
+        if world_size % (self.tp * self.pp * self.ep):
+            raise ValueError(
+                f"world size {world_size} does not divide by tp x pp x ep = "
+                f"{self.tp * self.pp * self.ep} (expert-parallel ranks are data-parallel ranks)"
+            )
+        if self.vpp != 1 or self.cp != 1:
             raise NotImplementedError(
-                "the Megatron engine runs tp, pp and data parallelism; vpp, cp and ep must be 1"
+                "the Megatron engine runs tp, pp, ep and data parallelism; vpp and cp must be 1"
             )
         if self.sequence_parallel:
             raise NotImplementedError(SEQUENCE_PARALLEL_MISSING)
@@ -76,8 +81,14 @@ def check_divisible(s: ModelShape, p: MegatronParallel) -> None:
         problems.append(f"the MLP width ({s.ffn}) must divide by tp")
     if s.num_layers % (p.pp * p.vpp):
         problems.append(f"the layers ({s.num_layers}) must divide by pp x vpp")
+    if p.ep > 1 and not s.experts:
+        problems.append("ep > 1 needs an MoE model; this one is dense")
+    elif s.experts % p.ep:
+        problems.append(f"the experts ({s.experts}) must divide by ep")
+    if s.moe_ffn % p.tp:
+        problems.append(f"the experts' MLP width ({s.moe_ffn}) must divide by tp")
     if problems:
-        raise ValueError(f"tp={p.tp}, pp={p.pp}: " + "; ".join(problems))
+        raise ValueError(f"tp={p.tp}, pp={p.pp}, ep={p.ep}: " + "; ".join(problems))
 
 
 def transformer_config(s: ModelShape, p: MegatronParallel):
@@ -85,6 +96,21 @@ def transformer_config(s: ModelShape, p: MegatronParallel):
     float32, no dropout, unfused (CPU-capable) kernels."""
     from megatron.core.transformer import TransformerConfig
 
+    moe: dict[str, Any] = {}
+    if s.experts:
+        moe = dict(
+            num_moe_experts=s.experts,
+            moe_router_topk=s.top_k,
+            moe_ffn_hidden_size=s.moe_ffn,
+            # HF Qwen3-MoE: softmax over every expert, then the top k; renormalised
+            # (norm_topk_prob) that equals megatron's softmax over the top k logits
+            moe_router_pre_softmax=not s.norm_topk,
+            moe_router_load_balancing_type="none",  # no auxiliary loss: the HF forward has none
+            moe_aux_loss_coeff=0.0,
+            moe_grouped_gemm=False,  # one plain MLP per expert (grouped GEMM is CUDA)
+            moe_permute_fusion=False,
+            expert_model_parallel_size=p.ep,
+        )
     recompute: dict[str, Any] = {}
     if p.recompute == "selective":
         recompute = dict(recompute_granularity="selective")
@@ -126,5 +152,6 @@ def transformer_config(s: ModelShape, p: MegatronParallel):
         moe_token_dispatcher_type="alltoall",  # the default refuses variable_seq_lengths
         # each micro-batch loss is already its share of the global loss: summed as it is
         calculate_per_token_loss=True,
+        **moe,
         **recompute,
     )

@@ -1,4 +1,5 @@
-"""HF <-> Megatron-core weight conversion for the Qwen2 / Qwen3 / Llama / Mistral family.
+"""HF <-> Megatron-core weight conversion for the Qwen2 / Qwen3 / Llama / Mistral family
+and the Qwen3-MoE family (router and experts).
 
 Pure tensor reshuffling, no megatron import: the tests run it on its own.
 
@@ -20,6 +21,13 @@ are grouped by key/value head ("query group"): for each group g, its
 Tensor parallelism then gives each rank whole groups, so a plain split along
 rows is the sharding. The MLP's ``linear_fc1`` is ``[gate; up]`` and each rank
 holds ``[gate_r; up_r]`` (its slice of each), which is not a plain split.
+
+A Qwen3-MoE layer's MLP is megatron's ``MoELayer``: the router
+(``mlp.router.weight``, HF ``mlp.gate.weight``) and experts whose ``linear_fc1``
+/ ``linear_fc2`` are laid out like the dense MLP's. Under expert parallelism a
+rank holds ``experts / ep`` of them, numbered from 0 on each rank
+(``mlp.experts.local_experts.{j}``); ``to_global`` also maps those numbers to
+the model-wide expert index.
 """
 
 from __future__ import annotations
@@ -30,9 +38,10 @@ from typing import Any
 
 import torch
 
-FAMILIES = ("qwen2", "qwen3", "llama", "mistral")
+FAMILIES = ("qwen2", "qwen3", "llama", "mistral", "qwen3_moe")
 
 _LAYER = re.compile(r"^(decoder\.layers\.)(\d+)(\..*)$")
+_EXPERT = re.compile(r"^(.*\.local_experts\.)(\d+)(\..*)$")
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,10 @@ class ModelShape:
     tied: bool
     qkv_bias: bool  # Qwen2: q, k and v projections carry a bias, the output projection none
     qk_norm: bool  # Qwen3: RMSNorm over each query and key head before rotary
+    experts: int = 0  # MoE: routed experts per layer (0: a dense MLP)
+    top_k: int = 0  # MoE: experts per token
+    moe_ffn: int = 0  # MoE: each expert's MLP width
+    norm_topk: bool = True  # MoE: the top-k routing weights renormalised to sum to 1
 
     @property
     def groups(self) -> int:
@@ -82,6 +95,12 @@ def shape_from_hf(config: Any) -> ModelShape:
         problems.append("attention_bias=True (a bias on the output projection)")
     if getattr(config, "mlp_bias", False):
         problems.append("mlp_bias=True")
+    experts = getattr(config, "num_experts", 0) or 0
+    if family == "qwen3_moe":
+        if getattr(config, "decoder_sparse_step", 1) != 1 or getattr(config, "mlp_only_layers", []):
+            problems.append(
+                "dense layers between the MoE layers (decoder_sparse_step, mlp_only_layers)"
+            )
     if problems:
         raise NotImplementedError(f"{family} model with {'; '.join(problems)}: not converted")
     heads = config.num_attention_heads
@@ -100,7 +119,11 @@ def shape_from_hf(config: Any) -> ModelShape:
         max_positions=config.max_position_embeddings,
         tied=bool(config.tie_word_embeddings),
         qkv_bias=family == "qwen2",
-        qk_norm=family == "qwen3",
+        qk_norm=family in ("qwen3", "qwen3_moe"),
+        experts=experts,
+        top_k=getattr(config, "num_experts_per_tok", 0) if experts else 0,
+        moe_ffn=getattr(config, "moe_intermediate_size", 0) if experts else 0,
+        norm_topk=bool(getattr(config, "norm_topk_prob", True)),
     )
 
 
@@ -173,9 +196,18 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], s: ModelShape) -> dict[str, torc
                 take(attn + "v_proj.bias"),
                 s,
             )
-        out[mp + "mlp.linear_fc1.weight"] = torch.cat(
-            [take(hp + "mlp.gate_proj.weight"), take(hp + "mlp.up_proj.weight")]
-        )
+        if s.experts:
+            out[mp + "mlp.router.weight"] = take(hp + "mlp.gate.weight")
+            for e in range(s.experts):
+                he, me = f"{hp}mlp.experts.{e}.", f"{mp}mlp.experts.local_experts.{e}."
+                out[me + "linear_fc1.weight"] = torch.cat(
+                    [take(he + "gate_proj.weight"), take(he + "up_proj.weight")]
+                )
+                out[me + "linear_fc2.weight"] = take(he + "down_proj.weight")
+        else:
+            out[mp + "mlp.linear_fc1.weight"] = torch.cat(
+                [take(hp + "mlp.gate_proj.weight"), take(hp + "mlp.up_proj.weight")]
+            )
     out["decoder.final_layernorm.weight"] = take("model.norm.weight")
     if s.tied:
         used.add("lm_head.weight")  # a copy of the embedding when present
@@ -209,9 +241,18 @@ def megatron_to_hf(mg: dict[str, torch.Tensor], s: ModelShape) -> dict[str, torc
         if s.qkv_bias:
             q, k, v = split_qkv(mg[mp + "self_attention.linear_qkv.bias"], s)
             out.update({attn + "q_proj.bias": q, attn + "k_proj.bias": k, attn + "v_proj.bias": v})
-        gate, up = mg[mp + "mlp.linear_fc1.weight"].chunk(2)
-        out[hp + "mlp.gate_proj.weight"] = gate.clone()
-        out[hp + "mlp.up_proj.weight"] = up.clone()
+        if s.experts:
+            out[hp + "mlp.gate.weight"] = mg[mp + "mlp.router.weight"]
+            for e in range(s.experts):
+                he, me = f"{hp}mlp.experts.{e}.", f"{mp}mlp.experts.local_experts.{e}."
+                gate, up = mg[me + "linear_fc1.weight"].chunk(2)
+                out[he + "gate_proj.weight"] = gate.clone()
+                out[he + "up_proj.weight"] = up.clone()
+                out[he + "down_proj.weight"] = mg[me + "linear_fc2.weight"]
+        else:
+            gate, up = mg[mp + "mlp.linear_fc1.weight"].chunk(2)
+            out[hp + "mlp.gate_proj.weight"] = gate.clone()
+            out[hp + "mlp.up_proj.weight"] = up.clone()
     out["model.norm.weight"] = mg["decoder.final_layernorm.weight"]
     if not s.tied:
         out["lm_head.weight"] = mg["output_layer.weight"]
@@ -226,7 +267,7 @@ def tp_layout(name: str) -> str:
     and output layer); ``glu``: ``[gate; up]`` rows, each half split; ``row``:
     columns split (row-parallel linear inputs); ``rep``: whole on every rank.
     """
-    if name.endswith("mlp.linear_fc1.weight"):
+    if name.endswith("linear_fc1.weight"):  # dense MLPs and experts alike
         return "glu"
     if name.endswith(
         ("linear_qkv.weight", "linear_qkv.bias", "word_embeddings.weight", "output_layer.weight")
@@ -263,14 +304,21 @@ def tp_merge(name: str, shards: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([h[0] for h in halves] + [h[1] for h in halves])
 
 
-# -- pipeline parallelism ---------------------------------------------------------------
-def to_global(name: str, offset: int) -> str:
-    """A stage's layer name (index counted in the stage) -> the model-wide name."""
+# -- pipeline and expert parallelism ----------------------------------------------------
+def to_global(name: str, offset: int, expert_offset: int = 0) -> str:
+    """A rank's name (layer index counted in its pipeline stage, expert index among
+    its experts) -> the model-wide name."""
     m = _LAYER.match(name)
-    return f"{m[1]}{int(m[2]) + offset}{m[3]}" if m else name
+    name = f"{m[1]}{int(m[2]) + offset}{m[3]}" if m else name
+    e = _EXPERT.match(name)
+    return f"{e[1]}{int(e[2]) + expert_offset}{e[3]}" if e else name
 
 
-def to_local(name: str, offset: int) -> str:
+def to_local(name: str, offset: int, expert_offset: int = 0) -> str:
     """Inverse of ``to_global``."""
-    m = _LAYER.match(name)
-    return f"{m[1]}{int(m[2]) - offset}{m[3]}" if m else name
+    return to_global(name, -offset, -expert_offset)
+
+
+def is_expert(name: str) -> bool:
+    """Whether ``name`` is an expert's tensor (split over expert-parallel ranks)."""
+    return _EXPERT.match(name) is not None

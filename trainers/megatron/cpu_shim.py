@@ -21,6 +21,17 @@ machine, and ``on_cpu`` is then an empty context):
 4. The RNG tracker (named states that megatron forks around dropout so tensor-
    parallel ranks draw different masks, and around recomputation) keeps CPU
    generator states instead of CUDA ones.
+5. ``torch.cuda.Stream`` is a CPU stand-in class whose waits and events do
+   nothing, ``torch.cuda.current_stream()`` returns one and
+   ``torch.cuda.stream(s)`` is an empty context. MoE's all-to-all token
+   dispatcher copies its split sizes to the host on a side stream and waits on
+   an event; CPU ops are synchronous, so there is nothing to wait for.
+   Its host copies (``maybe_move_tensor_to_cpu``) turn the split sizes into
+   numpy arrays only when they start on the GPU; on the CPU they do so here
+   too, since ``all_to_all_single`` takes lists of ints, not tensors.
+6. megatron-core 0.16.1's MoE router asks ``te_general_gemm is not None``, a
+   name its module defines only when Transformer Engine imports (a NameError
+   without it); set to None, the router takes its torch matmul path.
 
 Nothing here changes numerics: the same ops run, on the CPU.
 """
@@ -79,14 +90,53 @@ def runs_on_cpu(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+class _CpuStream:
+    """Patch 5: a CUDA stream (and its events) on the CPU, where every op is synchronous."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        pass
+
+    def wait_stream(self, stream: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> _CpuStream:
+        return self  # the event: its synchronize() returns at once
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
 def apply() -> None:
-    """Install patches 1, 2 and 4 (once per process; nothing when CUDA is present)."""
+    """Install patches 1, 2, 4, 5 and 6 (once per process; nothing when CUDA is present)."""
     global _applied
     if _applied or not cpu_only():
         return
     _applied = True
     torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment,return-value]
     torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
+    torch.cuda.Stream = _CpuStream  # type: ignore[assignment,misc]
+    torch.cuda.current_stream = lambda *args, **kwargs: _CpuStream()  # type: ignore[assignment,return-value]
+    torch.cuda.stream = lambda *args, **kwargs: contextlib.nullcontext()  # type: ignore[assignment,return-value]
+
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None  # type: ignore[attr-defined]
+
+    from megatron.core.transformer.moe import token_dispatcher
+
+    def to_host(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+        if as_numpy and torch.is_tensor(tensor):
+            return tensor.numpy()
+        return tensor
+
+    token_dispatcher.maybe_move_tensor_to_cpu = to_host  # type: ignore[assignment]
 
     from megatron.core.tensor_parallel import random as mrandom
 

@@ -250,11 +250,15 @@ class MegatronEngine:
             return None
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from trainers.hf_format import CheckpointLayout
+
         assert weights is not None
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(self.m.hf_config)
-        model.load_state_dict(dict(weights), assign=True, strict=False)
-        model.tie_weights()
+        model = AutoModelForCausalLM.from_config(self.m.hf_config, dtype=torch.float32)
+        # checkpoint names -> the model's own parameters (e.g. MoE experts fused in one tensor)
+        layout = CheckpointLayout(model)
+        missing = layout.unwritten(layout.load(weights))
+        if missing:
+            raise RuntimeError(f"save_hf: no weights for {missing[:5]}")
         with atomic_directory(out_dir) as tmp:
             model.save_pretrained(tmp)
             AutoTokenizer.from_pretrained(tokenizer_dir or self.cfg.model_path).save_pretrained(tmp)

@@ -41,6 +41,7 @@ from trainers.megatron.config import (
 )
 from trainers.megatron.convert import (
     hf_to_megatron,
+    is_expert,
     shape_from_hf,
     to_global,
     tp_layout,
@@ -105,7 +106,9 @@ class MegatronModel:
         p = cfg.parallel
         self.device = init_distributed(cfg.device, cfg.backend, rank, world_size, init_method)
         mpu.initialize_model_parallel(
-            tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp
+            tensor_model_parallel_size=p.tp,
+            pipeline_model_parallel_size=p.pp,
+            expert_model_parallel_size=p.ep,
         )
         model_parallel_cuda_manual_seed(cfg.seed)
         self.mpu = mpu
@@ -118,7 +121,11 @@ class MegatronModel:
         self.value_head = value_head
         model = GPTModel(
             self.tconfig,
-            get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=self.shape.qk_norm),
+            get_gpt_layer_local_spec(
+                num_experts=self.shape.experts or None,
+                normalization="RMSNorm",
+                qk_layernorm=self.shape.qk_norm,
+            ),
             vocab_size=self.shape.vocab,
             max_sequence_length=self.shape.max_positions,
             pre_process=self.first_stage,
@@ -132,6 +139,8 @@ class MegatronModel:
             model.output_layer = ValueHead(self.shape.hidden)
         layers = model.decoder.layers
         self.layer_offset = layers[0].layer_number - 1 if len(layers) else 0
+        # the first of this rank's experts, model-wide
+        self.expert_offset = mpu.get_expert_model_parallel_rank() * (self.shape.experts // p.ep)
         self.model = model
         self.load_hf_weights()
         self.num_params = _hf_num_params(self.hf_config, value_head)
@@ -183,7 +192,10 @@ class MegatronModel:
 
     def local_params(self) -> dict[str, torch.nn.Parameter]:
         """This rank's parameters under their model-wide Megatron names."""
-        return {to_global(n, self.layer_offset): p for n, p in self.model.named_parameters()}
+        return {
+            to_global(n, self.layer_offset, self.expert_offset): p
+            for n, p in self.model.named_parameters()
+        }
 
     @torch.no_grad()
     def load_hf_weights(self) -> None:
@@ -316,6 +328,11 @@ class MegatronModel:
                 dist.all_gather(shards, local.contiguous(), group=tp_group)
                 local = tp_merge(name, shards)
             state[name] = local.clone()
+        if self.cfg.parallel.ep > 1:  # every expert-parallel rank's experts
+            shares: list[Any] = [None] * self.cfg.parallel.ep
+            experts = {k: v for k, v in state.items() if is_expert(k)}
+            dist.all_gather_object(shares, experts, group=mpu.get_expert_model_parallel_group())
+            state.update({k: v for share in shares for k, v in share.items()})
         if mpu.get_data_parallel_rank() != 0 or mpu.get_tensor_model_parallel_rank() != 0:
             return None
         if self.cfg.parallel.pp > 1:
