@@ -128,3 +128,34 @@ def test_two_ranks_one_killed_before_a_checkpoint_rewinds_then_restarts_run_out(
           f"{recovered_s:.1f}s after the kill")  # fmt: skip
     print(f"rank 1 killed again after step {rows[-1]['step']} with trainer.max_restarts=1: "
           f"exit {code} {exit_s:.1f}s after the kill, the error naming the key")  # fmt: skip
+
+
+def test_a_rank_death_is_raised_over_the_survivors_broken_collective():
+    """When a rank is SIGKILLed its peer's collective fails too, and that error can
+    reach the driver first; ``_gather`` raises the death, which a restart handles."""
+    import ray
+
+    from rlpost.workers.trainer_worker import _gather
+
+    class Rank:
+        def pid(self) -> int:
+            return os.getpid()
+
+        def collective(self, peer_alive: bool) -> None:
+            if not peer_alive:  # what gloo raises when the peer's socket closes
+                raise RuntimeError("Read error: Connection reset by peer")
+            time.sleep(60)
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        rank = ray.remote(num_cpus=0)(Rank)
+        survivor, victim = rank.remote(), rank.remote()
+        pid = ray.get(victim.pid.remote())
+        refs = [survivor.collective.remote(False), victim.collective.remote(True)]
+        ray.wait(refs[:1])  # the survivor's error is in before the kill
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(ray.exceptions.RayActorError) as info:
+            _gather(refs)
+        assert info.value.actor_id == victim._actor_id.hex()
+    finally:
+        ray.shutdown()
