@@ -85,8 +85,13 @@ def check_divisible(s: ModelShape, p: MegatronParallel) -> None:
         problems.append("ep > 1 needs an MoE model; this one is dense")
     elif s.experts % p.ep:
         problems.append(f"the experts ({s.experts}) must divide by ep")
-    if s.moe_ffn % p.tp:
-        problems.append(f"the experts' MLP width ({s.moe_ffn}) must divide by tp")
+    if s.experts and p.tp > 1:
+        # megatron-core's MoELayer: "During training, performance may degrade if MoE and
+        # tensor parallelism are enabled without also enabling sequence parallelism"
+        problems.append(
+            "an MoE model trains with tp = 1 here: megatron-core refuses MoE with tensor "
+            f"parallelism but no sequence parallelism ({SEQUENCE_PARALLEL_MISSING}); use ep"
+        )
     if problems:
         raise ValueError(f"tp={p.tp}, pp={p.pp}, ep={p.ep}: " + "; ".join(problems))
 
