@@ -1,4 +1,5 @@
-"""Megatron-core training backend (``trainer=megatron``): tensor and pipeline parallelism.
+"""Megatron-core training backend (``trainer=megatron``): tensor, pipeline and expert
+parallelism.
 
 ``convert`` (HF <-> Megatron weights) and ``config`` are plain torch; ``model``
 (one rank's GPT model and optimizer), ``schedule``, ``checkpoint``, ``engine``

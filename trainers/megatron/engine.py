@@ -1,6 +1,6 @@
 """Megatron-core policy engine: log-probs, policy/SFT updates, HF-named weight export,
-with tensor (``tp``) and pipeline (``pp``) parallelism and data parallelism over the
-remaining ranks.
+with tensor (``tp``), pipeline (``pp``) and expert (``ep``) parallelism and data
+parallelism over the remaining ranks.
 
 Legend: b = samples, t = tokens, v = vocab.
 
@@ -91,12 +91,10 @@ class MegatronEngine:
             return torch.zeros(()), self._token_stats(mb, logits, temperature, False)[0]
 
         results = m.run(mbs, collect)
-        out = rows_from_last_stage(mbs, results, data.input_ids_bt.shape, m.mpu, self.pp)
+        out = rows_from_last_stage(
+            mbs, results, data.input_ids_bt.shape, m.mpu, self.cfg.parallel.pp
+        )
         return out[mine] * batch.response_mask_bt
-
-    @property
-    def pp(self) -> int:
-        return self.cfg.parallel.pp
 
     @cpu_shim.runs_on_cpu
     @torch.no_grad()
@@ -114,7 +112,7 @@ class MegatronEngine:
 
         results = m.run(mbs, hits)
         out = torch.cat(results).float() if m.last_stage else torch.zeros(len(data))
-        return from_last_stage(out, m.mpu, self.pp)[mine].bool()
+        return from_last_stage(out, m.mpu, self.cfg.parallel.pp)[mine].bool()
 
     # -- updates ------------------------------------------------------------------------
     def _step(
