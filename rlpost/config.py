@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from rlpost.config_checks import cross_checks
 from rlpost.schema import ConfigError, spec, validate
 
 GROUPS = ("algo", "model", "rollout", "trainer", "data", "reward", "agent")
@@ -403,167 +404,6 @@ SCHEMAS: dict[str, type] = {
 }
 
 
-def _cross_checks(cfg: Config) -> list[str]:
-    from algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
-
-    problems = []
-    a = cfg.algo
-    if a.advantage.estimator not in ADVANTAGE_ESTIMATORS:
-        problems.append(
-            f"algo.advantage.estimator={a.advantage.estimator!r}: expected one of "
-            f"{', '.join(sorted(ADVANTAGE_ESTIMATORS))}"
-        )
-    if a.policy_loss.name not in POLICY_LOSSES:
-        problems.append(
-            f"algo.policy_loss.name={a.policy_loss.name!r}: expected one of "
-            f"{', '.join(sorted(POLICY_LOSSES))}"
-        )
-    if a.advantage.estimator == "gdpo" and len(cfg.reward.weights) < 2:
-        problems.append("reward.weights: gdpo needs at least two named rewards with weights")
-    if cfg.rollout.lora_sync == "adapter" and cfg.rollout.name != "vllm":
-        problems.append(
-            f"rollout.lora_sync=adapter: rollout.name={cfg.rollout.name} serves no LoRA adapters; "
-            "use rollout.lora_sync=merged"
-        )
-    pd = cfg.rollout.pd
-    if pd.enabled:
-        total = pd.prefill_replicas + pd.decode_replicas
-        if cfg.rollout.replicas not in (1, total):
-            problems.append(
-                f"rollout.replicas={cfg.rollout.replicas}: with rollout.pd.enabled=true the "
-                f"replicas are rollout.pd.prefill_replicas + rollout.pd.decode_replicas = {total}; "
-                "leave rollout.replicas unset or set it to that sum"
-            )
-        if cfg.rollout.name == "hf":
-            problems.append(
-                "rollout.pd.enabled=true: rollout.name=hf has no KV transfer; use vllm or sglang"
-            )
-    if a.overlong.enabled and a.overlong.buffer > cfg.rollout.max_tokens:
-        problems.append(
-            f"algo.overlong.buffer={a.overlong.buffer}: must be <= rollout.max_tokens={cfg.rollout.max_tokens}"
-        )
-    if cfg.data.name != "files":
-        for key in ("train_files", "val_files"):
-            if getattr(cfg.data, key):
-                problems.append(
-                    f"data.{key}={getattr(cfg.data, key)}: data.name={cfg.data.name} is the "
-                    f"built-in task and would ignore these files; add data=files to train on them"
-                )
-    if cfg.data.name == "files" and not cfg.data.train_files:
-        problems.append("data.train_files: required when data.name=files")
-    if cfg.data.name == "files" and not cfg.data.val_files:
-        problems.append("data.val_files: required when data.name=files")
-    if cfg.agent.env is not None and cfg.agent.tools:
-        problems.append(
-            "agent.env and agent.tools are both set: an environment answers the model itself; "
-            "drop agent.tools, or drop agent.env to use the tools"
-        )
-    if cfg.data.name == "calc" and not cfg.agent.enabled and cfg.algo.name != "sft":
-        problems.append(
-            "data.name=calc: the calc task is solved by calling the multiply tool; "
-            "use agent=calculator (or set agent.tools=[multiply])"
-        )
-    if cfg.data.name == "shapes" and cfg.model.path is None and cfg.model.preset != "tiny_vl":
-        problems.append(
-            f"data.name=shapes: its prompts hold images; model.preset={cfg.model.preset} is a "
-            "text model: use model=tiny_vl (data=shapes selects it) or a vision-language "
-            "model.path"
-        )
-    if cfg.agent.enabled and cfg.algo.name == "sft":
-        problems.append(
-            "agent.tools / agent.env: algo=sft trains on fixed chats (data rows with "
-            "'messages'); use an RL preset (e.g. algo=grpo) for agent episodes"
-        )
-    if cfg.model.optimizer_offload and not cfg.model.param_offload:
-        problems.append(
-            "model.optimizer_offload=true: FSDP2 offloads optimizer state together with the "
-            "parameters; set model.param_offload=true as well"
-        )
-    if cfg.trainer.name == "megatron":
-        problems.extend(_megatron_checks(cfg))
-    if len(cfg.trainer.betas) != 2:
-        problems.append(f"trainer.betas={cfg.trainer.betas}: expected two numbers")
-    samples = cfg.data.prompts_per_step * cfg.rollout.n
-    if cfg.algo.name != "sft" and samples % (cfg.trainer.world_size * cfg.algo.mini_batches):
-        problems.append(
-            f"data.prompts_per_step x rollout.n = {samples} must divide by "
-            f"trainer.world_size x algo.mini_batches = {cfg.trainer.world_size * cfg.algo.mini_batches}"
-        )
-    if cfg.rollout.min_tokens > cfg.rollout.max_tokens:
-        problems.append(
-            f"rollout.min_tokens={cfg.rollout.min_tokens}: must be <= rollout.max_tokens={cfg.rollout.max_tokens}"
-        )
-    if cfg.rollout.max_tokens + cfg.data.max_prompt_tokens > cfg.rollout.max_model_len:
-        problems.append(
-            f"rollout.max_model_len={cfg.rollout.max_model_len}: must be >= data.max_prompt_tokens"
-            f" + rollout.max_tokens = {cfg.data.max_prompt_tokens + cfg.rollout.max_tokens}"
-        )
-    return problems
-
-
-def _megatron_checks(cfg: Config) -> list[str]:
-    """Layouts and settings ``trainer=megatron`` cannot run (the model's own shape is
-    checked against tp and pp once its config is read, see ``rlpost.run``)."""
-    t, mg = cfg.trainer, cfg.trainer.megatron
-    problems = []
-    model_parallel = mg.tp * mg.pp * mg.cp
-    if t.world_size % model_parallel:
-        problems.append(
-            f"trainer.world_size={t.world_size}: must divide by trainer.megatron.tp x pp x cp "
-            f"= {mg.tp} x {mg.pp} x {mg.cp} = {model_parallel} (the rest is data parallelism)"
-        )
-    if mg.vpp > 1 and mg.pp == 1:
-        problems.append(
-            f"trainer.megatron.vpp={mg.vpp}: virtual stages need trainer.megatron.pp > 1"
-        )
-    if mg.ep > 1 and t.world_size % (mg.tp * mg.pp * mg.ep):
-        problems.append(
-            f"trainer.world_size={t.world_size}: must divide by trainer.megatron.tp x pp x ep "
-            f"= {mg.tp * mg.pp * mg.ep} (expert-parallel ranks are data-parallel ranks)"
-        )
-    if mg.vpp > 1:
-        problems.append(
-            f"trainer.megatron.vpp={mg.vpp}: not implemented yet; the Megatron trainer runs "
-            "tp, pp, ep and data parallelism (set it to 1)"
-        )
-    if mg.cp > 1:
-        problems.append(
-            f"trainer.megatron.cp={mg.cp}: not available; megatron-core's local attention "
-            "refuses it ('Context parallelism is only supported by TEDotProductAttention!'), "
-            "which needs Transformer Engine (CUDA)"
-        )
-    if mg.ep > 1 and cfg.model.path is None:
-        problems.append(
-            f"trainer.megatron.ep={mg.ep}: expert parallelism needs an MoE model; the built-in "
-            "model (model.path=null) is dense"
-        )
-    if mg.sequence_parallel and mg.tp == 1:
-        problems.append("trainer.megatron.sequence_parallel=true: needs trainer.megatron.tp > 1")
-    elif mg.sequence_parallel:
-        problems.append(
-            "trainer.megatron.sequence_parallel=true: not available yet; it needs Transformer "
-            "Engine or Apex layer norms (CUDA), and the trainer builds megatron-core's local "
-            "layer spec, whose torch norms refuse it"
-        )
-    if cfg.model.lora.rank > 0:
-        problems.append(
-            f"model.lora.rank={cfg.model.lora.rank}: trainer=megatron has no LoRA yet; "
-            "use trainer=fsdp for LoRA"
-        )
-    if cfg.model.dtype != "float32" or t.mixed_precision != "none":
-        problems.append(
-            f"model.dtype={cfg.model.dtype}, trainer.mixed_precision={t.mixed_precision}: "
-            "trainer=megatron trains in float32 for now (model.dtype=float32, mixed_precision=none)"
-        )
-    for key in ("gradient_checkpointing", "param_offload", "optimizer_offload"):
-        if getattr(cfg.model, key):
-            problems.append(
-                f"model.{key}=true: an FSDP2 setting; with trainer=megatron use "
-                "trainer.megatron.recompute / distributed_optimizer"
-            )
-    return problems
-
-
 def from_dict(raw: dict[str, Any]) -> Config:
     """Validate a plain nested dict; raises ConfigError listing every problem."""
     problems: list[str] = []
@@ -585,7 +425,7 @@ def from_dict(raw: dict[str, Any]) -> Config:
     if problems:
         raise ConfigError(problems)
     cfg = Config(**groups)
-    problems = _cross_checks(cfg)
+    problems = cross_checks(cfg)
     if problems:
         raise ConfigError(problems)
     return _derive(cfg)
