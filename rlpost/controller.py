@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import random
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,14 +30,11 @@ from algos import (
 )
 from rlpost.checkpoint import (
     CheckpointManager,
-    load_driver_state,
-    pick_checkpoint,
-    save_driver_state,
 )
 from rlpost.config import Config
 from rlpost.data import PromptStream
-from rlpost.faults import Interrupted
-from rlpost.result import RunError, RunResult
+from rlpost.recovery import Recovery
+from rlpost.result import RunResult
 from rlpost.rewards import RewardScorer
 from rlpost.rollout_group import PendingGeneration, RolloutGroup
 from rlpost.samples import encode_prompt, rollout_batch
@@ -82,7 +78,7 @@ class Rollouts:
     scores: dict[str, torch.Tensor]
 
 
-class Controller:
+class Controller(Recovery):
     def __init__(
         self,
         cfg: Config,
@@ -287,137 +283,6 @@ class Controller:
             float(batch.attention_mask_bt.sum()) / metrics["timing/step_s"]
         )
         return metrics
-
-    def check_logprob_gap(self, step: int, metrics: dict[str, float]) -> None:
-        """The rollout must sample from the weights being trained: a gap between its
-        log-probs and the trainer's above ``rollout.max_logprob_gap`` stops the run."""
-        limit = self.cfg.rollout.max_logprob_gap
-        gap = metrics.get("rollout/logprob_abs_diff_max")
-        if limit is None or gap is None or gap <= limit:
-            return
-        when = "before the first weight sync" if step == 1 else "after the weight sync"
-        raise RunError(
-            f"step {step}: the rollout's log-probs differ from the trainer's by up to {gap:.3g} "
-            f"{when} (rollout.max_logprob_gap={limit:g}): the rollout engine is not sampling "
-            f"from the policy being trained. With model.path={self.cfg.model.path}, check that "
-            "the engine supports this architecture (SUPPORT.md); with bf16 on either side raise "
-            "rollout.max_logprob_gap, or set it to null to turn the check off."
-        )
-
-    def count_bad_step(self, step: int, metrics: dict[str, float]) -> None:
-        """Updates skipped for a NaN or Inf loss or gradient; ``trainer.max_bad_steps``
-        of them in a row stop the run (the weights are still those of the last good step)."""
-        skipped = sum(v for k, v in metrics.items() if k.endswith("/skipped_updates"))
-        self.bad_steps = self.bad_steps + 1 if skipped else 0
-        limit = self.cfg.trainer.max_bad_steps
-        if self.bad_steps >= limit:
-            raise RunError(
-                f"step {step}: the update was skipped {limit} steps in a row "
-                f"(trainer.max_bad_steps={limit}) because the loss or the gradients were NaN "
-                "or Inf. Check the rewards and advantages for NaN and lower trainer.lr; the last "
-                "checkpoint holds good weights."
-            )
-
-    # -- checkpoints ----------------------------------------------------------------
-    def save_checkpoint(self, step: int) -> None:
-        """Engines, data position, KL coefficient and RNG, atomically (run_dir/checkpoints).
-
-        In one_step_off mode the next step's generation runs with the weights of
-        the previous step; a resumed run regenerates it with the same seed from
-        the checkpoint's weights, so exact resume holds for ``sync`` mode.
-        """
-        w = self.workers
-
-        def write(tmp: Path) -> None:
-            w.policy.save_checkpoint(str(tmp / "policy"))
-            if w.critic is not None:
-                w.critic.save_checkpoint(str(tmp / "critic"))
-            state = {"step": step, "stream": self.stream.state_dict(), "kl_coef": self.kl_ctl.value}
-            save_driver_state(tmp, state)
-
-        start = time.perf_counter()
-        self.ckpt.atomic_write(step, write)
-        self.ckpt.prune()
-        log.info("checkpoint of step %d written in %.1f s", step, time.perf_counter() - start)
-
-    def restore(self, path: Path | None = None) -> int:
-        """Load ``path``, else ``trainer.resume``'s checkpoint, if any; returns its step
-        (0 if none)."""
-        t = self.cfg.trainer
-        path = path or pick_checkpoint(t.resume, self.run_dir, t.keep_last)
-        if path is None:
-            self.tracker.truncate(-1)  # a fresh run in a used directory starts a new log
-            return 0
-        self.resumed_from = path
-        w = self.workers
-        w.policy.load_checkpoint(str(path / "policy"))
-        if w.critic is not None:
-            w.critic.load_checkpoint(str(path / "critic"))
-        state = load_driver_state(path)
-        self.stream.load_state_dict(state["stream"])
-        self.kl_ctl.value = state["kl_coef"]
-        self.sync_weights()
-        self.tracker.truncate(state["step"])
-        log.info("resumed from %s (step %d)", path, state["step"])
-        return int(state["step"])
-
-    # -- faults -------------------------------------------------------------------
-    def restart_trainers(self, exc: RayActorError) -> int:
-        """A trainer rank died: rebuild every trainer group, load the latest checkpoint
-        (or go back to step 0 if there is none) and re-sync the rollout; returns the
-        step the run continues after. Re-raises ``exc`` when the dead actor is not a
-        trainer rank; a ``RunError`` naming ``trainer.max_restarts`` when the restarts
-        are used up."""
-        w = self.workers
-        groups = [g for g in (w.policy, w.reference, w.critic) if g is not None]
-        limit = self.cfg.trainer.max_restarts
-        if self.rebuild_trainers is None or not any(g.owns(exc.actor_id) for g in groups):
-            raise exc
-        why = " ".join(str(exc).split())[:300]
-        if self.trainer_restarts >= limit:
-            last = self.ckpt.latest()
-            raise RunError(
-                f"a trainer rank died after trainer.max_restarts={limit} restart(s) were used "
-                f"up ({why}). The last checkpoint is {last or 'none (the run starts afresh)'}: "
-                "rerun the same command (trainer.resume=auto) to continue from it, and raise "
-                "trainer.max_restarts if ranks are expected to die (preemptible nodes)."
-            ) from exc
-        self.trainer_restarts += 1
-        start = time.perf_counter()
-        log.warning("a trainer rank died; restart %d of %d: %s", self.trainer_restarts, limit, why)
-        w.policy, w.reference, w.critic = self.rebuild_trainers()
-        path = pick_checkpoint("auto", self.run_dir, self.cfg.trainer.keep_last)
-        path = path or self.resumed_from
-        step = self.restore(path) if path is not None else self.rewind()
-        seconds = time.perf_counter() - start
-        log.warning("trainer groups rebuilt in %.1f s; redoing the steps after %d", seconds, step)
-        return step
-
-    def driver_snapshot(self) -> tuple[Any, ...]:
-        """What ``rewind`` restores: data position, KL coefficient, RNG states."""
-        rng = (random.getstate(), torch.get_rng_state())
-        return (self.stream.state_dict(), self.kl_ctl.value, *rng)
-
-    def rewind(self) -> int:
-        """No checkpoint yet: back to where the run started (data position, KL
-        coefficient, RNG; rebuilt trainers hold the initial model). Returns 0."""
-        stream, kl_coef, python_rng, torch_rng = self.start_state
-        self.stream.load_state_dict(stream)
-        self.kl_ctl.value = kl_coef
-        random.setstate(python_rng)
-        torch.set_rng_state(torch_rng)
-        self.sync_weights()
-        self.tracker.truncate(0)
-        return 0
-
-    def stop_if_requested(self, step: int, saved: bool) -> None:
-        """A SIGINT or SIGTERM arrived: checkpoint ``step`` (unless just done) and unwind."""
-        signum = self.stop_requested() if self.stop_requested is not None else None
-        if signum is None:
-            return
-        if not saved:
-            self.save_checkpoint(step)
-        raise Interrupted(signum, step, self.ckpt.step_dir(step))
 
     # -- the named steps ----------------------------------------------------------
     def collect(self, step: int) -> tuple[Rollouts, dict[str, float]]:
