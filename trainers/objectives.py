@@ -18,6 +18,7 @@ from algos import (
     LossNorm,
     PolicyLossConfig,
     aggregate,
+    explained_variance,
     kl_penalty,
     masked_mean,
     truncated_is_weight,
@@ -87,3 +88,18 @@ def policy_objective(
         metrics["actor/kl_loss"] = float(kl_loss.detach())
         metrics["actor/kl"] = float(masked_mean(kl_bt.detach(), mask_bt))
     return loss, metrics
+
+
+def critic_metrics(batch: TrajectoryBatch) -> dict[str, float]:
+    """How well the values before an update explain the returns, and their means
+    over this rank's response tokens (the worker group averages the ranks')."""
+    assert batch.old_values_bt is not None and batch.returns_bt is not None
+    mask = batch.response_mask_bt.float()
+    count = mask.sum().clamp(min=1)
+    return {
+        "critic/vf_explained_var": float(
+            explained_variance(batch.old_values_bt, batch.returns_bt, mask)
+        ),
+        "critic/values_mean": float((batch.old_values_bt * mask).sum() / count),
+        "critic/returns_mean": float((batch.returns_bt * mask).sum() / count),
+    }

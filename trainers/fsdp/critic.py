@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from algos import LossNorm, clipped_value_loss, explained_variance
+from algos import LossNorm, clipped_value_loss
 from trainers.batch import TrajectoryBatch
 from trainers.fsdp.common import (
     DTYPES,
@@ -26,6 +26,7 @@ from trainers.fsdp.common import (
     shard,
 )
 from trainers.fsdp.engine import FSDPEngineConfig
+from trainers.objectives import critic_metrics
 
 
 class ValueModel(torch.nn.Module):
@@ -116,16 +117,7 @@ class CriticEngine:
             epochs,
             mini_batches,
         )
-        mask = batch.response_mask_bt.float()
-        out["critic/vf_explained_var"] = float(
-            explained_variance(batch.old_values_bt, batch.returns_bt, mask)
-        )
-        out["critic/values_mean"] = float(
-            (batch.old_values_bt * mask).sum() / mask.sum().clamp(min=1)
-        )
-        out["critic/returns_mean"] = float(
-            (batch.returns_bt * mask).sum() / mask.sum().clamp(min=1)
-        )
+        out.update(critic_metrics(batch))
         out["timing/critic_update_s"] = time.perf_counter() - start
         return out
 

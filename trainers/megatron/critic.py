@@ -16,13 +16,14 @@ import time
 import torch
 import torch.nn.functional as F
 
-from algos import clipped_value_loss, explained_variance
+from algos import clipped_value_loss
 from trainers.batch import TrajectoryBatch
 from trainers.fsdp.common import run_epochs
 from trainers.megatron import checkpoint, cpu_shim
 from trainers.megatron.config import MegatronEngineConfig
 from trainers.megatron.model import MegatronModel
 from trainers.megatron.schedule import dp_batch, rows_from_last_stage
+from trainers.objectives import critic_metrics
 
 
 def _values(output_bt1: torch.Tensor) -> torch.Tensor:
@@ -86,16 +87,7 @@ class MegatronCriticEngine:
             mini_batches,
         )
         # This rank's share, as the FSDP critic reports it (the worker group averages them).
-        mask = batch.response_mask_bt.float()
-        out["critic/vf_explained_var"] = float(
-            explained_variance(batch.old_values_bt, batch.returns_bt, mask)
-        )
-        out["critic/values_mean"] = float(
-            (batch.old_values_bt * mask).sum() / mask.sum().clamp(min=1)
-        )
-        out["critic/returns_mean"] = float(
-            (batch.returns_bt * mask).sum() / mask.sum().clamp(min=1)
-        )
+        out.update(critic_metrics(batch))
         out["timing/critic_update_s"] = time.perf_counter() - start
         return out
 
