@@ -49,6 +49,10 @@ class Setup:
     min_tokens: int = 0  # no end token before this many (every side alike)
     kv_cache_gib: float = 0.25  # vLLM's KV cache (rlpost's replica and the raw limit)
     model: str = "tiny"  # rlpost's built-in preset both frameworks start from
+    # Seconds between memory samples of a run's process tree. Reading every
+    # process's smaps_rollup costs the kernel a walk of its mappings: at 0.2 s it
+    # took ~20 % of a core next to a vLLM replica, CPU the runs share.
+    mem_every_s: float = 0.2
 
 
 # -- process-tree sampling ------------------------------------------------------------
@@ -122,13 +126,19 @@ class TreeMonitor(threading.Thread):
 
 
 def run_monitored(
-    cmd: list[str], log: Path, env: dict[str, str], cwd: Path, timeout: float, watch: Path | None
+    cmd: list[str],
+    log: Path,
+    env: dict[str, str],
+    cwd: Path,
+    timeout: float,
+    watch: Path | None,
+    mem_every_s: float = 0.2,
 ) -> tuple[int, TreeMonitor, float]:
     """Run ``cmd`` with its output in ``log``; returns (exit code, monitor, seconds)."""
     start = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
-        mon = TreeMonitor(proc.pid, watch)
+        mon = TreeMonitor(proc.pid, watch, mem_every_s)
         mon.start()
         try:
             rc = proc.wait(timeout=timeout)

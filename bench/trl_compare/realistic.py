@@ -17,6 +17,7 @@ import json
 import platform
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from trl_compare.common import (
@@ -33,7 +34,6 @@ from trl_compare.report import (
     TARGET_SYNC_LIMIT,
     TARGET_TOKS_RATIO,
     aggregate,
-    explain_sync,
     fmt,
     gib,
     summarize,
@@ -57,7 +57,7 @@ def realistic_setup(args: argparse.Namespace) -> tuple[Batch, Setup]:
         return Batch(4, 2), Setup(2, 1, 16, 1.0, args.lr, 8, min_tokens=16, model="small")
     tokens = args.real_tokens
     setup = Setup(args.real_steps, 1, tokens, 1.0, args.lr, args.micro_batch, min_tokens=tokens,
-                  kv_cache_gib=0.5, model="small")  # fmt: skip
+                  kv_cache_gib=0.5, model="small", mem_every_s=2.0)  # fmt: skip
     return Batch(*map(int, args.real_batch.split("x"))), setup
 
 
@@ -76,20 +76,19 @@ def run_realistic(args: argparse.Namespace, command: str) -> None:
     print(f"run dir {run_dir}; model {data['model']}", flush=True)
 
     # One thread, as each of rlpost's processes and TRL run with: on two shared
-    # cores the old workload found two threads slower for both halves.
-    res = run_raw(data, [b], setup, 1, run_dir, gen_repeats=3, train_repeats=1)
-    print(f"raw (threads=1): {res}", flush=True)
-    raw = {b.name: {**res[b.name], "gen_threads": 1, "train_threads": 1}} if b.name in res else {}
-    raw_error = res.get("error")
+    # cores the old workload found two threads slower for both halves. Measured
+    # before and after the sides: the machine's load moves while they run.
+    limits = [measure_limit(data, b, setup, run_dir / "raw-before")]
 
     runs: list[dict[str, Any]] = []
     for kind in (SYNC, TRL_HF, OSF, TRL_VLLM):  # the targets' main sides first
         out = run_dir / "".join(c if c.isalnum() else "-" for c in kind)
+        load = load_average()
         if kind.startswith("TRL"):
             r = run_trl(data, b, setup, 1, out, args.timeout, "trl-vllm", kind == TRL_VLLM)
         else:
             r = run_rlpost(data, b, setup, kind.split()[1], out, args.timeout)
-        r.update(batch=b.name, kind=kind, rep=0)
+        r.update(batch=b.name, kind=kind, rep=0, load_before=load, load_after=load_average())
         if "steps" in r:
             s = summarize(r, b)
             print(f"{kind}: step {s['step_s']:.3f}s, {s['tok_s']:.0f} tok/s, "
@@ -100,6 +99,10 @@ def run_realistic(args: argparse.Namespace, command: str) -> None:
         runs.append(r)
         with (run_dir / "runs.jsonl").open("a") as f:
             f.write(json.dumps(r) + "\n")
+
+    limits.append(measure_limit(data, b, setup, run_dir / "raw-after"))
+    raw = combine_limits(b, limits)
+    raw_error = next((m["error"] for m in limits if "error" in m), None) if not raw else None
 
     import torch
     import transformers
@@ -129,6 +132,50 @@ def run_realistic(args: argparse.Namespace, command: str) -> None:
     print(f"wrote {args.out} and {args.json_out}; raw runs in {run_dir}")
 
 
+def measure_limit(data: dict, b: Batch, setup: Setup, out: Path) -> dict[str, Any]:
+    """Raw generation and training of the batch at one thread, and the load around it."""
+    out.mkdir(parents=True)
+    before = load_average()
+    res = run_raw(data, [b], setup, 1, out, gen_repeats=3, train_repeats=1)
+    print(f"raw (threads=1): {res}", flush=True)
+    if b.name not in res:
+        return {"error": res.get("error", "no result")}
+    return {**res[b.name], "load_before": before, "load_after": load_average()}
+
+
+def combine_limits(b: Batch, limits: list[dict[str, Any]]) -> dict[str, Any]:
+    """The limit is the faster of the measurements of each half (each was possible on
+    this machine); all of them stay under ``measurements``."""
+    ok = [m for m in limits if "error" not in m]
+    if not ok:
+        return {}
+    return {
+        b.name: {
+            "gen_s": min(m["gen_s"] for m in ok),
+            "gen_tokens": ok[0]["gen_tokens"],
+            "train_s": min(m["train_s"] for m in ok),
+            "gen_threads": 1,
+            "train_threads": 1,
+            "measurements": limits,
+        }
+    }
+
+
+def trl_vllm_failure(error: str) -> str:
+    """Why TRL's vLLM colocate side failed, when the reason is the known one."""
+    if "weight_loader" not in error:
+        return ""
+    return (
+        "TRL's colocate weight sync (`VLLMGeneration.sync_weights`) calls the live vLLM "
+        "model's `load_weights`; vLLM's CPU build processes the linear layers' weights after "
+        "loading, and the processed parameters no longer carry the `weight_loader` that "
+        "`load_weights` needs. vLLM's CPU build reloads weights only through "
+        "`model_runner.reload_weights` (what rlpost's worker extension calls, DESIGN.md). "
+        "TRL syncs before its first generation, so it fails before generating anything; "
+        "TRL 1.16 also warns that it supports vLLM 0.22-0.31, and vLLM's CPU build is 0.32."
+    )
+
+
 def write_realistic(
     args: argparse.Namespace, meta: dict[str, Any], runs: list[dict[str, Any]], raw: dict
 ) -> None:
@@ -141,7 +188,9 @@ def write_realistic(
         one_step_off=ok.get(OSF),
         trl_hf=ok.get(TRL_HF),
         trl_vllm=ok.get(TRL_VLLM),
-        trl_vllm_reason=f"TRL with vLLM colocate failed: {vllm_err}" if vllm_err else None,
+        trl_vllm_reason=f"TRL with vLLM colocate failed: {vllm_err}. {trl_vllm_failure(vllm_err)}"
+        if vllm_err
+        else None,
         limit=raw.get(b.name),
         extra={
             "batch": b.name,
@@ -156,7 +205,12 @@ def write_realistic(
             "steps whatever trains it; see the old workload",
         },
     )
-    text = realistic_report(meta, agg, raw.get(b.name), summary)
+    loads = {
+        r["kind"]: f"{r['load_before'].split()[0]} -> {r['load_after'].split()[0]}"
+        for r in runs
+        if "load_before" in r
+    }
+    text = realistic_report(meta, agg, raw.get(b.name), summary, loads)
     write_section(args.out, "realistic", text)
     write_json(args.json_out, "realistic", summary)
     print(text)
@@ -167,6 +221,7 @@ def realistic_report(
     agg: dict[str, dict[str, float] | str],
     lim: dict[str, Any] | None,
     summary: dict[str, Any],
+    loads: dict[str, str],
 ) -> str:
     s = meta["setup"]
     b = Batch(*meta["batches"][0])
@@ -197,30 +252,44 @@ def realistic_report(
         "has `vllm_importance_sampling_correction=False` (on by default it adds an old-log-prob "
         "forward and reweights the loss; rlpost's sync loss has neither).",
         "",
+        "load: the 1-minute load average when the run started and ended (2 cores).",
+        "",
         "| run | step s | gen tokens/s | tokens/completion | peak mem GiB (PSS, RSS) | "
-        "where the step goes (medians, s) |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "where the step goes (medians, s) | load |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for kind in SIDES:
         m = agg[kind]
         if isinstance(m, str):
-            lines.append(f"| {kind} | failed: {m[:300]} | | | | |")
+            lines.append(
+                f"| {kind} | failed: {m[:300]} | | | | | {loads.get(kind, 'not recorded')} |"
+            )
             continue
         parts = ", ".join(f"{k}={m['t_' + k]:.2f}" for k in TIMING if "t_" + k in m)
         lines.append(
             f"| {kind} | {m['step_s']:.2f} | {fmt(m['tok_s'], 0)} | "
             f"{m['tokens'] / b.samples:.1f} | {gib(m['peak_pss'])}, {gib(m['peak_rss'])} | "
-            f"{parts} |"
+            f"{parts} | {loads.get(kind, 'not recorded')} |"
+        )
+    for i, m in enumerate((lim or {}).get("measurements", [])):
+        when = ("before", "after")[min(i, 1)]
+        if "error" in m:
+            lines.append(f"| limit measured {when} the sides | failed: {m['error']} | | | | | |")
+            continue
+        lines.append(
+            f"| limit measured {when} the sides | {m['gen_s']:.2f} + {m['train_s']:.2f} | | | | "
+            f"| {m['load_before'].split()[0]} -> {m['load_after'].split()[0]} |"
         )
     if lim:
         gen, train = lim["gen_s"], lim["train_s"]
         lines.append(
             f"| limit: raw gen + raw train | {gen:.2f} + {train:.2f} = {gen + train:.2f} | "
             f"{lim['gen_tokens'] / (gen + train):.0f} (gen alone {lim['gen_tokens'] / gen:.0f}) | "
-            f"{lim['gen_tokens'] / b.samples:.1f} | | one torch thread each |"
+            f"{lim['gen_tokens'] / b.samples:.1f} | | one torch thread each; the faster "
+            "measurement of each half | |"
         )
     else:
-        lines.append(f"| limit | failed: {meta.get('raw_error')} | | | | |")
+        lines.append(f"| limit | failed: {meta.get('raw_error')} | | | | | |")
     lines += ["", "### Targets", "", "| target | measured | verdict |", "| --- | --- | --- |"]
     lines += _targets(summary)
     lines += ["", "### Notes", "", *_notes(meta, agg, lim, summary, b)]
@@ -275,7 +344,21 @@ def _notes(
     notes: list[str] = []
     sync, osf, hf, vl = (agg[k] for k in SIDES)
     if isinstance(sync, dict) and lim:
-        notes.append(explain_sync(b, sync, lim))
+        gen, train = lim["gen_s"], lim["train_s"]
+        rest = sync["step_s"] - sum(
+            sync.get(f"t_{k}", 0.0) for k in ("generate_s", "update_s", "weight_sync_s")
+        )
+        notes.append(
+            f"- {b.name}, rlpost sync: step {sync['step_s']:.1f} s against a limit of "
+            f"{gen + train:.1f} s. Generation {sync['t_generate_s']:.1f} s (raw vLLM {gen:.1f} s), "
+            f"update {sync['t_update_s']:.1f} s (raw forward+backward+AdamW {train:.1f} s), "
+            f"weight sync {sync.get('t_weight_sync_s', float('nan')):.2f} s, the rest (scoring, "
+            f"batching, advantages, logging) {rest:.2f} s. The limit and each side ran at "
+            "different times on a machine whose load changed by several processes per core "
+            "in minutes (the load column): a ratio between two rows is mostly the ratio of "
+            "the CPU share each got. Within one run, rlpost's own costs are the weight sync and "
+            "the rest."
+        )
     if isinstance(sync, dict) and isinstance(hf, dict):
         notes.append(
             f"- {b.name}, against TRL with transformers: its `model.generate` took "
@@ -287,19 +370,11 @@ def _notes(
             "update: with generation free, rlpost's tokens/s could be at most "
             f"{hf['step_s'] / (hf['step_s'] - hf['t_generate_s']):.2f}x TRL's."
         )
-    if isinstance(vl, str):
-        why = (
-            " TRL's colocate weight sync (`VLLMGeneration.sync_weights`) calls the live vLLM "
-            "model's `load_weights`; vLLM's CPU build processes the linear layers' weights after "
-            "loading, and the processed parameters no longer carry the `weight_loader` that "
-            "`load_weights` needs. vLLM's CPU build reloads weights only through "
-            "`model_runner.reload_weights` (what rlpost's worker extension calls, DESIGN.md). "
-            "TRL syncs before its first generation, so it fails before generating anything; "
-            "TRL 1.16 also warns that it supports vLLM 0.22-0.31, and vLLM's CPU build is 0.32."
-            if "weight_loader" in vl
-            else ""
-        )
-        notes.append(f"- TRL with vLLM colocate did not run on vLLM's CPU build: `{vl}`.{why}")
+    if vl == "not run":
+        notes.append("- TRL with vLLM colocate: not run.")
+    elif isinstance(vl, str):
+        why = trl_vllm_failure(vl)
+        notes.append(f"- TRL with vLLM colocate did not run on vLLM's CPU build: `{vl}`. {why}")
     elif isinstance(vl, dict):
         notes.append(
             f"- TRL with vLLM colocate: generation {vl['t_generate_s']:.2f} s, weight sync "
@@ -315,6 +390,16 @@ def _notes(
             "speed-up one_step_off can give is bounded by how much of the step generation is, "
             "and the two halves share two cores that other jobs also use."
         )
+        bound = (sync["t_generate_s"] + sync["t_update_s"]) / max(
+            sync["t_generate_s"], sync["t_update_s"]
+        )
+        if sync["step_s"] / osf["step_s"] > 1.05 * bound:
+            notes[-1] += (
+                f" At equal load that bound is {bound:.2f}x; the measured "
+                f"{sync['step_s'] / osf['step_s']:.2f}x is above it because the one_step_off run "
+                f"got more of the machine: the same update took {osf['t_update_s']:.1f} s there "
+                f"and {sync['t_update_s']:.1f} s in the sync run."
+            )
     notes.append(
         "- Held-out accuracy is not compared here: the model starts from random weights "
         "(no warm-up; 30 M parameters would need a long SFT on two cores) and every side "

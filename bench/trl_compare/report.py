@@ -96,10 +96,10 @@ def explain_sync(b: Batch, m: dict[str, float], lim: dict[str, float]) -> str:
     )
     return (
         f"- {b.name}, rlpost sync: step {m['step_s']:.3f} s against a limit of {gen + train:.3f} s "
-        f"(+{m['step_s'] - gen - train:.3f} s). Generation {parts['generation']:.3f} s "
-        f"(raw vLLM {gen:.3f} s: +{parts['generation'] - gen:.3f} s of Ray round trip, request "
+        f"({m['step_s'] - gen - train:+.3f} s). Generation {parts['generation']:.3f} s "
+        f"(raw vLLM {gen:.3f} s: {parts['generation'] - gen:+.3f} s of Ray round trip, request "
         f"building and result conversion); {logprob}update {parts['update']:.3f} s (raw forward+backward+AdamW "
-        f"{train:.3f} s: +{parts['update'] - train:.3f} s in the FSDP2 engine); weight sync "
+        f"{train:.3f} s: {parts['update'] - train:+.3f} s in the FSDP2 engine); weight sync "
         f"{parts['weight sync']:.3f} s; the rest (scoring, batching, logging; medians need not "
         f"add up) {other:.3f} s."
     )
@@ -388,7 +388,7 @@ def _figures(m: dict[str, float] | None) -> dict[str, float] | None:
     if m is None:
         return None
     out = {k: m[k] for k in keep if k in m and m[k] == m[k]}
-    out.update({k[2:]: v for k, v in m.items() if k.startswith("t_")})  # timing/* medians
+    out.update({f"timing/{k[2:]}": v for k, v in m.items() if k.startswith("t_")})  # medians
     return out
 
 

@@ -110,7 +110,13 @@ def run_rlpost(
     cmd = [sys.executable, "-m", "rlpost.main", *overrides]
     metrics_file = out / "metrics.jsonl"
     rc, mon, wall = run_monitored(
-        cmd, out.with_suffix(".log"), rlpost_env(), common.SRC, timeout, metrics_file
+        cmd,
+        out.with_suffix(".log"),
+        rlpost_env(),
+        common.SRC,
+        timeout,
+        metrics_file,
+        setup.mem_every_s,
     )
     result: dict[str, Any] = {"rc": rc, "wall_s": wall, "cmd": " ".join(cmd[1:])}
     result.update(peak_pss=mon.peak_pss, peak_rss=mon.peak_rss, procs=mon.peak_procs)
@@ -177,7 +183,8 @@ def run_trl(
         # vLLM's CPU KV cache is sized in whole GiB by this variable (TRL passes no size).
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(setup.kv_cache_gib)))
         env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    rc, mon, wall = run_monitored(cmd, out.with_suffix(".log"), env, REPO, timeout, None)
+    log = out.with_suffix(".log")
+    rc, mon, wall = run_monitored(cmd, log, env, REPO, timeout, None, setup.mem_every_s)
     result: dict[str, Any] = {"rc": rc, "wall_s": wall, "peak_pss": mon.peak_pss}
     result.update(peak_rss=mon.peak_rss, procs=mon.peak_procs)
     if rc != 0 or not (out / "result.json").exists():
