@@ -18,6 +18,7 @@ would not reach the language model at all.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -126,14 +127,17 @@ def _qwen_images(side: int, patch: int, **kwargs: Any) -> Any:
     )  # fmt: skip
 
 
+# Qwen2-VL and Qwen2.5-VL's multimodal rotary embedding; head_dim 64: the rotary
+# halves split over (time, height, width).
+QWEN_MROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [8, 12, 12]}
+
+
 def _qwen2_vl() -> tuple[Any, Any, Any]:
     import transformers as T
 
     tok = vl_tokenizer(QWEN_VL_TOKENS, template=QWEN_VL_TEMPLATE)
-    # head_dim 64: the rotary halves split over (time, height, width)
-    rope = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [8, 12, 12]}
     config = T.Qwen2VLConfig(
-        text_config=_text(tok, rope_parameters=rope),
+        text_config=_text(tok, rope_parameters=copy.deepcopy(QWEN_MROPE)),
         vision_config=dict(
             depth=2, embed_dim=64, hidden_size=TEXT["hidden_size"], num_heads=2, mlp_ratio=2,
             patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
@@ -152,9 +156,8 @@ def _qwen2_5_vl() -> tuple[Any, Any, Any]:
     import transformers as T
 
     tok = vl_tokenizer(QWEN_VL_TOKENS, template=QWEN_VL_TEMPLATE)
-    rope = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [8, 12, 12]}
     config = T.Qwen2_5_VLConfig(
-        text_config=_text(tok, rope_parameters=rope),
+        text_config=_text(tok, rope_parameters=copy.deepcopy(QWEN_MROPE)),
         # Windowed attention in block 0 (one 56-pixel window: the whole image), full in 1.
         vision_config=dict(
             depth=2, hidden_size=64, intermediate_size=128, num_heads=2,
