@@ -135,12 +135,6 @@ def megatron_checks(cfg: Config) -> list[str]:
             f"trainer.megatron.vpp={mg.vpp}: not implemented yet; the Megatron trainer runs "
             "tp, pp, ep and data parallelism (set it to 1)"
         )
-    if mg.cp > 1:
-        problems.append(
-            f"trainer.megatron.cp={mg.cp}: not available; megatron-core's local attention "
-            "refuses it ('Context parallelism is only supported by TEDotProductAttention!'), "
-            "which needs Transformer Engine (CUDA)"
-        )
     if mg.ep > 1 and cfg.model.path is None:
         problems.append(
             f"trainer.megatron.ep={mg.ep}: expert parallelism needs an MoE model; the built-in "

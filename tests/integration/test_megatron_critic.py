@@ -25,6 +25,7 @@ LAYOUTS = {
     "tp2": (2, {"tp": 2}),
     "pp2": (2, {"pp": 2}),
     "dp2_distopt": (2, {"distributed_optimizer": True}),
+    "cp2": (2, {"cp": 2}),
 }
 
 

@@ -26,7 +26,7 @@ PRELOAD = [
     "trainers.fsdp.engine",
     "trainers.megatron.engine",
 ]
-# name: (world size, megatron settings, single-pass update)
+# name: (world size, megatron settings (and packing), single-pass update)
 LAYOUTS = {
     "tp1": (1, {}, False),
     "tp2": (2, {"tp": 2}, False),
@@ -35,6 +35,9 @@ LAYOUTS = {
     "tp2_recompute": (2, {"tp": 2, "recompute": "full"}, False),
     # the update's own log-probs as the old ones, recorded on the last stage
     "pp2_single_pass": (2, {"pp": 2}, True),
+    # the sequence split over 2 ranks (trainers/megatron/context_parallel.py)
+    "cp2": (2, {"cp": 2}, False),
+    "cp2_packed": (2, {"cp": 2, "packing": True}, False),
 }
 
 
@@ -59,7 +62,11 @@ def _step_worker(
     ``update_policy_single_pass``, which returns the log-probs of its forward)."""
     from trainers.megatron.convert import megatron_to_hf
 
-    engine = _megatron(model_dir, rank, world_size, port, parallel, micro_batch_size=3)
+    parallel = dict(parallel)
+    packing = parallel.pop("packing", False)  # an engine setting, not a split
+    engine = _megatron(
+        model_dir, rank, world_size, port, parallel, micro_batch_size=3, packing=packing
+    )
     full = make_batch(0)
     full.advantages_bt = advantages(full)
     batch = full.shard(rank, world_size)

@@ -46,9 +46,9 @@ class MegatronParallel:
                 f"world size {world_size} does not divide by tp x pp x ep = "
                 f"{self.tp * self.pp * self.ep} (expert-parallel ranks are data-parallel ranks)"
             )
-        if self.vpp != 1 or self.cp != 1:
+        if self.vpp != 1:
             raise NotImplementedError(
-                "the Megatron engine runs tp, pp, ep and data parallelism; vpp and cp must be 1"
+                "the Megatron engine runs tp, pp, cp, ep and data parallelism; vpp must be 1"
             )
         if self.sequence_parallel:
             raise NotImplementedError(SEQUENCE_PARALLEL_MISSING)
@@ -151,6 +151,7 @@ def transformer_config(s: ModelShape, p: MegatronParallel):
         gradient_accumulation_fusion=False,
         tensor_model_parallel_size=p.tp,
         pipeline_model_parallel_size=p.pp,
+        context_parallel_size=p.cp,
         sequence_parallel=p.sequence_parallel,
         # micro-batches differ in rows and length; pipeline stages send shapes first
         variable_seq_lengths=p.pp > 1,

@@ -16,7 +16,8 @@ machine, and ``on_cpu`` is then an empty context):
    optimizer, the gradient clipping and the pipeline schedules), makes
    ``tensor.cuda()`` return the tensor, and reports ``tensor.type()`` with its
    CUDA name (``torch.cuda.FloatTensor``), which is how megatron's optimizers
-   check parameter dtypes. It is a mode rather than a global patch so that it
+   check parameter dtypes; ``pin_memory=True`` (context parallelism's rotary
+   table) becomes False. It is a mode rather than a global patch so that it
    acts only inside the engine's calls and on the calling thread.
 4. The RNG tracker (named states that megatron forks around dropout so tensor-
    parallel ranks draw different masks, and around recomputation) keeps CPU
@@ -66,6 +67,8 @@ class _CudaNamesOnCpu(TorchFunctionMode):
         device = kwargs.get("device")
         if device is not None and "cuda" in str(device):
             kwargs["device"] = "cpu"
+        if kwargs.get("pin_memory"):
+            kwargs["pin_memory"] = False  # pinned memory needs an accelerator
         return func(*args, **kwargs)
 
 

@@ -39,6 +39,7 @@ from trainers.megatron.config import (
     check_divisible,
     transformer_config,
 )
+from trainers.megatron.context_parallel import ContextParallelAttention
 from trainers.megatron.convert import (
     hf_to_megatron,
     is_expert,
@@ -108,6 +109,7 @@ class MegatronModel:
         mpu.initialize_model_parallel(
             tensor_model_parallel_size=p.tp,
             pipeline_model_parallel_size=p.pp,
+            context_parallel_size=p.cp,
             expert_model_parallel_size=p.ep,
         )
         model_parallel_cuda_manual_seed(cfg.seed)
@@ -119,13 +121,16 @@ class MegatronModel:
         self.first_stage = mpu.is_pipeline_first_stage()
         self.last_stage = mpu.is_pipeline_last_stage()
         self.value_head = value_head
+        spec = get_gpt_layer_local_spec(
+            num_experts=self.shape.experts or None,
+            normalization="RMSNorm",
+            qk_layernorm=self.shape.qk_norm,
+        )
+        if p.cp > 1:  # megatron's local attention refuses cp > 1
+            spec.submodules.self_attention.submodules.core_attention = ContextParallelAttention
         model = GPTModel(
             self.tconfig,
-            get_gpt_layer_local_spec(
-                num_experts=self.shape.experts or None,
-                normalization="RMSNorm",
-                qk_layernorm=self.shape.qk_norm,
-            ),
+            spec,
             vocab_size=self.shape.vocab,
             max_sequence_length=self.shape.max_positions,
             pre_process=self.first_stage,
@@ -224,7 +229,7 @@ class MegatronModel:
 
     def run(self, mbs: list[TrajectoryBatch], on_output: OnOutput) -> list[Any]:
         """``run_schedule`` of this model over ``mbs``."""
-        return run_schedule(self.chunk, mbs, on_output, self.cfg.packing)
+        return run_schedule(self.chunk, mbs, on_output, self.cfg.packing, self.mpu)
 
     def step(
         self,
@@ -265,10 +270,15 @@ class MegatronModel:
             )
         grad_norm, skipped = self._optimizer_step()
         lr = self.lr()
-        # Each data-parallel batch's sums live on its last stage, once per tensor-parallel
-        # rank: counted from tensor-parallel rank 0 only, then summed over the world.
+        # Each data-parallel batch's sums live on its last stage, once per tensor- and
+        # context-parallel rank: counted from rank 0 of those only, then summed over the world.
         keys = all_keys(sorted(sums))
-        reports = self.last_stage and self.mpu.get_tensor_model_parallel_rank() == 0
+        mpu = self.mpu
+        reports = (
+            self.last_stage
+            and mpu.get_tensor_model_parallel_rank() == 0
+            and mpu.get_context_parallel_rank() == 0
+        )
         out = global_metrics(sums, keys, loss_sum[0], norm, prefix, contributes=reports)
         out[f"{prefix}/grad_norm"] = grad_norm
         out[f"{prefix}/lr"] = lr
@@ -333,7 +343,11 @@ class MegatronModel:
             experts = {k: v for k, v in state.items() if is_expert(k)}
             dist.all_gather_object(shares, experts, group=mpu.get_expert_model_parallel_group())
             state.update({k: v for share in shares for k, v in share.items()})
-        if mpu.get_data_parallel_rank() != 0 or mpu.get_tensor_model_parallel_rank() != 0:
+        if (
+            mpu.get_data_parallel_rank() != 0
+            or mpu.get_tensor_model_parallel_rank() != 0
+            or mpu.get_context_parallel_rank() != 0
+        ):
             return None
         if self.cfg.parallel.pp > 1:
             group = mpu.get_pipeline_model_parallel_group()

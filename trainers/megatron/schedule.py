@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from trainers.batch import TrajectoryBatch
 from trainers.fsdp.common import pack
+from trainers.megatron.context_parallel import gather_output, split_inputs
 
 # What the last stage does with one micro-batch's model output: (loss, result). The
 # losses are summed and back-propagated; the results are returned in order.
@@ -26,20 +27,28 @@ OnOutput = Callable[[TrajectoryBatch, torch.Tensor], tuple[torch.Tensor, Any]]
 def dp_batch(batch: TrajectoryBatch, mpu: Any) -> tuple[TrajectoryBatch, slice]:
     """The model-parallel group's shares joined into one batch, and this rank's rows.
 
-    The ranks of one model-parallel group (tp x pp ranks holding one copy of the
-    model between them) must all see the same samples. Collective in that group.
+    The ranks of one model copy (tp x pp x cp ranks holding it between them) must
+    all see the same samples: the shares are joined over the context-parallel
+    group, then over the tensor x pipeline group. Collective in those groups.
     """
-    group = mpu.get_model_parallel_group()
+    start, rows = 0, len(batch)
+    for group in (mpu.get_context_parallel_group(), mpu.get_model_parallel_group()):
+        batch, offset = _join(batch, group)
+        start += offset
+    return batch, slice(start, start + rows)
+
+
+def _join(batch: TrajectoryBatch, group: Any) -> tuple[TrajectoryBatch, int]:
+    """Every rank's ``batch`` of ``group`` in rank order, and where this rank's rows start."""
     size = dist.get_world_size(group)
     if size == 1:
-        return batch, slice(0, len(batch))
+        return batch, 0
     shares: list[Any] = [None] * size
     dist.all_gather_object(shares, batch, group=group)
     me = dist.get_rank(group)
-    start = sum(len(s) for s in shares[:me])
     width = max(s.input_ids_bt.shape[1] for s in shares)
     joined = _concat([_pad_width(s, width) for s in shares])
-    return joined, slice(start, start + len(batch))
+    return joined, sum(len(s) for s in shares[:me])
 
 
 def model_inputs(mb: TrajectoryBatch, packing: bool) -> tuple[torch.Tensor, ...]:
@@ -62,17 +71,28 @@ def model_inputs(mb: TrajectoryBatch, packing: bool) -> tuple[torch.Tensor, ...]
 
 
 def run_schedule(
-    chunk: Any, mbs: list[TrajectoryBatch], on_output: OnOutput, packing: bool
+    chunk: Any, mbs: list[TrajectoryBatch], on_output: OnOutput, packing: bool, mpu: Any
 ) -> list[Any]:
     """Forward (and, with grad enabled, backward) of ``chunk`` over ``mbs`` through
     megatron's schedule (1F1B across pipeline stages); returns ``on_output``'s
-    results on the last pipeline stage, an empty list elsewhere."""
+    results on the last pipeline stage, an empty list elsewhere. With context
+    parallelism each rank runs its part of the sequence and the last stage's
+    output is gathered whole (``context_parallel``)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    cp_group = mpu.get_context_parallel_group()
+    cp = dist.get_world_size(cp_group)
+    last_stage = mpu.is_pipeline_last_stage()
 
     def forward_step(data, model):
         mb = next(data)
         ids, pos, mask = model_inputs(mb, packing)
+        length = ids.shape[1]
+        if cp > 1:
+            ids, pos, mask = split_inputs(ids, pos, mask, cp_group)
         out = model(ids, pos, attention_mask=mask)
+        if cp > 1 and last_stage:
+            out = gather_output(out, length, cp_group)
 
         def loss_func(output):
             loss, result = on_output(mb, output)
@@ -85,10 +105,15 @@ def run_schedule(
         data_iterator=iter(mbs),
         model=[chunk],
         num_microbatches=len(mbs),
-        seq_length=max(mb.input_ids_bt.shape[1] for mb in mbs),
+        seq_length=max(_split_length(mb.input_ids_bt.shape[1], cp) for mb in mbs),
         micro_batch_size=max(len(mb) for mb in mbs),
         forward_only=not torch.is_grad_enabled(),
     )
+
+
+def _split_length(tokens: int, cp: int) -> int:
+    """One rank's tokens of a ``tokens``-long sequence split over ``cp`` ranks."""
+    return tokens if cp == 1 else -(-tokens // (2 * cp)) * 2
 
 
 def rows_from_last_stage(
