@@ -252,7 +252,7 @@ class MegatronConfig:
         1, ge=1, help="expert parallel (Qwen3-MoE): the experts split over ep data-parallel ranks"
     )
     sequence_parallel: bool = spec(
-        False, help="split activations outside attention/MLP over tp ranks (not available yet)"
+        False, help="split activations outside attention/MLP over tp ranks (needs tp > 1; MoE with tp > 1 needs it)"
     )
     distributed_optimizer: bool = spec(
         False, help="shard the optimizer state over data-parallel ranks (ZeRO-1)"

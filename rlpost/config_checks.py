@@ -142,12 +142,6 @@ def megatron_checks(cfg: Config) -> list[str]:
         )
     if mg.sequence_parallel and mg.tp == 1:
         problems.append("trainer.megatron.sequence_parallel=true: needs trainer.megatron.tp > 1")
-    elif mg.sequence_parallel:
-        problems.append(
-            "trainer.megatron.sequence_parallel=true: not available yet; it needs Transformer "
-            "Engine or Apex layer norms (CUDA), and the trainer builds megatron-core's local "
-            "layer spec, whose torch norms refuse it"
-        )
     if cfg.model.lora.rank > 0:
         problems.append(
             f"model.lora.rank={cfg.model.lora.rank}: trainer=megatron has no LoRA yet; "

@@ -119,7 +119,10 @@ def check_megatron_model(cfg: Config) -> list[str]:
         hf_config = AutoConfig.from_pretrained(cfg.model.path)
     mg = cfg.trainer.megatron
     try:
-        check_divisible(shape_from_hf(hf_config), MegatronParallel(tp=mg.tp, pp=mg.pp, ep=mg.ep))
+        split = MegatronParallel(
+            tp=mg.tp, pp=mg.pp, ep=mg.ep, sequence_parallel=mg.sequence_parallel
+        )
+        check_divisible(shape_from_hf(hf_config), split)
     except (NotImplementedError, ValueError) as exc:
         model = cfg.model.path or f"the built-in {cfg.model.preset!r} model"
         return [f"trainer.megatron.tp={mg.tp}, pp={mg.pp} with {model}: {exc}"]

@@ -38,6 +38,8 @@ LAYOUTS = {
     # the sequence split over 2 ranks (trainers/megatron/context_parallel.py)
     "cp2": (2, {"cp": 2}, False),
     "cp2_packed": (2, {"cp": 2, "packing": True}, False),
+    # activations between the tp blocks split over the tp ranks (sequence_parallel.py)
+    "tp2_sp": (2, {"tp": 2, "sequence_parallel": True}, False),
 }
 
 

@@ -23,6 +23,8 @@ PRELOAD = ["torch.distributed.fsdp", "trainers.fsdp.engine", "trainers.megatron.
 LAYOUTS = {
     "ep1": (1, {}),
     "ep2": (2, {"ep": 2}),
+    # tensor parallelism over the experts too; megatron-core asks for sequence parallelism
+    "tp2_sp": (2, {"tp": 2, "sequence_parallel": True}),
 }
 
 

@@ -83,7 +83,10 @@ def test_expert_parallelism_splits_an_moe_models_experts(tmp_path):
     assert "the experts (4) must divide by ep" in check_megatron_model(cfg)[0]
     # megatron-core trains MoE under tensor parallelism only with sequence parallelism
     cfg = compose([*args, "trainer.megatron.tp=2", "trainer.world_size=2"])
-    assert "an MoE model trains with tp = 1 here" in check_megatron_model(cfg)[0]
+    assert "an MoE model with tp > 1 needs sequence_parallel=true" in check_megatron_model(cfg)[0]
+    sp = compose([*args, "trainer.megatron.tp=2", "trainer.megatron.sequence_parallel=true",
+                  "trainer.world_size=2"])  # fmt: skip
+    assert check_megatron_model(sp) == []
     # expert-parallel ranks come out of the data-parallel ones
     (problem,) = _problems(*args, "trainer.megatron.ep=2", "trainer.megatron.tp=2",
                            "trainer.world_size=2")  # fmt: skip

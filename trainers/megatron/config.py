@@ -12,14 +12,6 @@ import torch.nn.functional as F
 from trainers.engine_config import EngineConfig
 from trainers.megatron.convert import ModelShape
 
-# megatron-core's local layer spec normalises with torch's norms, which refuse
-# sequence parallelism ("sequence parallel not supported by torch LayerNorm"); it
-# needs Transformer Engine's or Apex's, CUDA builds.
-SEQUENCE_PARALLEL_MISSING = (
-    "sequence_parallel needs Transformer Engine or Apex layer norms (CUDA); the engine "
-    "builds megatron-core's local layer spec, whose torch norms refuse it"
-)
-
 
 @dataclass(frozen=True)
 class MegatronParallel:
@@ -50,8 +42,8 @@ class MegatronParallel:
             raise NotImplementedError(
                 "the Megatron engine runs tp, pp, cp, ep and data parallelism; vpp must be 1"
             )
-        if self.sequence_parallel:
-            raise NotImplementedError(SEQUENCE_PARALLEL_MISSING)
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence_parallel needs tp > 1")
         if self.recompute not in ("none", "selective", "full"):
             raise ValueError(f"recompute={self.recompute!r}: expected none, selective or full")
 
@@ -85,12 +77,12 @@ def check_divisible(s: ModelShape, p: MegatronParallel) -> None:
         problems.append("ep > 1 needs an MoE model; this one is dense")
     elif s.experts % p.ep:
         problems.append(f"the experts ({s.experts}) must divide by ep")
-    if s.experts and p.tp > 1:
+    if s.experts and p.tp > 1 and not p.sequence_parallel:
         # megatron-core's MoELayer: "During training, performance may degrade if MoE and
         # tensor parallelism are enabled without also enabling sequence parallelism"
         problems.append(
-            "an MoE model trains with tp = 1 here: megatron-core refuses MoE with tensor "
-            f"parallelism but no sequence parallelism ({SEQUENCE_PARALLEL_MISSING}); use ep"
+            "an MoE model with tp > 1 needs sequence_parallel=true (megatron-core refuses "
+            "MoE with tensor parallelism alone)"
         )
     if problems:
         raise ValueError(f"tp={p.tp}, pp={p.pp}, ep={p.ep}: " + "; ".join(problems))

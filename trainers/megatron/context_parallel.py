@@ -81,36 +81,41 @@ def gather_sequence(x: torch.Tensor, dim: int, group: Any, reduce: bool) -> torc
     return _GatherSequence.apply(x, dim, group, reduce)
 
 
-def split_inputs(
-    ids_bT: torch.Tensor, pos_bT: torch.Tensor, mask_11TT: torch.Tensor, group: Any
+def pad_inputs(
+    ids_bT: torch.Tensor, pos_bT: torch.Tensor, mask_11TT: torch.Tensor, multiple: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """This rank's token ids and positions (b, s), and the micro-batch's whole
-    boolean mask (True: masked) padded to (1, 1, S, S).
+    """Token ids, positions (b, S) and the boolean mask (True: masked) (1, 1, S, S)
+    padded to S, the next multiple of ``multiple``.
 
     Padding tokens go at the end; each sees only itself, and no real token sees
-    them (their rows of the output are dropped by ``gather_output``).
+    them (their rows of the output are dropped).
     """
-    cp, rank = dist.get_world_size(group), dist.get_rank(group)
     T = ids_bT.shape[1]
-    S = math.ceil(T / (2 * cp)) * 2 * cp
-    if S > T:
-        ids_bT = F.pad(ids_bT, (0, S - T))
-        pos_bT = F.pad(pos_bT, (0, S - T))
-        padded = torch.ones(S, S, dtype=torch.bool)
-        padded[:T, :T] = mask_11TT[0, 0]
-        padded[torch.arange(T, S), torch.arange(T, S)] = False
-        mask_11TT = padded[None, None]
-    mine = rank_positions(S, cp, rank)
-    return ids_bT[:, mine], pos_bT[:, mine], mask_11TT
+    S = math.ceil(T / multiple) * multiple
+    if S == T:
+        return ids_bT, pos_bT, mask_11TT
+    padded = torch.ones(S, S, dtype=torch.bool)
+    padded[:T, :T] = mask_11TT[0, 0]
+    padded[torch.arange(T, S), torch.arange(T, S)] = False
+    return F.pad(ids_bT, (0, S - T)), F.pad(pos_bT, (0, S - T)), padded[None, None]
 
 
-def gather_output(out_bs: torch.Tensor, length: int, group: Any) -> torch.Tensor:
-    """The last stage's output (b, s, ...) of every rank -> (b, ``length``, ...) in
-    sequence order; the backward keeps this rank's tokens' gradient."""
+def split_inputs(
+    ids_bS: torch.Tensor, pos_bS: torch.Tensor, group: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's token ids and positions (b, s) of a sequence padded to a multiple
+    of 2 x cp (``pad_inputs``)."""
+    cp, rank = dist.get_world_size(group), dist.get_rank(group)
+    mine = rank_positions(ids_bS.shape[1], cp, rank)
+    return ids_bS[:, mine], pos_bS[:, mine]
+
+
+def gather_output(out_bs: torch.Tensor, group: Any) -> torch.Tensor:
+    """The last stage's output (b, s, ...) of every rank -> (b, S, ...) in sequence
+    order; the backward keeps this rank's tokens' gradient."""
     cp = dist.get_world_size(group)
     full = gather_sequence(out_bs, 1, group, reduce=False)
-    order = torch.argsort(gathered_positions(full.shape[1], cp))
-    return full[:, order[:length]]
+    return full[:, torch.argsort(gathered_positions(full.shape[1], cp))]
 
 
 class ContextParallelAttention(torch.nn.Module):

@@ -34,7 +34,6 @@ from trainers.fsdp.common import micro_batches, pack, run_epochs, unpack
 from trainers.fsdp.engine import RegularizerConfig, token_logprobs
 from trainers.megatron import checkpoint, cpu_shim
 from trainers.megatron.config import (  # noqa: F401  (the engine's public names)
-    SEQUENCE_PARALLEL_MISSING,
     MegatronEngineConfig,
     MegatronParallel,
     check_divisible,

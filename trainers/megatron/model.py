@@ -33,7 +33,7 @@ from trainers.fsdp.common import (
     init_distributed,
     micro_batches,
 )
-from trainers.megatron import cpu_shim
+from trainers.megatron import cpu_shim, sequence_parallel
 from trainers.megatron.config import (
     MegatronEngineConfig,
     check_divisible,
@@ -68,13 +68,22 @@ class ValueHead(torch.nn.Module):
     values (s, b, 1). Zero-initialised, as the FSDP critic's head; replicated on
     every tensor-parallel rank (the hidden states are whole there)."""
 
-    def __init__(self, hidden: int):
+    def __init__(self, hidden: int, sequence_parallel: bool = False):
         super().__init__()
         self.value_head = torch.nn.Linear(hidden, 1)
         torch.nn.init.zeros_(self.value_head.weight)
         torch.nn.init.zeros_(self.value_head.bias)
+        self.sequence_parallel = sequence_parallel
 
     def forward(self, hidden_sbh: torch.Tensor, weight=None, runtime_gather_output=None):
+        if self.sequence_parallel:  # this tp rank's tokens -> all of them
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            # every tp rank computes the same loss: the backward keeps its own
+            # tokens' gradient rather than summing
+            hidden_sbh = gather_from_sequence_parallel_region(
+                hidden_sbh, tensor_parallel_output_grad=False
+            )
         return self.value_head(hidden_sbh.float()), None
 
 
@@ -128,9 +137,12 @@ class MegatronModel:
         )
         if p.cp > 1:  # megatron's local attention refuses cp > 1
             spec.submodules.self_attention.submodules.core_attention = ContextParallelAttention
+        block: Any = spec
+        if p.sequence_parallel:  # megatron's local torch norms refuse it
+            block = sequence_parallel.block_spec(spec, self.tconfig)
         model = GPTModel(
             self.tconfig,
-            spec,
+            block,
             vocab_size=self.shape.vocab,
             max_sequence_length=self.shape.max_positions,
             pre_process=self.first_stage,
@@ -141,7 +153,7 @@ class MegatronModel:
             rotary_base=int(self.shape.rope_theta),
         )
         if value_head and self.last_stage:
-            model.output_layer = ValueHead(self.shape.hidden)
+            model.output_layer = ValueHead(self.shape.hidden, p.sequence_parallel)
         layers = model.decoder.layers
         self.layer_offset = layers[0].layer_number - 1 if len(layers) else 0
         # the first of this rank's experts, model-wide
@@ -229,7 +241,10 @@ class MegatronModel:
 
     def run(self, mbs: list[TrajectoryBatch], on_output: OnOutput) -> list[Any]:
         """``run_schedule`` of this model over ``mbs``."""
-        return run_schedule(self.chunk, mbs, on_output, self.cfg.packing, self.mpu)
+        c = self.cfg
+        return run_schedule(
+            self.chunk, mbs, on_output, c.packing, self.mpu, c.parallel.sequence_parallel
+        )
 
     def step(
         self,

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from trainers.batch import TrajectoryBatch
 from trainers.fsdp.common import pack
-from trainers.megatron.context_parallel import gather_output, split_inputs
+from trainers.megatron.context_parallel import gather_output, pad_inputs, split_inputs
 
 # What the last stage does with one micro-batch's model output: (loss, result). The
 # losses are summed and back-propagated; the results are returned in order.
@@ -71,28 +71,41 @@ def model_inputs(mb: TrajectoryBatch, packing: bool) -> tuple[torch.Tensor, ...]
 
 
 def run_schedule(
-    chunk: Any, mbs: list[TrajectoryBatch], on_output: OnOutput, packing: bool, mpu: Any
+    chunk: Any,
+    mbs: list[TrajectoryBatch],
+    on_output: OnOutput,
+    packing: bool,
+    mpu: Any,
+    sequence_parallel: bool = False,
 ) -> list[Any]:
     """Forward (and, with grad enabled, backward) of ``chunk`` over ``mbs`` through
     megatron's schedule (1F1B across pipeline stages); returns ``on_output``'s
-    results on the last pipeline stage, an empty list elsewhere. With context
-    parallelism each rank runs its part of the sequence and the last stage's
-    output is gathered whole (``context_parallel``)."""
+    results on the last pipeline stage, an empty list elsewhere.
+
+    Context parallelism and sequence parallelism split each sequence over ranks,
+    so it is padded at the end to a multiple of 2 x cp (x tp with sequence
+    parallelism); each cp rank runs its part, the last stage gathers the output
+    whole (``context_parallel``) and drops the padding.
+    """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     cp_group = mpu.get_context_parallel_group()
     cp = dist.get_world_size(cp_group)
+    multiple = (2 * cp if cp > 1 else 1) * (
+        mpu.get_tensor_model_parallel_world_size() if sequence_parallel else 1
+    )
     last_stage = mpu.is_pipeline_last_stage()
 
     def forward_step(data, model):
         mb = next(data)
         ids, pos, mask = model_inputs(mb, packing)
         length = ids.shape[1]
+        ids, pos, mask = pad_inputs(ids, pos, mask, multiple)
         if cp > 1:
-            ids, pos, mask = split_inputs(ids, pos, mask, cp_group)
+            ids, pos = split_inputs(ids, pos, cp_group)
         out = model(ids, pos, attention_mask=mask)
-        if cp > 1 and last_stage:
-            out = gather_output(out, length, cp_group)
+        if last_stage:
+            out = (gather_output(out, cp_group) if cp > 1 else out)[:, :length]
 
         def loss_func(output):
             loss, result = on_output(mb, output)
@@ -100,20 +113,18 @@ def run_schedule(
 
         return out, loss_func
 
+    def split_length(tokens: int) -> int:  # one rank's tokens before the first layer
+        return -(-tokens // multiple) * multiple // cp
+
     return get_forward_backward_func()(
         forward_step_func=forward_step,
         data_iterator=iter(mbs),
         model=[chunk],
         num_microbatches=len(mbs),
-        seq_length=max(_split_length(mb.input_ids_bt.shape[1], cp) for mb in mbs),
+        seq_length=max(split_length(mb.input_ids_bt.shape[1]) for mb in mbs),
         micro_batch_size=max(len(mb) for mb in mbs),
         forward_only=not torch.is_grad_enabled(),
     )
-
-
-def _split_length(tokens: int, cp: int) -> int:
-    """One rank's tokens of a ``tokens``-long sequence split over ``cp`` ranks."""
-    return tokens if cp == 1 else -(-tokens // (2 * cp)) * 2
 
 
 def rows_from_last_stage(
