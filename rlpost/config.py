@@ -246,7 +246,7 @@ class RolloutConfig:
 class MegatronConfig:
     tp: int = spec(1, ge=1, help="tensor parallel: each layer's matrices split over tp ranks")
     pp: int = spec(1, ge=1, help="pipeline parallel: the layers split into pp stages (1F1B)")
-    vpp: int = spec(1, ge=1, help="virtual pipeline stages per rank (not implemented yet: 1)")
+    vpp: int = spec(1, ge=1, help="virtual pipeline stages per rank (interleaved 1F1B; pp > 1, layers divide by pp x vpp)")
     cp: int = spec(1, ge=1, help="context parallel: each sequence split over cp ranks (any backend)")
     ep: int = spec(
         1, ge=1, help="expert parallel (Qwen3-MoE): the experts split over ep data-parallel ranks"

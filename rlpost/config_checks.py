@@ -130,15 +130,15 @@ def megatron_checks(cfg: Config) -> list[str]:
             f"trainer.world_size={t.world_size}: must divide by trainer.megatron.tp x pp x ep "
             f"= {mg.tp * mg.pp * mg.ep} (expert-parallel ranks are data-parallel ranks)"
         )
-    if mg.vpp > 1:
-        problems.append(
-            f"trainer.megatron.vpp={mg.vpp}: not implemented yet; the Megatron trainer runs "
-            "tp, pp, ep and data parallelism (set it to 1)"
-        )
     if mg.ep > 1 and cfg.model.path is None:
         problems.append(
             f"trainer.megatron.ep={mg.ep}: expert parallelism needs an MoE model; the built-in "
             "model (model.path=null) is dense"
+        )
+    if mg.vpp > 1 and t.packing:
+        problems.append(
+            f"trainer.megatron.vpp={mg.vpp} with trainer.packing=true: interleaved stages send "
+            "one shape for every micro-batch, packed rows have many (set one of them off)"
         )
     if mg.sequence_parallel and mg.tp == 1:
         problems.append("trainer.megatron.sequence_parallel=true: needs trainer.megatron.tp > 1")

@@ -120,7 +120,7 @@ def check_megatron_model(cfg: Config) -> list[str]:
     mg = cfg.trainer.megatron
     try:
         split = MegatronParallel(
-            tp=mg.tp, pp=mg.pp, ep=mg.ep, sequence_parallel=mg.sequence_parallel
+            tp=mg.tp, pp=mg.pp, vpp=mg.vpp, ep=mg.ep, sequence_parallel=mg.sequence_parallel
         )
         check_divisible(shape_from_hf(hf_config), split)
     except (NotImplementedError, ValueError) as exc:

@@ -27,6 +27,7 @@ LAYOUTS = {
     "dp2_distopt": (2, {"distributed_optimizer": True}),
     "cp2": (2, {"cp": 2}),
     "tp2_sp": (2, {"tp": 2, "sequence_parallel": True}),
+    "pp2_vpp2": (2, {"pp": 2, "vpp": 2}),
 }
 
 

@@ -40,6 +40,8 @@ LAYOUTS = {
     "cp2_packed": (2, {"cp": 2, "packing": True}, False),
     # activations between the tp blocks split over the tp ranks (sequence_parallel.py)
     "tp2_sp": (2, {"tp": 2, "sequence_parallel": True}, False),
+    # two virtual stages per rank: layers 0, 2 on rank 0 and 1, 3 on rank 1 (interleaved 1F1B)
+    "pp2_vpp2": (2, {"pp": 2, "vpp": 2}, False),
 }
 
 

@@ -35,8 +35,10 @@ def test_every_impossible_setting_is_reported_at_once():
         "trainer.megatron.ep=2",
         "trainer.megatron.sequence_parallel=true",
         "model.lora.rank=8",
+        "trainer.packing=true",
     )
     text = "\n".join(problems)
+    assert "trainer.megatron.vpp=2 with trainer.packing=true: interleaved stages" in text
     assert "trainer.megatron.vpp=2: virtual stages need trainer.megatron.pp > 1" in text
     assert "trainer.megatron.ep=2: expert parallelism needs an MoE model" in text
     assert "trainer.megatron.sequence_parallel=true: needs trainer.megatron.tp > 1" in text

@@ -38,10 +38,8 @@ class MegatronParallel:
                 f"world size {world_size} does not divide by tp x pp x ep = "
                 f"{self.tp * self.pp * self.ep} (expert-parallel ranks are data-parallel ranks)"
             )
-        if self.vpp != 1:
-            raise NotImplementedError(
-                "the Megatron engine runs tp, pp, cp, ep and data parallelism; vpp must be 1"
-            )
+        if self.vpp > 1 and self.pp == 1:
+            raise ValueError("vpp > 1 (virtual pipeline stages) needs pp > 1")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel needs tp > 1")
         if self.recompute not in ("none", "selective", "full"):
@@ -53,6 +51,10 @@ class MegatronEngineConfig(EngineConfig):
     parallel: MegatronParallel = field(default_factory=MegatronParallel)
 
     def check(self, world_size: int) -> None:
+        if self.packing and self.parallel.vpp > 1:
+            raise ValueError(
+                "packing with vpp > 1: interleaved stages need one shape for every micro-batch"
+            )
         if self.dtype != "float32":
             raise NotImplementedError(
                 f"dtype={self.dtype}: the Megatron engine trains in float32 for now"
@@ -143,10 +145,16 @@ def transformer_config(s: ModelShape, p: MegatronParallel):
         gradient_accumulation_fusion=False,
         tensor_model_parallel_size=p.tp,
         pipeline_model_parallel_size=p.pp,
+        virtual_pipeline_model_parallel_size=p.vpp if p.vpp > 1 else None,
         context_parallel_size=p.cp,
         sequence_parallel=p.sequence_parallel,
         # micro-batches differ in rows and length; pipeline stages send shapes first
-        variable_seq_lengths=p.pp > 1,
+        # (interleaved stages: every micro-batch is padded to one shape, see schedule.py)
+        variable_seq_lengths=p.pp > 1 and p.vpp == 1,
+        # Batched p2p posts each rank's sends and receives as [prev, next]; at pp = 2
+        # both neighbours are one rank, so an interleaved step's gradient to it can
+        # meet the receive meant for its activation. Unbatched, megatron pairs them.
+        batch_p2p_comm=p.vpp == 1,
         moe_token_dispatcher_type="alltoall",  # the default refuses variable_seq_lengths
         # each micro-batch loss is already its share of the global loss: summed as it is
         calculate_per_token_loss=True,

@@ -46,7 +46,7 @@ class MegatronCriticEngine:
     def values(self, batch: TrajectoryBatch) -> torch.Tensor:
         """V (b, t) of this rank's batch, 0 off the response mask."""
         m = self.m
-        m.chunk.eval()
+        m.eval()
         data, mine = dp_batch(batch, m.mpu)
         mbs = m.micro_batches(data)
         results = m.run(mbs, lambda mb, out: (torch.zeros(()), _values(out)))

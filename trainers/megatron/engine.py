@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from algos import LossNorm, PolicyLossConfig, entropy_from_logits, sft_loss
 from trainers.batch import TrajectoryBatch
 from trainers.files import atomic_directory
-from trainers.fsdp.common import micro_batches, pack, run_epochs, unpack
+from trainers.fsdp.common import pack, run_epochs, unpack
 from trainers.fsdp.engine import RegularizerConfig, token_logprobs
 from trainers.megatron import checkpoint, cpu_shim
 from trainers.megatron.config import (  # noqa: F401  (the engine's public names)
@@ -82,7 +82,7 @@ class MegatronEngine:
         if disable_adapter:
             raise ValueError("disable_adapter=True: the Megatron engine has no LoRA")
         m = self.m
-        m.chunk.eval()
+        m.eval()
         data, mine = dp_batch(batch, m.mpu)
         mbs = m.micro_batches(data)
 
@@ -100,9 +100,9 @@ class MegatronEngine:
     def greedy_match(self, batch: TrajectoryBatch) -> torch.Tensor:
         """(b,) bool: every response token is the argmax given the tokens before it."""
         m = self.m
-        m.chunk.eval()
+        m.eval()
         data, mine = dp_batch(batch, m.mpu)
-        mbs = micro_batches(data, self.cfg.micro_batch_size)
+        mbs = m.micro_batches(data, self.cfg.micro_batch_size)
 
         def hits(mb, logits):
             hit_bt = logits[:, :-1].argmax(-1) == mb.input_ids_bt[:, 1:]

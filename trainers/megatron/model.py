@@ -103,8 +103,6 @@ class MegatronModel:
         value_head: bool = False,
     ):
         from megatron.core import parallel_state as mpu
-        from megatron.core.models.gpt import GPTModel
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
         from transformers import AutoConfig
 
@@ -118,6 +116,7 @@ class MegatronModel:
         mpu.initialize_model_parallel(
             tensor_model_parallel_size=p.tp,
             pipeline_model_parallel_size=p.pp,
+            virtual_pipeline_model_parallel_size=p.vpp if p.vpp > 1 else None,
             context_parallel_size=p.cp,
             expert_model_parallel_size=p.ep,
         )
@@ -130,6 +129,33 @@ class MegatronModel:
         self.first_stage = mpu.is_pipeline_first_stage()
         self.last_stage = mpu.is_pipeline_last_stage()
         self.value_head = value_head
+        # One model chunk per virtual stage (one without vpp): with pp stages of vpp
+        # chunks, this rank holds layer blocks v * pp + its stage for v < vpp.
+        self.models = [self._build_chunk(v if p.vpp > 1 else None) for v in range(p.vpp)]
+        # each chunk's first layer and this rank's first expert, model-wide
+        self.layer_offsets = [
+            m.decoder.layers[0].layer_number - 1 if len(m.decoder.layers) else 0
+            for m in self.models
+        ]
+        self.expert_offset = mpu.get_expert_model_parallel_rank() * (self.shape.experts // p.ep)
+        self.load_hf_weights()
+        self.num_params = _hf_num_params(self.hf_config, value_head)
+        self.chunks: list[Any] = list(self.models)  # DDP wrappers once an optimizer is built
+        self.optimizer: Any = None
+        self.steps = 0
+        if cfg.trainable:
+            self._build_optimizer()
+        else:
+            for m in self.models:
+                m.requires_grad_(False)
+
+    def _build_chunk(self, vp_stage: int | None) -> Any:
+        """megatron-core's ``GPTModel`` for virtual stage ``vp_stage`` of this rank's
+        pipeline stage (None: no virtual stages), with the local layer spec."""
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        p, mpu = self.cfg.parallel, self.mpu
         spec = get_gpt_layer_local_spec(
             num_experts=self.shape.experts or None,
             normalization="RMSNorm",
@@ -139,35 +165,25 @@ class MegatronModel:
             spec.submodules.self_attention.submodules.core_attention = ContextParallelAttention
         block: Any = spec
         if p.sequence_parallel:  # megatron's local torch norms refuse it
-            block = sequence_parallel.block_spec(spec, self.tconfig)
+            block = sequence_parallel.block_spec(spec, self.tconfig, vp_stage)
+        stage = dict(ignore_virtual=vp_stage is None, vp_stage=vp_stage)
+        post_process = mpu.is_pipeline_last_stage(**stage)
         model = GPTModel(
             self.tconfig,
             block,
             vocab_size=self.shape.vocab,
             max_sequence_length=self.shape.max_positions,
-            pre_process=self.first_stage,
-            post_process=self.last_stage,
+            pre_process=mpu.is_pipeline_first_stage(**stage),
+            post_process=post_process,
             parallel_output=False,  # full-vocabulary logits on every tensor-parallel rank
-            share_embeddings_and_output_weights=self.shape.tied and not value_head,
+            share_embeddings_and_output_weights=self.shape.tied and not self.value_head,
             position_embedding_type="rope",
             rotary_base=int(self.shape.rope_theta),
+            vp_stage=vp_stage,
         )
-        if value_head and self.last_stage:
+        if self.value_head and post_process:
             model.output_layer = ValueHead(self.shape.hidden, p.sequence_parallel)
-        layers = model.decoder.layers
-        self.layer_offset = layers[0].layer_number - 1 if len(layers) else 0
-        # the first of this rank's experts, model-wide
-        self.expert_offset = mpu.get_expert_model_parallel_rank() * (self.shape.experts // p.ep)
-        self.model = model
-        self.load_hf_weights()
-        self.num_params = _hf_num_params(self.hf_config, value_head)
-        self.chunk: Any = model  # the DDP wrapper once an optimizer is built
-        self.optimizer: Any = None
-        self.steps = 0
-        if cfg.trainable:
-            self._build_optimizer()
-        else:
-            model.requires_grad_(False)
+        return model
 
     # -- setup ---------------------------------------------------------------------
     def _build_optimizer(self) -> None:
@@ -182,7 +198,11 @@ class MegatronModel:
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, use_distributed_optimizer=p.distributed_optimizer
         )
-        self.chunk = DistributedDataParallel(self.tconfig, ddp_config, self.model)
+        self.chunks = [
+            # later chunks in one bucket each, as megatron's own training does
+            DistributedDataParallel(self.tconfig, ddp_config, m, disable_bucketing=i > 0)
+            for i, m in enumerate(self.models)
+        ]
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(
                 optimizer="adam",
@@ -194,7 +214,7 @@ class MegatronModel:
                 clip_grad=c.max_grad_norm,
                 use_distributed_optimizer=p.distributed_optimizer,
             ),
-            [self.chunk],
+            self.chunks,
             # {} rather than None: weight decay on every parameter, as the FSDP
             # engine's AdamW does (megatron's default spares biases and norms)
             config_overrides={},
@@ -210,8 +230,9 @@ class MegatronModel:
     def local_params(self) -> dict[str, torch.nn.Parameter]:
         """This rank's parameters under their model-wide Megatron names."""
         return {
-            to_global(n, self.layer_offset, self.expert_offset): p
-            for n, p in self.model.named_parameters()
+            to_global(n, offset, self.expert_offset): p
+            for model, offset in zip(self.models, self.layer_offsets)
+            for n, p in model.named_parameters()
         }
 
     @torch.no_grad()
@@ -235,15 +256,41 @@ class MegatronModel:
             param.copy_(shard)
 
     # -- steps ------------------------------------------------------------------------
-    def micro_batches(self, batch: TrajectoryBatch) -> list[TrajectoryBatch]:
-        c = self.cfg
-        return micro_batches(batch, c.micro_batch_size, c.micro_batch_tokens, c.packing)
+    def micro_batches(
+        self, batch: TrajectoryBatch, micro_batch_size: int | None = None
+    ) -> list[TrajectoryBatch]:
+        """``batch`` in micro-batches of the engine's size (or ``micro_batch_size``
+        samples). With virtual stages megatron's interleaved schedule runs the
+        micro-batches in groups of pp, so their number is made a multiple of pp."""
+        c, pp = self.cfg, self.cfg.parallel.pp
+        if micro_batch_size is not None:
+            mbs = micro_batches(batch, micro_batch_size)
+        else:
+            mbs = micro_batches(batch, c.micro_batch_size, c.micro_batch_tokens, c.packing)
+        if c.parallel.vpp == 1 or len(mbs) % pp == 0:
+            return mbs
+        count = -(-len(mbs) // pp) * pp
+        if len(batch) < count:
+            raise ValueError(
+                f"{len(batch)} samples per model copy: virtual pipeline stages need at least "
+                f"pp={pp} (megatron's interleaved schedule runs micro-batches in groups of pp)"
+            )
+        bounds = [len(batch) * i // count for i in range(count + 1)]
+        return [batch.select(slice(a, b)) for a, b in zip(bounds, bounds[1:])]
+
+    def train(self) -> None:
+        for chunk in self.chunks:
+            chunk.train()
+
+    def eval(self) -> None:
+        for chunk in self.chunks:
+            chunk.eval()
 
     def run(self, mbs: list[TrajectoryBatch], on_output: OnOutput) -> list[Any]:
         """``run_schedule`` of this model over ``mbs``."""
         c = self.cfg
         return run_schedule(
-            self.chunk, mbs, on_output, c.packing, self.mpu, c.parallel.sequence_parallel
+            self.chunks, mbs, on_output, c.packing, self.mpu, c.parallel.sequence_parallel
         )
 
     def step(
@@ -259,10 +306,11 @@ class MegatronModel:
         tensor per micro-batch, on the last stage), zeros if it recorded nothing."""
         if self.optimizer is None:
             raise RuntimeError("this engine is a frozen reference policy; it cannot update")
-        self.chunk.train()
+        self.train()
         norm = global_norm(batch, norm_const)  # each rank counts its own share once
         data, mine = dp_batch(batch, self.mpu)
-        self.chunk.zero_grad_buffer()
+        for chunk in self.chunks:
+            chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         sums: dict[str, float] = {}
         loss_sum = [0.0]

@@ -71,16 +71,17 @@ def model_inputs(mb: TrajectoryBatch, packing: bool) -> tuple[torch.Tensor, ...]
 
 
 def run_schedule(
-    chunk: Any,
+    chunks: list[Any],
     mbs: list[TrajectoryBatch],
     on_output: OnOutput,
     packing: bool,
     mpu: Any,
     sequence_parallel: bool = False,
 ) -> list[Any]:
-    """Forward (and, with grad enabled, backward) of ``chunk`` over ``mbs`` through
-    megatron's schedule (1F1B across pipeline stages); returns ``on_output``'s
-    results on the last pipeline stage, an empty list elsewhere.
+    """Forward (and, with grad enabled, backward) of the model ``chunks`` over ``mbs``
+    through megatron's schedule (1F1B across pipeline stages, interleaved over
+    virtual stages when there are several chunks); returns ``on_output``'s results
+    on the last pipeline stage, an empty list elsewhere.
 
     Context parallelism and sequence parallelism split each sequence over ranks,
     so it is padded at the end to a multiple of 2 x cp (x tp with sequence
@@ -94,35 +95,48 @@ def run_schedule(
     multiple = (2 * cp if cp > 1 else 1) * (
         mpu.get_tensor_model_parallel_world_size() if sequence_parallel else 1
     )
-    last_stage = mpu.is_pipeline_last_stage()
+
+    # Interleaved stages (several chunks) send fixed shapes: megatron's exchange of
+    # shapes at pp = 2 can pair a forward's with a backward's. Every micro-batch is
+    # padded to the same rows and width (zero rows and columns, no loss, results cut).
+    interleaved = len(chunks) > 1
+    real_rows = [len(mb) for mb in mbs]
+    if interleaved:
+        width = max(mb.input_ids_bt.shape[1] for mb in mbs)
+        mbs = [_pad_rows(_pad_width(mb, width), max(real_rows)) for mb in mbs]
 
     def forward_step(data, model):
-        mb = next(data)
+        mb, rows = next(data)
         ids, pos, mask = model_inputs(mb, packing)
         length = ids.shape[1]
         ids, pos, mask = pad_inputs(ids, pos, mask, multiple)
         if cp > 1:
             ids, pos = split_inputs(ids, pos, cp_group)
         out = model(ids, pos, attention_mask=mask)
-        if last_stage:
+        if getattr(model, "module", model).post_process:  # the model's last chunk
             out = (gather_output(out, cp_group) if cp > 1 else out)[:, :length]
 
         def loss_func(output):
             loss, result = on_output(mb, output)
+            if isinstance(result, torch.Tensor):
+                result = result[:rows]
             return loss, torch.tensor(0, dtype=torch.int), result
 
         return out, loss_func
 
-    def split_length(tokens: int) -> int:  # one rank's tokens before the first layer
-        return -(-tokens // multiple) * multiple // cp
+    def data():
+        return iter(list(zip(mbs, real_rows)))
 
     return get_forward_backward_func()(
         forward_step_func=forward_step,
-        data_iterator=iter(mbs),
-        model=[chunk],
+        # every chunk reads the micro-batches (its mask, and its inputs on the first)
+        data_iterator=[data() for _ in chunks] if interleaved else data(),
+        model=chunks,
         num_microbatches=len(mbs),
-        seq_length=max(split_length(mb.input_ids_bt.shape[1]) for mb in mbs),
-        micro_batch_size=max(len(mb) for mb in mbs),
+        # the whole padded sequence: megatron divides it by cp (and tp under sequence
+        # parallelism); only the interleaved schedule reads it
+        seq_length=max(-(-mb.input_ids_bt.shape[1] // multiple) * multiple for mb in mbs),
+        micro_batch_size=max(real_rows),
         forward_only=not torch.is_grad_enabled(),
     )
 
@@ -136,6 +150,7 @@ def rows_from_last_stage(
     if mpu.is_pipeline_last_stage():
         row = 0
         for mb, piece in zip(mbs, pieces):
+            piece = piece[: len(mb)]  # an interleaved schedule's padding rows
             out[row : row + len(mb), : piece.shape[1]] = piece
             row += len(mb)
     return from_last_stage(out, mpu, pp)
@@ -166,6 +181,20 @@ def _pad_width(batch: TrajectoryBatch, width: int) -> TrajectoryBatch:
         k: F.pad(v, (0, width - t)) if v.dim() == 2 else v for k, v in batch.tensor_fields().items()
     }
     return replace(batch, **updates)  # type: ignore[arg-type]
+
+
+def _pad_rows(batch: TrajectoryBatch, rows: int) -> TrajectoryBatch:
+    """``batch`` with zero rows appended up to ``rows`` (every mask 0 there)."""
+    extra = rows - len(batch)
+    if extra == 0:
+        return batch
+
+    def pad(v: torch.Tensor) -> torch.Tensor:
+        return torch.cat([v, v.new_zeros((extra, *v.shape[1:]))])
+
+    updates: dict[str, Any] = {k: pad(v) for k, v in batch.tensor_fields().items()}
+    updates["scores_b"] = {k: pad(v) for k, v in batch.scores_b.items()}
+    return replace(batch, **updates)
 
 
 def _concat(parts: list[TrajectoryBatch]) -> TrajectoryBatch:

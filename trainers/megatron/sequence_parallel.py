@@ -36,8 +36,8 @@ class RMSNorm(torch.nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
-def block_spec(layer_spec: Any, config: Any) -> Any:
-    """This stage's transformer block submodules: ``layer_spec`` (a layer's
+def block_spec(layer_spec: Any, config: Any, vp_stage: int | None = None) -> Any:
+    """This (virtual) stage's transformer block submodules: ``layer_spec`` (a layer's
     ``ModuleSpec``, changed in place) with ``RMSNorm`` in every norm slot it
     fills, and ``RMSNorm`` as the block's final norm."""
     from megatron.core.transformer.identity_op import IdentityOp
@@ -56,5 +56,5 @@ def block_spec(layer_spec: Any, config: Any) -> Any:
     ]:
         if getattr(owner, slot) is not IdentityOp:
             setattr(owner, slot, RMSNorm)
-    layers = get_num_layers_to_build(config)
+    layers = get_num_layers_to_build(config, vp_stage=vp_stage)
     return TransformerBlockSubmodules(layer_specs=[layer_spec] * layers, layer_norm=RMSNorm)
