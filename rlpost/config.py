@@ -246,13 +246,20 @@ class RolloutConfig:
 class MegatronConfig:
     tp: int = spec(1, ge=1, help="tensor parallel: each layer's matrices split over tp ranks")
     pp: int = spec(1, ge=1, help="pipeline parallel: the layers split into pp stages (1F1B)")
-    vpp: int = spec(1, ge=1, help="virtual pipeline stages per rank (interleaved 1F1B; pp > 1, layers divide by pp x vpp)")
-    cp: int = spec(1, ge=1, help="context parallel: each sequence split over cp ranks (any backend)")
+    vpp: int = spec(
+        1,
+        ge=1,
+        help="virtual pipeline stages per rank (interleaved 1F1B; pp > 1, layers divide by pp x vpp)",
+    )
+    cp: int = spec(
+        1, ge=1, help="context parallel: each sequence split over cp ranks (any backend)"
+    )
     ep: int = spec(
         1, ge=1, help="expert parallel (Qwen3-MoE): the experts split over ep data-parallel ranks"
     )
     sequence_parallel: bool = spec(
-        False, help="split activations outside attention/MLP over tp ranks (needs tp > 1; MoE with tp > 1 needs it)"
+        False,
+        help="split activations outside attention/MLP over tp ranks (needs tp > 1; MoE with tp > 1 needs it)",
     )
     distributed_optimizer: bool = spec(
         False, help="shard the optimizer state over data-parallel ranks (ZeRO-1)"
@@ -294,7 +301,11 @@ class TrainerConfig:
     betas: list[float] = spec([0.9, 0.99], help="AdamW betas")
     max_grad_norm: float = spec(1.0, gt=0, help="gradient clipping norm")
     micro_batch_size: int = spec(64, ge=1, help="samples per forward/backward on each rank")
-    threads: int = spec(1, ge=1, help="torch threads per process")
+    threads: int | Literal["auto"] = spec(
+        "auto",
+        ge=1,
+        help="torch threads per trainer rank and rollout replica (auto, on the CPU: sync mode shares all cores among the trainer ranks; one_step_off leaves the rollout's num_cpus to it; accelerators: 1)",
+    )
     async_mode: Literal["sync", "one_step_off"] = spec(
         "sync", help="one_step_off: generate the next batch while training on this one"
     )

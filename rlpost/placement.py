@@ -32,6 +32,30 @@ from rlpost.schema import ConfigError
 log = logging.getLogger(__name__)
 
 
+def cpu_threads(cfg: Config, device_kind: str, role: str = "trainer") -> int:
+    """Torch threads per trainer rank (``role="trainer"``) or rollout replica
+    (``"rollout"``), from ``trainer.threads``.
+
+    ``auto`` on the CPU: in ``sync`` mode generation and the update take turns,
+    so the processes of the role that is computing share every core this
+    process may use; in ``one_step_off`` mode both compute at once: each
+    replica keeps its ``rollout.num_cpus`` and the trainer ranks share the
+    rest. On an accelerator the host threads do little: one.
+    """
+    t, r = cfg.trainer, cfg.rollout
+    if t.threads != "auto":
+        return int(t.threads)
+    if device_kind != "cpu":
+        return 1
+    cores = len(os.sched_getaffinity(0))
+    rollout_cores = int(r.replicas * r.num_cpus)
+    if role == "rollout":
+        return max(1, int(r.num_cpus) if t.async_mode == "one_step_off" else cores // r.replicas)
+    if t.async_mode == "one_step_off":
+        cores -= rollout_cores
+    return max(1, cores // t.world_size)
+
+
 class PlacementError(ConfigError):
     """The cluster cannot hold the placement groups the config asks for."""
 

@@ -179,11 +179,13 @@ class RolloutGroup:
     def from_config(cls, cfg: Any, model_path: str, device: Any) -> RolloutGroup:
         """The group ``cfg.rollout`` describes (``cfg``: an ``rlpost.config.Config``;
         ``device``: an ``rlpost.device.DeviceSpec``)."""
+        from rlpost.placement import cpu_threads
+
         return cls(
             engine_config(cfg, model_path, device.kind),
             replicas=cfg.rollout.replicas,
             num_cpus=cfg.rollout.num_cpus,
-            threads=cfg.trainer.threads,
+            threads=cpu_threads(cfg, device.kind, "rollout"),
             device_opts=device.ray_resource,
             engine=cfg.rollout.name,
         )

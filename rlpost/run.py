@@ -240,7 +240,7 @@ def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
     from rlpost.agent_rollout import AgentRollout
     from rlpost.controller import Controller, TrainerGroups, Workers
     from rlpost.device import resolve_device
-    from rlpost.placement import start
+    from rlpost.placement import cpu_threads, start
     from rlpost.rollout_group import RolloutGroup, engine_config
     from rlpost.tracking import Tracker
     from rlpost.vl.inputs import ImageInputs, is_vision_language
@@ -285,7 +285,8 @@ def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
                 cfg, model_path, lr, lr_warmup_steps, trainable, packing=kind == "policy"
             )
             return TrainerGroup(
-                engine_cfg, t.world_size, t.num_cpus_per_worker, t.threads, device.ray_resource,
+                engine_cfg, t.world_size, t.num_cpus_per_worker, cpu_threads(cfg, device.kind),
+                device.ray_resource,
                 kind, scheduling=placement.scheduling(role),
             )  # fmt: skip
         engine_cfg = FSDPEngineConfig(
@@ -299,7 +300,8 @@ def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
             mixed_precision=t.mixed_precision,
         )
         return TrainerGroup(
-            engine_cfg, t.world_size, t.num_cpus_per_worker, t.threads, device.ray_resource, kind,
+            engine_cfg, t.world_size, t.num_cpus_per_worker, cpu_threads(cfg, device.kind),
+                device.ray_resource, kind,
             scheduling=placement.scheduling(role),
         )  # fmt: skip
 
@@ -348,7 +350,7 @@ def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
             engine_config(cfg, model_path, device.kind),
             replicas=r.replicas,
             num_cpus=r.num_cpus,
-            threads=t.threads,
+            threads=cpu_threads(cfg, device.kind, "rollout"),
             device_opts=device.ray_resource,
             engine=r.name,
             scheduling=placement.scheduling("rollout"),
@@ -392,6 +394,7 @@ def engine_settings(
 ) -> dict[str, Any]:
     """The fields every training engine's config shares (``trainers.engine_config``)."""
     from rlpost.device import resolve_device
+    from rlpost.placement import cpu_threads
 
     t = cfg.trainer
     device = resolve_device(t.device)
@@ -406,7 +409,7 @@ def engine_settings(
         seed=t.seed,
         device=device.kind,
         backend=device.backend,
-        threads=t.threads,
+        threads=cpu_threads(cfg, device.kind),
         lr_warmup_steps=lr_warmup_steps,
         trainable=trainable,
         micro_batch_tokens=t.micro_batch_tokens,

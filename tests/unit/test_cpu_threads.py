@@ -1,0 +1,54 @@
+"""``trainer.threads=auto``: how many torch threads each process gets."""
+
+import os
+
+import pytest
+
+from rlpost.config import compose
+from rlpost.placement import cpu_threads
+from rlpost.schema import ConfigError
+
+
+@pytest.fixture
+def eight_cores(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+
+
+@pytest.mark.parametrize(
+    "overrides, trainer, rollout",
+    [
+        # sync: the computing role has every core; its processes share them
+        ([], 8, 8),
+        (["trainer.world_size=2"], 4, 8),
+        (["trainer.world_size=4"], 2, 8),
+        (["rollout.replicas=2"], 8, 4),
+        # one_step_off: each replica keeps rollout.num_cpus, the ranks share the rest
+        (["trainer.async_mode=one_step_off"], 7, 1),
+        (["trainer.async_mode=one_step_off", "rollout.num_cpus=3"], 5, 3),
+        (["trainer.async_mode=one_step_off", "rollout.replicas=2", "trainer.world_size=2"], 3, 1),
+        # a number is taken as it is
+        (["trainer.threads=3"], 3, 3),
+    ],
+)
+def test_auto_threads_on_the_cpu(eight_cores, overrides, trainer, rollout):
+    cfg = compose(["algo=grpo", *overrides])
+    assert cpu_threads(cfg, "cpu") == trainer
+    assert cpu_threads(cfg, "cpu", "rollout") == rollout
+
+
+def test_auto_threads_never_drop_below_one(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    cfg = compose(["algo=grpo", "trainer.async_mode=one_step_off", "rollout.num_cpus=2"])
+    assert cpu_threads(cfg, "cpu") == 1
+
+
+def test_auto_threads_on_an_accelerator_are_one(eight_cores):
+    assert cpu_threads(compose(["algo=grpo"]), "cuda") == 1
+    assert cpu_threads(compose(["algo=grpo"]), "npu", "rollout") == 1
+
+
+def test_threads_take_a_positive_number_or_auto():
+    with pytest.raises(ConfigError, match="trainer.threads=0: must be >= 1"):
+        compose(["algo=grpo", "trainer.threads=0"])
+    with pytest.raises(ConfigError, match="trainer.threads='many'"):
+        compose(["algo=grpo", "trainer.threads=many"])
