@@ -75,17 +75,17 @@ def run_realistic(args: argparse.Namespace, command: str) -> None:
     data = prepare(run_dir, [b], setup)
     print(f"run dir {run_dir}; model {data['model']}", flush=True)
 
-    # One thread, as each of rlpost's processes and TRL run with: on two shared
-    # cores the old workload found two threads slower for both halves. Measured
-    # before and after the sides: the machine's load moves while they run.
-    limits = [measure_limit(data, b, setup, run_dir / "raw-before")]
+    # The limit at 1 and 2 torch threads, before the sides; the faster of each half.
+    limits = [measure_limit(data, b, setup, run_dir / f"raw-t{t}", t) for t in (1, 2)]
 
     runs: list[dict[str, Any]] = []
     for kind in (SYNC, TRL_HF, OSF, TRL_VLLM):  # the targets' main sides first
         out = run_dir / "".join(c if c.isalnum() else "-" for c in kind)
         load = load_average()
         if kind.startswith("TRL"):
-            r = run_trl(data, b, setup, 1, out, args.timeout, "trl-vllm", kind == TRL_VLLM)
+            # torch's default threads (every core), as a TRL user runs it; rlpost runs
+            # with its default trainer.threads=auto
+            r = run_trl(data, b, setup, None, out, args.timeout, "trl-vllm", kind == TRL_VLLM)
         else:
             r = run_rlpost(data, b, setup, kind.split()[1], out, args.timeout)
         r.update(batch=b.name, kind=kind, rep=0, load_before=load, load_after=load_average())
@@ -100,7 +100,6 @@ def run_realistic(args: argparse.Namespace, command: str) -> None:
         with (run_dir / "runs.jsonl").open("a") as f:
             f.write(json.dumps(r) + "\n")
 
-    limits.append(measure_limit(data, b, setup, run_dir / "raw-after"))
     raw = combine_limits(b, limits)
     raw_error = next((m["error"] for m in limits if "error" in m), None) if not raw else None
 
@@ -122,6 +121,7 @@ def run_realistic(args: argparse.Namespace, command: str) -> None:
         "batches": [(b.prompts, b.n)],
         "setup": asdict(setup),
         "raw_error": raw_error,
+        "trl_threads": trl_run.get("torch_threads"),
         "versions": f"torch {torch.__version__}, transformers {transformers.__version__}, "
         f"vLLM {vllm.__version__}; TRL {trl_run.get('trl_version', '?')} in "
         f"bench/{TRL_VLLM_VENV.name} (rlpost's packages + TRL)",
@@ -132,15 +132,16 @@ def run_realistic(args: argparse.Namespace, command: str) -> None:
     print(f"wrote {args.out} and {args.json_out}; raw runs in {run_dir}")
 
 
-def measure_limit(data: dict, b: Batch, setup: Setup, out: Path) -> dict[str, Any]:
-    """Raw generation and training of the batch at one thread, and the load around it."""
+def measure_limit(data: dict, b: Batch, setup: Setup, out: Path, threads: int) -> dict[str, Any]:
+    """Raw generation and training of the batch at ``threads`` torch threads, and the
+    load around it."""
     out.mkdir(parents=True)
     before = load_average()
-    res = run_raw(data, [b], setup, 1, out, gen_repeats=3, train_repeats=1)
-    print(f"raw (threads=1): {res}", flush=True)
+    res = run_raw(data, [b], setup, threads, out, gen_repeats=3, train_repeats=1)
+    print(f"raw (threads={threads}): {res}", flush=True)
     if b.name not in res:
-        return {"error": res.get("error", "no result")}
-    return {**res[b.name], "load_before": before, "load_after": load_average()}
+        return {"error": res.get("error", "no result"), "threads": threads}
+    return {**res[b.name], "threads": threads, "load_before": before, "load_after": load_average()}
 
 
 def combine_limits(b: Batch, limits: list[dict[str, Any]]) -> dict[str, Any]:
@@ -149,13 +150,15 @@ def combine_limits(b: Batch, limits: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [m for m in limits if "error" not in m]
     if not ok:
         return {}
+    gen = min(ok, key=lambda m: m["gen_s"])
+    train = min(ok, key=lambda m: m["train_s"])
     return {
         b.name: {
-            "gen_s": min(m["gen_s"] for m in ok),
+            "gen_s": gen["gen_s"],
             "gen_tokens": ok[0]["gen_tokens"],
-            "train_s": min(m["train_s"] for m in ok),
-            "gen_threads": 1,
-            "train_threads": 1,
+            "train_s": train["train_s"],
+            "gen_threads": gen.get("threads", 1),
+            "train_threads": train.get("threads", 1),
             "measurements": limits,
         }
     }
@@ -230,11 +233,11 @@ def realistic_report(
         f"completions, {b.name} samples",
         "",
         f"Written by `bench/compare_trl.py` (`--workload realistic`). Measured {meta['date']} "
-        f"on 2 CPU cores shared with other jobs ({meta['machine']}); load average (1, 5, 15 "
-        f"min) {meta['load_before']} before the run and {meta['load_after']} after. Every "
-        "figure is inflated by that sharing: the load is several processes per core, so each "
-        f"side got a fraction of a core. Total wall time {meta['wall_min']:.1f} min. "
-        f"rlpost under test: {meta['source']}. Versions: {meta['versions']}.",
+        f"on 2 CPU cores ({meta['machine']}); load average (1, 5, 15 min) "
+        f"{meta['load_before']} before the run and {meta['load_after']} after (the run itself "
+        "keeps both cores busy: a load near 2 means nothing else ran). Total wall time "
+        f"{meta['wall_min']:.1f} min. rlpost under test: {meta['source']}. "
+        f"Versions: {meta['versions']}.",
         "",
         "Every side starts from the same files: rlpost's built-in `small` preset (Qwen2, "
         "8 layers, hidden 512, 30.5 M parameters, random weights, seed 0), built once and "
@@ -247,8 +250,10 @@ def realistic_report(
         f"at least and at most {s['min_tokens']} tokens (rlpost `rollout.min_tokens` = "
         "`rollout.max_tokens`, vLLM `SamplingParams(min_tokens=...)`; TRL "
         "`generation_kwargs={'min_new_tokens': ...}` with transformers and `{'min_tokens': ...}` "
-        "with vLLM). Both TRL sides run in one process with one torch thread; rlpost runs "
-        "its trainer and its vLLM replica as two single-threaded Ray actors. TRL's vLLM side "
+        "with vLLM). Each side runs with its defaults: TRL in one process with torch's default "
+        f"threads ({meta.get('trl_threads', 'the machine cores')}); rlpost's trainer and vLLM "
+        "replica are two Ray actors with `trainer.threads=auto` (sync: each uses both cores "
+        "in its turn; one_step_off: one core each, as they run at once). TRL's vLLM side "
         "has `vllm_importance_sampling_correction=False` (on by default it adds an old-log-prob "
         "forward and reweights the loss; rlpost's sync loss has neither).",
         "",
@@ -271,13 +276,13 @@ def realistic_report(
             f"{m['tokens'] / b.samples:.1f} | {gib(m['peak_pss'])}, {gib(m['peak_rss'])} | "
             f"{parts} | {loads.get(kind, 'not recorded')} |"
         )
-    for i, m in enumerate((lim or {}).get("measurements", [])):
-        when = ("before", "after")[min(i, 1)]
+    for m in (lim or {}).get("measurements", []):
+        when = f"at {m['threads']} torch thread(s)" if "threads" in m else "(one thread)"
         if "error" in m:
-            lines.append(f"| limit measured {when} the sides | failed: {m['error']} | | | | | |")
+            lines.append(f"| limit measured {when} | failed: {m['error']} | | | | | |")
             continue
         lines.append(
-            f"| limit measured {when} the sides | {m['gen_s']:.2f} + {m['train_s']:.2f} | | | | "
+            f"| limit measured {when} | {m['gen_s']:.2f} + {m['train_s']:.2f} | | | | "
             f"| {m['load_before'].split()[0]} -> {m['load_after'].split()[0]} |"
         )
     if lim:
@@ -285,8 +290,8 @@ def realistic_report(
         lines.append(
             f"| limit: raw gen + raw train | {gen:.2f} + {train:.2f} = {gen + train:.2f} | "
             f"{lim['gen_tokens'] / (gen + train):.0f} (gen alone {lim['gen_tokens'] / gen:.0f}) | "
-            f"{lim['gen_tokens'] / b.samples:.1f} | | one torch thread each; the faster "
-            "measurement of each half | |"
+            f"{lim['gen_tokens'] / b.samples:.1f} | | the faster measurement of each half "
+            f"(gen at {lim['gen_threads']}, train at {lim['train_threads']} thread(s)) | |"
         )
     else:
         lines.append(f"| limit | failed: {meta.get('raw_error')} | | | | | |")
@@ -353,11 +358,9 @@ def _notes(
             f"{gen + train:.1f} s. Generation {sync['t_generate_s']:.1f} s (raw vLLM {gen:.1f} s), "
             f"update {sync['t_update_s']:.1f} s (raw forward+backward+AdamW {train:.1f} s), "
             f"weight sync {sync.get('t_weight_sync_s', float('nan')):.2f} s, the rest (scoring, "
-            f"batching, advantages, logging) {rest:.2f} s. The limit and each side ran at "
-            "different times on a machine whose load changed by several processes per core "
-            "in minutes (the load column): a ratio between two rows is mostly the ratio of "
-            "the CPU share each got. Within one run, rlpost's own costs are the weight sync and "
-            "the rest."
+            f"batching, advantages, logging) {rest:.2f} s. The limit and each side ran one "
+            "after another; the load column says whether anything else shared the cores. "
+            "Within one run, rlpost's own costs are the weight sync and the rest."
         )
     if isinstance(sync, dict) and isinstance(hf, dict):
         notes.append(
@@ -388,7 +391,7 @@ def _notes(
             f"(alone: {sync['t_update_s']:.2f} s). With perfect overlap the step would be "
             f"max(gen, update) = {max(sync['t_generate_s'], sync['t_update_s']):.2f} s: the "
             "speed-up one_step_off can give is bounded by how much of the step generation is, "
-            "and the two halves share two cores that other jobs also use."
+            "and the two halves share the two cores."
         )
         bound = (sync["t_generate_s"] + sync["t_update_s"]) / max(
             sync["t_generate_s"], sync["t_update_s"]
