@@ -105,6 +105,12 @@ def explain_sync(b: Batch, m: dict[str, float], lim: dict[str, float]) -> str:
     )
 
 
+def _busy(meta: dict[str, Any]) -> bool:
+    """Whether other work shared the two cores: a 1-minute load above 2.5 at either end
+    (the benchmark alone keeps about two processes running)."""
+    return any(float(meta[k].split()[0]) > 2.5 for k in ("load_before", "load_after"))
+
+
 def report(meta: dict[str, Any], runs: list[dict[str, Any]], raw: dict[str, Any]) -> str:
     batches = [Batch(*b) for b in meta["batches"]]
     s = meta["setup"]
@@ -113,8 +119,9 @@ def report(meta: dict[str, Any], runs: list[dict[str, Any]], raw: dict[str, Any]
         "",
         "Written by `bench/compare_trl.py` (method: its docstring and bench/README.md). "
         f"Measured {meta['date']} on {meta['machine']}; load average (1, 5, 15 min) "
-        f"{meta['load_before']} before the run and {meta['load_after']} after: other jobs "
-        f"shared the machine. Total wall time {meta['wall_min']:.1f} min.",
+        f"{meta['load_before']} before the run and {meta['load_after']} after"
+        + (": other jobs shared the machine" if _busy(meta) else " (nothing else ran)")
+        + f". Total wall time {meta['wall_min']:.1f} min.",
         "",
         "```bash",
         meta["command"],
@@ -259,8 +266,8 @@ def report(meta: dict[str, Any], runs: list[dict[str, Any]], raw: dict[str, Any]
                 f"{sync['step_s']:.3f} s ({osf['step_s'] / sync['step_s']:.2f}x). Its generation, "
                 f"overlapped with the update, took {osf['t_generate_s']:.3f} s against "
                 f"{sync['t_generate_s']:.3f} s alone, and the update {osf['t_update_s']:.3f} s "
-                f"against {sync['t_update_s']:.3f} s: on two cores shared with other jobs, the "
-                "overlapped halves compete for the same CPUs."
+                f"against {sync['t_update_s']:.3f} s: the overlapped halves share the two "
+                "cores (one thread each), where sync gives each half both in turn."
                 + (
                     f" Its held-out accuracy, {osf['acc']:.3f}, is below the model's before RL "
                     f"({meta['base_acc']:.3f}); sync reached {sync['acc']:.3f}."
