@@ -48,11 +48,11 @@ def cpu_threads(cfg: Config, device_kind: str, role: str = "trainer") -> int:
     if device_kind != "cpu":
         return 1
     cores = len(os.sched_getaffinity(0))
-    rollout_cores = int(r.replicas * r.num_cpus)
+    overlap = t.async_mode == "one_step_off"
     if role == "rollout":
-        return max(1, int(r.num_cpus) if t.async_mode == "one_step_off" else cores // r.replicas)
-    if t.async_mode == "one_step_off":
-        cores -= rollout_cores
+        return max(1, int(r.num_cpus) if overlap else cores // r.replicas)
+    if overlap:
+        cores -= int(r.replicas * r.num_cpus)
     return max(1, cores // t.world_size)
 
 

@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 import ray
 
+from rlpost.placement import cpu_threads
 from rlpost.workers.rollout_worker import RolloutWorker
 from rollout.base import GenerationRequest, GenerationResult
 from rollout.pd import FILE_CONNECTORS, PDEngineConfig, PDRouter, prefill_request
@@ -179,8 +180,6 @@ class RolloutGroup:
     def from_config(cls, cfg: Any, model_path: str, device: Any) -> RolloutGroup:
         """The group ``cfg.rollout`` describes (``cfg``: an ``rlpost.config.Config``;
         ``device``: an ``rlpost.device.DeviceSpec``)."""
-        from rlpost.placement import cpu_threads
-
         return cls(
             engine_config(cfg, model_path, device.kind),
             replicas=cfg.rollout.replicas,

@@ -284,25 +284,20 @@ def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
             engine_cfg = megatron_engine_config(
                 cfg, model_path, lr, lr_warmup_steps, trainable, packing=kind == "policy"
             )
-            return TrainerGroup(
-                engine_cfg, t.world_size, t.num_cpus_per_worker, cpu_threads(cfg, device.kind),
-                device.ray_resource,
-                kind, scheduling=placement.scheduling(role),
-            )  # fmt: skip
-        engine_cfg = FSDPEngineConfig(
-            **engine_settings(cfg, model_path, lr, lr_warmup_steps, trainable),
-            lora=lora if role == "policy" else LoraSettings(),
-            gradient_checkpointing=m.gradient_checkpointing,
-            param_offload=m.param_offload,
-            optimizer_offload=m.optimizer_offload,
-            packing=t.packing and kind == "policy",
-            freeze_vision=m.freeze_vision,
-            mixed_precision=t.mixed_precision,
-        )
+        else:
+            engine_cfg = FSDPEngineConfig(
+                **engine_settings(cfg, model_path, lr, lr_warmup_steps, trainable),
+                lora=lora if role == "policy" else LoraSettings(),
+                gradient_checkpointing=m.gradient_checkpointing,
+                param_offload=m.param_offload,
+                optimizer_offload=m.optimizer_offload,
+                packing=t.packing and kind == "policy",
+                freeze_vision=m.freeze_vision,
+                mixed_precision=t.mixed_precision,
+            )
         return TrainerGroup(
-            engine_cfg, t.world_size, t.num_cpus_per_worker, cpu_threads(cfg, device.kind),
-                device.ray_resource, kind,
-            scheduling=placement.scheduling(role),
+            engine_cfg, t.world_size, t.num_cpus_per_worker, engine_cfg.threads,
+            device.ray_resource, kind, scheduling=placement.scheduling(role),
         )  # fmt: skip
 
     workers: list[Any] = []
