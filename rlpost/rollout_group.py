@@ -543,7 +543,7 @@ def engine_config(cfg: Any, model_path: str, device_kind: str) -> Any:
 
         return HFEngineConfig(
             model_path=model_path,
-            dtype=cfg.model.dtype,
+            dtype=r.dtype,
             max_model_len=r.max_model_len,
             seed=cfg.trainer.seed,
             device=device_kind,
@@ -556,7 +556,7 @@ def engine_config(cfg: Any, model_path: str, device_kind: str) -> Any:
             prefill_replicas=r.pd.prefill_replicas,
             decode_replicas=r.pd.decode_replicas,
             transfer_backend=r.pd.transfer_backend,
-            dtype=cfg.model.dtype,
+            dtype=r.dtype,
             max_model_len=r.max_model_len,
             mem_fraction_static=r.gpu_memory_utilization,
             seed=cfg.trainer.seed,
@@ -566,7 +566,7 @@ def engine_config(cfg: Any, model_path: str, device_kind: str) -> Any:
 
         return SGLangEngineConfig(
             model_path=model_path,
-            dtype=cfg.model.dtype,
+            dtype=r.dtype,
             max_model_len=r.max_model_len,
             mem_fraction_static=r.gpu_memory_utilization,
             seed=cfg.trainer.seed,
@@ -575,7 +575,7 @@ def engine_config(cfg: Any, model_path: str, device_kind: str) -> Any:
 
     base = VLLMEngineConfig(
         model_path=model_path,
-        dtype=cfg.model.dtype,
+        dtype=r.dtype,
         max_model_len=r.max_model_len,
         kv_cache_gib=r.kv_cache_gib,
         gpu_memory_utilization=r.gpu_memory_utilization,

@@ -6,6 +6,7 @@ Legend: b = samples, t = tokens.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Callable
@@ -17,6 +18,8 @@ import torch.nn.functional as F
 
 from algos import LossNorm
 from trainers.batch import TrajectoryBatch
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -65,6 +68,12 @@ def shard(
     if offload:
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     if mixed_precision == "bf16":
+        on_cpu = next(model.parameters()).device.type == "cpu"
+        if on_cpu and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            log.warning(
+                "mixed_precision=bf16 on a CPU without bf16 instructions (avx512_bf16, AMX): "
+                "slower than float32 here; set trainer.mixed_precision=none"
+            )
         kwargs["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=torch.bfloat16, reduce_dtype=torch.float32
         )
