@@ -5,6 +5,7 @@ One command, on the CPU, on the built-in arithmetic task, two workloads:
     python bench/compare_trl.py                        # both workloads (below)
     python bench/compare_trl.py --workload old         # tiny model, 8x8 and 32x8, 3 repeats
     python bench/compare_trl.py --workload realistic   # small model, 100 tokens, 32x8
+                                                       # (float32, then bf16 on every side)
     python bench/compare_trl.py --quick                # a smoke run of both (small batches)
 
 The realistic workload (trl_compare/realistic.py) starts every side from the
@@ -96,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=100,
         help="realistic workload: tokens per completion (forced)",
+    )
+    p.add_argument(
+        "--real-precision",
+        default="float32,bf16",
+        help="realistic workload: float32, bf16 or both (comma-separated), one run of every side each",
     )
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--micro-batch", type=int, default=64)

@@ -53,6 +53,9 @@ class Setup:
     # process's smaps_rollup costs the kernel a walk of its mappings: at 0.2 s it
     # took ~20 % of a core next to a vLLM replica, CPU the runs share.
     mem_every_s: float = 0.2
+    # "bf16": bf16 compute with fp32 master weights on every side (rlpost
+    # trainer.mixed_precision=bf16, TRL bf16=True, the limit under autocast).
+    precision: str = "float32"
 
 
 # -- process-tree sampling ------------------------------------------------------------

@@ -102,6 +102,8 @@ def run_rlpost(
         f"trainer.run_dir={out}",
         "trainer.logger=[jsonl]",
     ]
+    if setup.precision == "bf16":  # the rollout follows into bf16 (rollout.dtype=auto)
+        overrides.append("trainer.mixed_precision=bf16")
     if setup.min_tokens:
         # vLLM reports the processed log-probs: with the end token masked before
         # min_tokens they differ from the trainer's by log(1 - p_end), which the

@@ -87,7 +87,7 @@ def trl_worker(spec_path: str) -> None:
         num_iterations=1,
         shuffle_dataset=False,  # the rows are already in rlpost's order
         gradient_checkpointing=False,  # TRL's default is True; rlpost's is off
-        bf16=False,
+        bf16=s.precision == "bf16",  # autocast around generation and training
         use_cpu=True,
         seed=SEED,
         logging_steps=1,
@@ -201,7 +201,7 @@ def raw_generate(spec: dict, s: Setup) -> tuple[dict[str, Any], dict[str, list]]
 
     llm = LLM(
         model=spec["model"],
-        dtype="float32",
+        dtype="bfloat16" if s.precision == "bf16" else "float32",
         max_model_len=256,
         enforce_eager=True,
         seed=SEED,
@@ -244,6 +244,7 @@ def raw_train(model_dir: str, seqs: list, s: Setup, repeats: int) -> float:
     Same micro-batching as rlpost's trainer (``s.micro_batch`` rows, all-padding
     columns trimmed), a clipped-ratio token-mean loss, gradient clipping and an
     AdamW step: the forward+backward an RL update cannot avoid, and no more.
+    ``s.precision == "bf16"``: the forward under bf16 autocast, fp32 weights.
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -269,7 +270,9 @@ def raw_train(model_dir: str, seqs: list, s: Setup, repeats: int) -> float:
             sl = slice(i, i + s.micro_batch)
             w = int(attn_bt[sl].sum(1).max())  # trim all-padding columns
             ids, attn, mask = ids_bt[sl, :w], attn_bt[sl, :w], resp_bt[sl, 1:w]
-            logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1] / s.temperature
+            with torch.autocast("cpu", torch.bfloat16, enabled=s.precision == "bf16"):
+                logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+            logits = logits / s.temperature
             logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None])[..., 0]
             ratio = torch.exp(logp - logp.detach())
             adv = adv_b[sl, None]
