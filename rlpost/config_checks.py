@@ -34,6 +34,12 @@ def cross_checks(cfg: Config) -> list[str]:
             f"rollout.lora_sync=adapter: rollout.name={cfg.rollout.name} serves no LoRA adapters; "
             "use rollout.lora_sync=merged"
         )
+    if cfg.trainer.mixed_precision == "bf16" and cfg.model.dtype != "float32":
+        problems.append(
+            f"trainer.mixed_precision=bf16 with model.dtype={cfg.model.dtype}: mixed precision "
+            "keeps float32 master weights; set model.dtype=float32 (or mixed_precision=none "
+            f"to train in {cfg.model.dtype} throughout)"
+        )
     pd = cfg.rollout.pd
     if pd.enabled:
         total = pd.prefill_replicas + pd.decode_replicas

@@ -52,7 +52,7 @@ class Setup:
     # Seconds between memory samples of a run's process tree. Reading every
     # process's smaps_rollup costs the kernel a walk of its mappings: at 0.2 s it
     # took ~20 % of a core next to a vLLM replica, CPU the runs share.
-    mem_every_s: float = 0.2
+    mem_every_s: float = 0.2  # 0: no memory sampling (a timing-only run)
     # "bf16": bf16 compute with fp32 master weights on every side (rlpost
     # trainer.mixed_precision=bf16, TRL bf16=True, the limit under autocast).
     precision: str = "float32"
@@ -91,7 +91,7 @@ class TreeMonitor(threading.Thread):
     def run(self) -> None:
         import psutil
 
-        next_mem = 0.0
+        next_mem = 0.0 if self.mem_every_s > 0 else float("inf")
         while not self._halt.is_set():
             now = time.perf_counter()
             self._poll_file(now)

@@ -5,6 +5,7 @@ in alternating order (bench/README.md)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -82,14 +83,17 @@ def run_old(args: argparse.Namespace, command: str) -> None:
             for kind in order:
                 if kind == "rlpost one_step_off" and osf_broken:
                     continue
+                # Memory is sampled in repeat 0 only; the other repeats time the steps.
+                sampled = rep == 0 or setup.repeats == 1
+                run_setup = setup if sampled else dataclasses.replace(setup, mem_every_s=0.0)
                 out = run_dir / f"{b.name}-{''.join(c if c.isalnum() else '-' for c in kind)}-{rep}"
                 if kind.startswith("TRL"):
                     threads = 1 if kind == TRL_1 else None
-                    res = run_trl(data, b, setup, threads, out, args.timeout)
+                    res = run_trl(data, b, run_setup, threads, out, args.timeout)
                 else:
                     mode = kind.split()[1]
-                    res = run_rlpost(data, b, setup, mode, out, args.timeout)
-                res.update(batch=b.name, kind=kind, rep=rep)
+                    res = run_rlpost(data, b, run_setup, mode, out, args.timeout)
+                res.update(batch=b.name, kind=kind, rep=rep, mem_sampled=sampled)
                 if "steps" in res:
                     res["acc"] = greedy_accuracy(
                         res["final_model"], data["model"], data["val_rows"], setup.max_tokens

@@ -67,13 +67,23 @@ def fmt(x: float, digits: int = 2) -> str:
 
 
 def aggregate(runs: list[dict[str, Any]], b: Batch, kind: str) -> dict[str, float] | str:
-    """Medians over the successful runs of ``kind``, or the first failure's message."""
+    """Medians over the successful runs of ``kind``, or the first failure's message.
+
+    Times come from the runs that did not sample memory, when there are any
+    (reading every process's smaps_rollup every 0.2 s slowed rlpost's process
+    tree by ~25 % on two cores), memory from the runs that did."""
     mine = [r for r in runs if r["batch"] == b.name and r["kind"] == kind]
-    ok = [summarize(r, b) for r in mine if "steps" in r]
-    if not ok:
+    done = [r for r in mine if "steps" in r]
+    if not done:
         return mine[0].get("error", "not run") if mine else "not run"
+    timed = [r for r in done if not r.get("mem_sampled", True)] or done
+    ok = [summarize(r, b) for r in timed]
     m = {k: _med([o[k] for o in ok if k in o]) for k in ok[0]}
-    m["runs"], m["ok"] = len(mine), len(ok)
+    sampled = [r for r in done if r.get("mem_sampled", True)] or done
+    m["peak_pss"] = _med([r["peak_pss"] for r in sampled])
+    m["peak_rss"] = _med([r["peak_rss"] for r in sampled])
+    m["acc"] = _med([r.get("acc", float("nan")) for r in done])
+    m["runs"], m["ok"] = len(mine), len(done)
     m["step_min"], m["step_max"] = min(o["step_s"] for o in ok), max(o["step_s"] for o in ok)
     return m
 
@@ -136,7 +146,14 @@ def report(meta: dict[str, Any], runs: list[dict[str, Any]], raw: dict[str, Any]
         f"(constant), AdamW betas (0.9, 0.99), micro-batches of {s['micro_batch']} samples, "
         "clipped ratio 0.2, group-std advantages, token-mean over the global batch (TRL "
         "`loss_type=dapo`), no KL; the reward is `rlpost.tasks.arith.correctness` in both. "
-        f"{s['repeats']} repeats, run in alternating order; medians.",
+        f"{s['repeats']} repeats, run in alternating order; medians."
+        + (
+            " Peak memory is sampled in the first repeat only and the step times come from "
+            "the others: reading every process's smaps_rollup every 0.2 s slowed rlpost's "
+            "~10-process tree by ~25 %."
+            if any(r.get("mem_sampled") is False for r in runs)
+            else " Memory was sampled in every repeat, which slows rlpost's process tree."
+        ),
         "",
         "- step s: median wall clock of steps 2..N (step 1 holds one-off warm-up costs), "
         "median over repeats (in brackets: the fastest and slowest repeat).",

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from rlpost.config import compose
+from rlpost.schema import ConfigError
 from rlpost.recovery import Recovery
 from rlpost.result import RunError
 
@@ -44,3 +45,8 @@ def test_rollout_dtype_follows_the_trainers_compute():
     assert compose(["algo=grpo", "model.dtype=float16"]).rollout.dtype == "float16"
     bf16_fp32 = ["trainer.mixed_precision=bf16", "rollout.dtype=float32"]
     assert compose(["algo=grpo", *bf16_fp32]).rollout.dtype == "float32"
+
+
+def test_mixed_precision_over_a_16_bit_model_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"trainer.mixed_precision=bf16 with model.dtype=bfloat16"):
+        compose(["algo=grpo", "model.dtype=bfloat16", "trainer.mixed_precision=bf16"])
