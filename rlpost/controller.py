@@ -33,10 +33,11 @@ from rlpost.checkpoint import (
 )
 from rlpost.config import Config
 from rlpost.data import PromptStream
+from rlpost.pending_generation import PendingGeneration
 from rlpost.recovery import Recovery
 from rlpost.result import RunResult
 from rlpost.rewards import RewardScorer
-from rlpost.rollout_group import PendingGeneration, RolloutGroup
+from rlpost.rollout_group import RolloutGroup
 from rlpost.samples import encode_prompt, rollout_batch
 from rlpost.tracking import Tracker
 from rlpost.vl.images import row_images

@@ -3,8 +3,9 @@
 Requests without a session id go to the replica with the fewest requests in
 flight; requests with one go by consistent hashing of the id, so every turn
 of a conversation reaches the replica whose prefix cache holds it (see
-``rollout/router.py``). All requests are in flight at once: each is its own
-call to an asyncio actor, so a replica batches whatever it has.
+``rollout/router.py``). All requests are in flight at once: those routed to
+one replica travel in one call to its asyncio actor (``PendingGeneration``),
+and a replica batches whatever it has.
 
     group = RolloutGroup.from_config(cfg, model_path, device)
     pending = group.generate_async(requests)   # returns at once
@@ -37,6 +38,7 @@ from typing import Any, TypeVar
 
 import ray
 
+from rlpost.pending_generation import PendingGeneration
 from rlpost.placement import cpu_threads
 from rlpost.workers.rollout_worker import RolloutWorker
 from rollout.base import GenerationRequest, GenerationResult
@@ -45,30 +47,6 @@ from rollout.router import Router
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-class PendingGeneration:
-    """Requests in flight on the replicas; ``result()`` waits for all of them."""
-
-    def __init__(self, group: RolloutGroup, requests: list[GenerationRequest]):
-        self.group = group
-        self.requests = requests
-        self._calls = [group._submit(r) for r in requests]  # (replica, ref) per request
-        self._results: list[GenerationResult] | None = None
-
-    def done(self) -> bool:
-        """True once every request has finished (never blocks)."""
-        if self._results is not None:
-            return True
-        refs = [call[-1] for call in self._calls]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
-        return len(ready) == len(refs)
-
-    def result(self) -> list[GenerationResult]:
-        """Results in input order. A request whose replica died is retried on another."""
-        if self._results is None:
-            self._results = [self.group._collect(r, c) for r, c in zip(self.requests, self._calls)]
-        return self._results
 
 
 class RolloutGroup:
