@@ -386,7 +386,9 @@ class VLLMEngine:
 
 def _result(request: GenerationRequest, out: Any, tokenizer: Any) -> GenerationResult:
     completions = []
-    texts = tokenizer.batch_decode([list(c.token_ids) for c in out.outputs], skip_special_tokens=True)
+    texts = tokenizer.batch_decode(
+        [list(c.token_ids) for c in out.outputs], skip_special_tokens=True
+    )
     for c, text in zip(out.outputs, texts, strict=True):
         ids = list(c.token_ids)
         # logprobs=0 returns the sampled token's log-prob at every position.

@@ -53,6 +53,14 @@ def advantages(batch: TrajectoryBatch, seed: int = 1) -> torch.Tensor:
     return adv_b[:, None] * batch.response_mask_bt
 
 
+def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Unsharded state dict (collective; one rank's model is not sharded)."""
+    return {
+        k: v.full_tensor() if hasattr(v, "full_tensor") else v
+        for k, v in model.state_dict().items()
+    }
+
+
 def full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Unsharded gradients of every parameter that has one (collective)."""
     out = {}

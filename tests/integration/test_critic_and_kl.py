@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from engine_utils import free_port, make_batch
+from engine_utils import free_port, full_state, make_batch
 
 from algos import LossNorm, PolicyLossConfig, kl_penalty
 from rlpost.tiny import build_tiny_model
@@ -50,7 +50,7 @@ def _critic_worker(rank, model_dir, port, out):
         batch.returns_bt = returns
         metrics = critic.update_critic(batch, value_clip=10.0, agg="token-mean")
         losses.append(metrics["critic/vf_loss"])
-    state = {k: v.full_tensor() for k, v in critic.model.state_dict().items()}
+    state = full_state(critic.model)
     torch.save(
         {"initial": initial, "losses": losses, "final": critic.values(batch), "state": state,
          "returns": returns, "explained": metrics["critic/vf_explained_var"]},

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from engine_utils import advantages, free_port, hf_logprobs, make_batch
+from engine_utils import advantages, free_port, full_grads, hf_logprobs, make_batch
 
 from algos import PolicyLossConfig
 from rlpost.tiny import build_tiny_model
@@ -102,7 +102,7 @@ def _fsdp_worker(rank: int, model_dir: str, port: int, out: str) -> None:
     batch.advantages_bt = advantages(batch)
     batch.old_logp_bt = engine.logprobs(batch)
     metrics = engine.update_policy(batch, PolicyLossConfig())
-    grads = {n: p.grad.full_tensor() for n, p in engine.model.named_parameters()}
+    grads = full_grads(engine.model)
     result = {"metrics": metrics, "grads": grads, "weights": dict(engine.named_weights())}
     result["num_params"] = engine.num_params
     engine.close()

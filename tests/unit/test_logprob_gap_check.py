@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 
 from rlpost.config import compose
-from rlpost.schema import ConfigError
 from rlpost.recovery import Recovery
 from rlpost.result import RunError
+from rlpost.schema import ConfigError
 
 
 def check(overrides: list[str], max_gap: float, mean_gap: float) -> None:
@@ -48,5 +48,7 @@ def test_rollout_dtype_follows_the_trainers_compute():
 
 
 def test_mixed_precision_over_a_16_bit_model_is_a_config_error():
-    with pytest.raises(ConfigError, match=r"trainer.mixed_precision=bf16 with model.dtype=bfloat16"):
+    with pytest.raises(
+        ConfigError, match=r"trainer.mixed_precision=bf16 with model.dtype=bfloat16"
+    ):
         compose(["algo=grpo", "model.dtype=bfloat16", "trainer.mixed_precision=bf16"])

@@ -54,7 +54,8 @@ def shard(
     offload: bool = False,
     mixed_precision: str = "none",
 ) -> None:
-    """FSDP2: one shard group per transformer layer, then the rest of the model.
+    """FSDP2: one shard group per transformer layer, then the rest of the model
+    (with one rank and neither offload nor bf16, the model stays as it is).
 
     ``offload`` keeps the sharded parameters, their gradients and so the
     optimizer step and state on the CPU (``CPUOffloadPolicy``); each layer's
@@ -64,6 +65,11 @@ def shard(
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
+    if dist.get_world_size() == 1 and not offload and mixed_precision == "none":
+        # One rank has nothing to shard: FSDP2's per-layer hooks and copies would
+        # cost ~25 % of a small model's update (0.056 s of 0.233 s at 32 x 8,
+        # built-in model) and buy nothing. Offload and bf16 are FSDP2 policies.
+        return
     kwargs: dict = {}
     if offload:
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
