@@ -62,9 +62,7 @@ class Recovery(ABC):
         or, when both sides compute in float32, above ``rollout.max_logprob_gap`` at
         any token, stops the run (16-bit rounding moves single tokens by 0.1-0.3)."""
         r, cfg = self.cfg.rollout, self.cfg
-        float32 = {cfg.model.dtype, r.dtype} == {
-            "float32"
-        } and cfg.trainer.mixed_precision == "none"
+        float32 = cfg.model.dtype == r.dtype == "float32" and cfg.trainer.mixed_precision == "none"
         checks = [("mean", "max_mean_logprob_gap", r.max_mean_logprob_gap)]
         if float32:
             checks.append(("max", "max_logprob_gap", r.max_logprob_gap))
