@@ -71,13 +71,9 @@ def realistic_setup(args: argparse.Namespace, precision: str) -> tuple[Batch, Se
     return Batch(*map(int, args.real_batch.split("x"))), setup
 
 
-def section(precision: str) -> tuple[str, str]:
-    """The workload's section of RESULTS.md and key in compare_trl.json."""
-    return (
-        ("realistic", "realistic")
-        if precision == "float32"
-        else ("realistic-bf16", "realistic_bf16")
-    )
+def section(precision: str) -> str:
+    """The workload's section of RESULTS.md (its key in compare_trl.json has ``_``)."""
+    return "realistic" if precision == "float32" else "realistic-bf16"
 
 
 def run_realistic(args: argparse.Namespace, command: str) -> None:
@@ -93,7 +89,7 @@ def run_realistic_at(args: argparse.Namespace, command: str, precision: str) -> 
     b, setup = realistic_setup(args, precision)
     start = time.perf_counter()
     load_before = load_average()
-    run_dir = RUNS / (time.strftime("%Y%m%d-%H%M%S") + "-" + section(precision)[0])
+    run_dir = RUNS / (time.strftime("%Y%m%d-%H%M%S") + "-" + section(precision))
     run_dir.mkdir(parents=True)
     (RUNS / ".gitignore").write_text("*\n")
     trl_vllm_python()  # create the venv before anything is timed
@@ -134,7 +130,7 @@ def run_realistic_at(args: argparse.Namespace, command: str, precision: str) -> 
 
     trl_run = next((r for r in runs if "trl_version" in r), {})
     meta = {
-        "workload": section(precision)[0],
+        "workload": section(precision),
         "precision": precision,
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         "machine": f"{psutil_total_gib():.0f} GiB RAM, "
@@ -241,9 +237,9 @@ def write_realistic(
         if "load_before" in r
     }
     text = realistic_report(meta, agg, raw.get(b.name), summary, loads)
-    name, key = section(meta.get("precision", "float32"))
+    name = section(meta.get("precision", "float32"))
     write_section(args.out, name, text)
-    write_json(args.json_out, key, summary)
+    write_json(args.json_out, name.replace("-", "_"), summary)
     print(text)
 
 

@@ -386,11 +386,9 @@ class VLLMEngine:
 
 def _result(request: GenerationRequest, out: Any, tokenizer: Any) -> GenerationResult:
     completions = []
-    texts = tokenizer.batch_decode(
-        [list(c.token_ids) for c in out.outputs], skip_special_tokens=True
-    )
-    for c, text in zip(out.outputs, texts, strict=True):
-        ids = list(c.token_ids)
+    all_ids = [list(c.token_ids) for c in out.outputs]
+    texts = tokenizer.batch_decode(all_ids, skip_special_tokens=True)
+    for c, ids, text in zip(out.outputs, all_ids, texts, strict=True):
         # logprobs=0 returns the sampled token's log-prob at every position.
         lps = [step[tok].logprob for step, tok in zip(c.logprobs or [], ids) if step]
         completions.append(
