@@ -244,7 +244,7 @@ def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
     from rlpost.rollout_group import RolloutGroup, engine_config
     from rlpost.tracking import Tracker
     from rlpost.vl.inputs import ImageInputs, is_vision_language
-    from rlpost.warmup import builtin_model
+    from rlpost.warmup import builtin_model, warmup_config
     from rlpost.workers.trainer_worker import TrainerGroup
     from trainers.fsdp import FSDPEngineConfig, LoraSettings
 
@@ -259,17 +259,7 @@ def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
 
     rollout: Any = None
 
-    m = cfg.model
-    lora = LoraSettings(
-        rank=m.lora.rank,
-        alpha=m.lora.alpha,
-        dropout=m.lora.dropout,
-        target_modules=(
-            m.lora.target_modules
-            if isinstance(m.lora.target_modules, str)
-            else tuple(m.lora.target_modules)
-        ),
-    )
+    lora = lora_settings(cfg)
 
     def make_trainer(
         model_path: str,
@@ -278,27 +268,35 @@ def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
         kind: str = "policy",
         trainable: bool = True,
         role: str = "policy",
+        run_cfg: Config = cfg,
     ) -> TrainerGroup:
+        """A trainer group of ``role`` as ``run_cfg`` says (the warm-up passes its own)."""
+        rt, rm = run_cfg.trainer, run_cfg.model
         engine_cfg: Any
-        if t.name == "megatron":
+        if rt.name == "megatron":
             engine_cfg = megatron_engine_config(
-                cfg, model_path, lr, lr_warmup_steps, trainable, packing=kind == "policy"
+                run_cfg, model_path, lr, lr_warmup_steps, trainable, packing=kind == "policy"
             )
         else:
             engine_cfg = FSDPEngineConfig(
-                **engine_settings(cfg, model_path, lr, lr_warmup_steps, trainable),
-                lora=lora if role == "policy" else LoraSettings(),
-                gradient_checkpointing=m.gradient_checkpointing,
-                param_offload=m.param_offload,
-                optimizer_offload=m.optimizer_offload,
-                packing=t.packing and kind == "policy",
-                freeze_vision=m.freeze_vision,
-                mixed_precision=t.mixed_precision,
+                **engine_settings(run_cfg, model_path, lr, lr_warmup_steps, trainable),
+                lora=lora_settings(run_cfg) if role == "policy" else LoraSettings(),
+                gradient_checkpointing=rm.gradient_checkpointing,
+                param_offload=rm.param_offload,
+                optimizer_offload=rm.optimizer_offload,
+                packing=rt.packing and kind == "policy",
+                freeze_vision=rm.freeze_vision,
+                mixed_precision=rt.mixed_precision,
             )
+        # The warm-up's one rank takes the first of the policy's bundles.
+        scheduling = placement.scheduling(role)[: rt.world_size]
         return TrainerGroup(
-            engine_cfg, t.world_size, t.num_cpus_per_worker, engine_cfg.threads,
-            device.ray_resource, kind, scheduling=placement.scheduling(role),
+            engine_cfg, rt.world_size, rt.num_cpus_per_worker, engine_cfg.threads,
+            device.ray_resource, kind, scheduling=scheduling,
         )  # fmt: skip
+
+    def make_warmup_trainer(model_path: str, lr: float, lr_warmup_steps: int) -> TrainerGroup:
+        return make_trainer(model_path, lr, lr_warmup_steps, run_cfg=warmup_config(cfg))
 
     workers: list[Any] = []
     tracker: Tracker | None = None
@@ -307,7 +305,7 @@ def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
         if stop is not None:  # after Ray's start, which installs its own SIGTERM handler
             stop.install()
         placement.save(run_dir)
-        model_path = cfg.model.path or builtin_model(cfg, make_trainer)
+        model_path = cfg.model.path or builtin_model(cfg, make_warmup_trainer)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -382,6 +380,20 @@ def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
             ray.shutdown()
         if stop is not None:
             stop.restore()
+
+
+def lora_settings(cfg: Config) -> Any:
+    """``model.lora`` as the FSDP2 engine takes it."""
+    from trainers.fsdp import LoraSettings
+
+    lora = cfg.model.lora
+    modules = lora.target_modules
+    return LoraSettings(
+        rank=lora.rank,
+        alpha=lora.alpha,
+        dropout=lora.dropout,
+        target_modules=modules if isinstance(modules, str) else tuple(modules),
+    )
 
 
 def engine_settings(

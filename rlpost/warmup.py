@@ -6,6 +6,7 @@ cached on disk, keyed by everything that changes its result.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -18,14 +19,14 @@ from typing import Any
 
 from tqdm import tqdm
 
-from rlpost.config import Config
+from rlpost.config import Config, ModelConfig, TrainerConfig
 from rlpost.data import PromptStream
 from rlpost.samples import sft_batch
 from rlpost.tasks import TASKS, build_task
 from rlpost.vl.inputs import ImageInputs
 
 log = logging.getLogger(__name__)
-WARMUP_VERSION = 2
+WARMUP_VERSION = 3
 # Built-in vision-language presets: name -> the transformers class built (rlpost.vl.models)
 VL_PRESETS = {"tiny_vl": "Qwen2VLForConditionalGeneration"}
 PROBE_ROWS = 256
@@ -43,10 +44,36 @@ def warmup_task(cfg: Config) -> str:
     return cfg.data.name if cfg.data.name in TASKS else "arith"
 
 
+def warmup_config(cfg: Config) -> Config:
+    """The config the warm-up trains with: the run's preset, warm-up settings, data,
+    seed, device and threads, and the defaults for everything else -- one FSDP2 rank,
+    float32, full fine-tuning, the default optimizer.
+
+    The cached model then depends only on what ``warmup_key`` names: a LoRA,
+    bf16, Megatron or two-rank run that happens to build the cache first builds
+    the same model a plain run would.
+    """
+    t, m = cfg.trainer, cfg.model
+    trainer = dataclasses.replace(
+        TrainerConfig(),
+        seed=t.seed,
+        device=t.device,
+        threads=t.threads,
+        num_cpus_per_worker=t.num_cpus_per_worker,
+    )
+    model = dataclasses.replace(
+        ModelConfig(), preset=m.preset, cache_dir=m.cache_dir, warmup=m.warmup
+    )
+    return dataclasses.replace(cfg, trainer=trainer, model=model)
+
+
 def warmup_key(cfg: Config) -> str:
+    from rlpost.device import resolve_device
+
     w = cfg.model.warmup
     fields = {
         "version": WARMUP_VERSION,
+        "device": resolve_device(cfg.trainer.device).kind,
         "task": warmup_task(cfg),
         "preset": cfg.model.preset,
         "steps": w.steps,
@@ -65,7 +92,8 @@ def warmup_key(cfg: Config) -> str:
 def builtin_model(cfg: Config, make_trainer: Callable[[str, float, int], Any]) -> str:
     """Path of the warmed-up tiny model; builds and caches it on first use.
 
-    ``make_trainer(model_path, lr, lr_warmup_steps)`` returns a ``TrainerGroup`` on that model.
+    ``make_trainer(model_path, lr, lr_warmup_steps)`` returns a ``TrainerGroup`` on that
+    model, built from ``warmup_config(cfg)``.
     """
     from rlpost.tiny import build_tiny_model
     from rlpost.vl.models import build_vl_model

@@ -2,14 +2,13 @@
 with a Megatron policy, reference and critic, on the built-in task, and the policy
 gets better (fixed seed).
 
-The base policy is the FSDP2 warm-up's, as in every other e2e test: the warm-up
-stops at the first probe that reaches its target accuracy, so a warm-up on the
-Megatron trainer, whose float sums differ in the last bits, can stop at another
-probe and give another base policy (seed 0: held-out 0.415 rather than 0.330)."""
+The base policy is the one every other e2e test starts from: the warm-up trains
+with its own recipe (one float32 FSDP2 rank, ``rlpost.warmup.warmup_config``)
+whatever trainer the run uses. On the Megatron trainer, whose float sums differ
+in the last bits, the warm-up could stop at another probe and give another base
+policy (seed 0: held-out 0.415 rather than 0.330)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
@@ -21,18 +20,8 @@ pytest.importorskip("megatron.core")
 STEPS = 60
 
 
-def _warm_up_on_fsdp(cache: Path, run_dir: Path) -> None:
-    """Put the FSDP2 warm-up's base policy in ``cache`` unless it is there already."""
-    from rlpost.config import compose
-    from rlpost.warmup import warmup_key
-
-    if not (cache / warmup_key(compose(["trainer.seed=0"])) / "config.json").exists():
-        run_cli(["trainer.total_steps=0", "trainer.val_every=0", "trainer.seed=0"], run_dir, cache)
-
-
 @pytest.mark.slow
 def test_grpo_with_megatron_tp2_learns(tmp_path, model_cache):
-    _warm_up_on_fsdp(model_cache, tmp_path / "warmup")
     args = [
         "algo=grpo",
         "trainer=megatron",
@@ -58,7 +47,6 @@ def test_grpo_with_megatron_tp2_learns(tmp_path, model_cache):
 
 @pytest.mark.slow
 def test_ppo_with_a_megatron_critic_learns(tmp_path, model_cache):
-    _warm_up_on_fsdp(model_cache, tmp_path / "warmup")
     args = ["algo=ppo", "trainer=megatron", "trainer.total_steps=30", "trainer.val_every=0"]
     history = run_cli(args, tmp_path / "run", model_cache)
     val = [h["val/accuracy"] for h in history if "val/accuracy" in h]
