@@ -15,6 +15,19 @@ floats (e.g. correctness and format); the ``"total"`` that drives the advantage
 is their weighted sum. A call that raises is scored 0 and counted, so one bad
 sample never stops a run; a step where most calls fail does
 (``reward.max_error_frac``).
+
+Functions written for two other trainers run unchanged, one sample per call
+like any other (so isolation and timeouts hold), told apart by a parameter name:
+
+- **trl** (a parameter named ``completions``): TRL's GRPOTrainer style, keyword
+  arguments that hold the batch as lists -- ``prompts``, ``completions`` (chat
+  messages when the prompt is messages) and the data's other columns -- and a
+  list of rewards back. rlpost passes one-element lists and takes the one reward.
+- **verl** (a parameter named ``solution_str``): verl's
+  ``compute_score(data_source, solution_str, ground_truth, extra_info)``. The
+  ground truth is the row's ``reward_model["ground_truth"]`` (verl's data
+  layout), else its ``ground_truth`` or ``answer`` column; a dict result
+  counts its ``"score"``.
 """
 
 from __future__ import annotations
@@ -47,7 +60,10 @@ SPEC_FORMS = (
     f"a built-in name ({', '.join(sorted(BUILTIN_REWARDS))}), "
     "'path/to/file.py:function' or 'package.module:function'"
 )
-EXTRAS = ("messages",)  # passed when the function names them, in either style
+EXTRAS = ("messages",)  # passed when the function names them, in any style
+TRL_MARK, VERL_MARK = "completions", "solution_str"  # the parameters that tell these styles
+VERL_ARGS = frozenset({"data_source", "solution_str", "ground_truth", "extra_info"})
+GROUND_TRUTH_COLUMNS = ("reward_model", "ground_truth", "answer")
 
 
 class RewardError(ValueError):
@@ -114,12 +130,19 @@ class CallPlan:
     ``fn(completion, **columns)``; ``accepts`` is the keyword names it takes
     (None: any, it has ``**kwargs``)."""
 
-    style: Literal["row", "columns"]
+    style: Literal["row", "columns", "trl", "verl"]
     accepts: frozenset[str] | None
 
     def describe(self, name: str) -> str:
         if self.style == "row":
             return f"{name}(completion: str, row: dict)"
+        if self.style == "trl":
+            return (
+                f"{name}(prompts=[prompt], completions=[completion], <column>=[value], ...) "
+                "in TRL's style, one sample per call, returning a list of one reward"
+            )
+        if self.style == "verl":
+            return f"{name}(data_source=..., solution_str=completion, ground_truth=..., extra_info=...)"
         names = (
             "**columns"
             if self.accepts is None
@@ -129,12 +152,91 @@ class CallPlan:
 
     def call(self, fn: RewardFn, completion: str, row: dict, extras: dict[str, Any]) -> Any:
         passed = {k: v for k, v in extras.items() if self.accepts is None or k in self.accepts}
+        if self.style == "trl":
+            return _one_reward(fn(**self._accepted(_trl_arguments(completion, row, extras))))
+        if self.style == "verl":
+            result = fn(**self._accepted(_verl_arguments(completion, row)), **passed)
+            return result["score"] if isinstance(result, dict) and "score" in result else result
         if self.style == "row":
             return fn(completion, row, **passed)
         columns = {k: v for k, v in row.items() if k != "completion"}
         if self.accepts is not None:
             columns = {k: v for k, v in columns.items() if k in self.accepts}
         return fn(completion, **columns, **passed)
+
+    def _accepted(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in kwargs.items() if self.accepts is None or k in self.accepts}
+
+
+def _trl_arguments(completion: str, row: dict, extras: dict[str, Any]) -> dict[str, Any]:
+    """One sample as TRL passes a batch: every argument a list (here of one)."""
+    prompt = row.get("prompt")
+    chat = isinstance(prompt, list)
+    kwargs = {k: [v] for k, v in row.items() if k not in ("prompt", "completion")}
+    kwargs.update({k: [v] for k, v in extras.items()})
+    kwargs["prompts"] = [prompt]
+    kwargs["completions"] = [[{"role": "assistant", "content": completion}] if chat else completion]
+    return kwargs
+
+
+def _one_reward(result: Any) -> Any:
+    if not isinstance(result, list | tuple) or len(result) != 1:
+        got = f"{len(result)} values" if isinstance(result, list | tuple) else type(result).__name__
+        raise TypeError(
+            f"returned {got} for one completion; a TRL-style reward returns a list with one "
+            "value per completion"
+        )
+    return result[0]
+
+
+def _verl_arguments(completion: str, row: dict) -> dict[str, Any]:
+    spec = row.get("reward_model")
+    if isinstance(spec, dict) and "ground_truth" in spec:
+        truth = spec["ground_truth"]
+    else:
+        truth = row.get("ground_truth", row.get("answer"))
+    return {
+        "data_source": row.get("data_source"),
+        "solution_str": completion,
+        "ground_truth": truth,
+        "extra_info": row.get("extra_info"),
+    }
+
+
+def _foreign_plan(
+    style: Literal["trl", "verl"], params: list[inspect.Parameter], columns: set[str], name: str
+) -> CallPlan:
+    """The call plan of a function written for TRL or verl (see the module docstring)."""
+    trainer = "TRL's GRPOTrainer" if style == "trl" else "verl"
+    mark = TRL_MARK if style == "trl" else VERL_MARK
+    by_keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    if any(p.kind == inspect.Parameter.POSITIONAL_ONLY for p in params):
+        raise RewardError(
+            f"{name}: written for {trainer} (it takes `{mark}`), which passes every argument "
+            "by keyword; drop the positional-only marker (/)"
+        )
+    given: set[str]
+    if style == "trl":
+        given = (columns - {"prompt", "completion"}) | {"prompts", "completions", *EXTRAS}
+    else:
+        given = set(VERL_ARGS) | set(EXTRAS)
+        if not columns & set(GROUND_TRUTH_COLUMNS):
+            raise RewardError(
+                f"{name}: written for verl (it takes `{mark}`) but the data has no ground "
+                f"truth: add a 'reward_model' column holding {{'ground_truth': ...}} (verl's "
+                f"layout) or a 'ground_truth' or 'answer' column (columns: {sorted(columns)})"
+            )
+    missing = sorted(
+        p.name for p in params
+        if p.kind in by_keyword and p.default is p.empty and p.name not in given
+    )  # fmt: skip
+    if missing:
+        raise RewardError(
+            f"{name}: written for {trainer} (it takes `{mark}`); rlpost passes "
+            f"{sorted(given)} and has nothing for {missing}: give them defaults"
+        )
+    varkw = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params)
+    return CallPlan(style, None if varkw else frozenset(p.name for p in params))
 
 
 def call_plan(fn: RewardFn, columns: set[str], name: str = "reward") -> CallPlan:
@@ -145,6 +247,11 @@ def call_plan(fn: RewardFn, columns: set[str], name: str = "reward") -> CallPlan
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):  # a builtin without a signature: assume the row style
         return CallPlan("row", frozenset())
+    names = {p.name for p in params}
+    if VERL_MARK in names:
+        return _foreign_plan("verl", params, columns, name)
+    if TRL_MARK in names:
+        return _foreign_plan("trl", params, columns, name)
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     varkw = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params)
     if not params or params[0].kind not in positional + (inspect.Parameter.VAR_POSITIONAL,):

@@ -1,6 +1,7 @@
 """The user's reward through the real CLI: the keyword style (the row's columns as
-keyword arguments) trains on the user's files, and a reward that fails on most
-calls of a step stops the run with its first traceback."""
+keyword arguments) and a function written for TRL's GRPOTrainer train on the
+user's files, and a reward that fails on most calls of a step stops the run
+with its first traceback."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ def setup(tmp_path_factory):
         "    return float(completion.strip() == answer) + 0.01 * len(row['prompt'])\n"
         "def typo(completion, **row):\n"
         "    return float(completion == row['solution'])\n"
+        "def trl_style(prompts, completions, answer, **kwargs):\n"
+        "    return [float(c.strip() == a) + 0.01 * len(p)\n"
+        "            for p, c, a in zip(prompts, completions, answer, strict=True)]\n"
     )
     return tmp, model
 
@@ -46,11 +50,12 @@ def _cli(tmp: Path, model: Path, fn: str, run: str) -> subprocess.CompletedProce
     )  # fmt: skip
 
 
-def test_keyword_style_reward_trains_on_user_files(setup):
+@pytest.mark.parametrize("fn", ["score", "trl_style"])
+def test_keyword_and_trl_style_rewards_train_on_user_files(setup, fn):
     tmp, model = setup
-    proc = _cli(tmp, model, "score", "ok")
+    proc = _cli(tmp, model, fn, fn)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(x) for x in (tmp / "ok" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (tmp / fn / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["step"] > 0]
     assert len(steps) == 2 and all(r["reward/errors"] == 0 for r in steps)
     # every call got its columns: at least 0.01 * len("0+0=") = 0.04 per sample

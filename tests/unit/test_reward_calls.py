@@ -157,3 +157,66 @@ def test_pool_workers_outlast_a_process_group_signal_and_an_idle_worker_death(re
         assert scorer.pool.restarts == 1
     finally:
         scorer.close()
+
+
+# -- functions written for TRL's GRPOTrainer and for verl ---------------------------------
+
+
+def test_trl_style_rewards_run_unchanged_one_sample_per_call():
+    def reward_len(completions, **kwargs):  # TRL's documentation example
+        return [-abs(5 - len(c)) for c in completions]
+
+    def accuracy(prompts, completions, answer, **kwargs):
+        assert len(prompts) == len(completions) == len(answer) == 1
+        return [float(c == a) + 0.1 * k for c, a, k in zip(completions, answer, kwargs["level"])]
+
+    def chat_accuracy(completions, answer, **kwargs):
+        return [float(c[0]["content"] == a) for c, a in zip(completions, answer)]
+
+    assert call_plan(reward_len, COLUMNS).style == "trl"
+    scores, metrics = RewardScorer(reward_len).score(["4", "12345678"], [ROW, ROW])
+    assert scores["total"] == [-4.0, -3.0] and metrics["reward/errors"] == 0
+    scores, _ = RewardScorer(accuracy).score(["4", "5"], [ROW, ROW])
+    assert scores["total"] == [1.1, 0.1]
+    # a chat prompt: completions come as assistant messages, as TRL passes them
+    chat = {**ROW, "prompt": [{"role": "user", "content": "2+2="}]}
+    scores, _ = RewardScorer(chat_accuracy).score(["4", "5"], [chat, chat])
+    assert scores["total"] == [1.0, 0.0]
+
+
+def test_trl_style_misfits_are_counted_or_named():
+    def two_values(completions, **kwargs):
+        return [1.0, 2.0]
+
+    scorer = RewardScorer(two_values, max_error_frac=1.0)
+    scores, metrics = scorer.score(["4"], [ROW])
+    assert scores["total"] == [0.0] and metrics["reward/errors"] == 1
+
+    def wants_ids(completions, completion_ids, **kwargs):
+        return [0.0]
+
+    with pytest.raises(RewardError, match=r"TRL's GRPOTrainer.*nothing for \['completion_ids'\]"):
+        call_plan(wants_ids, COLUMNS)
+    with pytest.raises(RewardError, match=r"1 of 1 calls failed.*TRL's style"):
+        RewardScorer(two_values, max_error_frac=0.5).score(["4"], [ROW])
+
+
+def test_verl_compute_score_runs_unchanged():
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+        bonus = 0.5 if (extra_info or {}).get("split") == "train" else 0.0
+        return {"score": float(solution_str == ground_truth) + bonus, "acc": True, "pred": "x"}
+
+    verl_row = {
+        "data_source": "arith",
+        "prompt": [{"role": "user", "content": "2+2="}],
+        "reward_model": {"style": "rule", "ground_truth": "4"},
+        "extra_info": {"split": "train"},
+    }
+    assert call_plan(compute_score, set(verl_row)).style == "verl"
+    scores, metrics = RewardScorer(compute_score).score(["4", "5"], [verl_row, verl_row])
+    assert scores["total"] == [1.5, 0.5] and metrics["reward/errors"] == 0
+    # rlpost's own layout: the ground truth is the 'answer' column
+    scores, _ = RewardScorer(compute_score).score(["4", "5"], [ROW, ROW])
+    assert scores["total"] == [1.0, 0.0]
+    with pytest.raises(RewardError, match=r"written for verl.*no ground truth"):
+        call_plan(compute_score, {"prompt"})
