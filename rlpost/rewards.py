@@ -151,7 +151,7 @@ class CallPlan:
         return f"{name}(completion: str, {names}) with the row's columns as keyword arguments"
 
     def call(self, fn: RewardFn, completion: str, row: dict, extras: dict[str, Any]) -> Any:
-        passed = {k: v for k, v in extras.items() if self.accepts is None or k in self.accepts}
+        passed = self._accepted(extras)
         if self.style == "trl":
             return _one_reward(fn(**self._accepted(_trl_arguments(completion, row, extras))))
         if self.style == "verl":
