@@ -1,7 +1,7 @@
 """Pure tensor math for RL post-training: advantages, policy and value losses, KL,
 entropy, loss aggregation and sample filters. Imports torch only."""
 
-from algos.advantages import (
+from rlpost.algos.advantages import (
     ADVANTAGE_ESTIMATORS,
     compute_advantages,
     gae_advantage,
@@ -14,18 +14,18 @@ from algos.advantages import (
     reinforce_pp_baseline_advantage,
     rloo_advantage,
 )
-from algos.aggregation import AGGREGATIONS, aggregate, masked_mean
-from algos.config import AdvantageConfig, LossNorm, PolicyLossConfig
-from algos.entropy import entropy_from_logits
-from algos.filters import overlong_penalty, truncated_is_weight, zero_std_groups
-from algos.kl import (
+from rlpost.algos.aggregation import AGGREGATIONS, aggregate, masked_mean
+from rlpost.algos.config import AdvantageConfig, LossNorm, PolicyLossConfig
+from rlpost.algos.entropy import entropy_from_logits
+from rlpost.algos.filters import overlong_penalty, truncated_is_weight, zero_std_groups
+from rlpost.algos.kl import (
     KL_KINDS,
     AdaptiveKLController,
     FixedKLController,
     kl_penalty,
     kl_reward_penalty,
 )
-from algos.policy_loss import (
+from rlpost.algos.policy_loss import (
     POLICY_LOSSES,
     build_policy_loss,
     gspo_loss,
@@ -33,7 +33,7 @@ from algos.policy_loss import (
     register_policy_loss,
     sft_loss,
 )
-from algos.value_loss import clipped_value_loss, explained_variance
+from rlpost.algos.value_loss import clipped_value_loss, explained_variance
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",

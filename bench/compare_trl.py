@@ -21,7 +21,7 @@ x samples per prompt, micro-batches of ``--micro-batch`` samples), completion
 length, temperature, learning rate (constant, no warm-up), AdamW betas,
 gradient clipping and loss: GRPO's clipped ratio (0.2) on group-normalised
 advantages, token-mean over the global batch (TRL ``loss_type="dapo"``), no KL.
-The reward is rlpost's ``rlpost.tasks.arith.correctness`` in both (TRL's worker
+The reward is rlpost's ``rlpost.data.tasks.arith.correctness`` in both (TRL's worker
 loads that file). Each repeat runs rlpost sync, TRL (torch's default threads),
 rlpost one_step_off and TRL with one thread, in reverse order every other
 repeat; the table reports medians.

@@ -15,7 +15,7 @@ lm_head projection ``h_btd @ W_vd^T``, the log-probs of the sampled tokens
   copy of the logits divided by the temperature, ``log_softmax`` over the
   whole vocabulary and a ``gather``; the entropy from ``softmax`` and
   ``logsumexp`` of the same tensor.
-- ``chunked``: ``trainers.logprobs.token_logprobs_and_entropy``, a few tokens
+- ``chunked``: ``rlpost.trainers.logprobs.token_logprobs_and_entropy``, a few tokens
   at a time, keeping two floats per token for the backward pass.
 
 Two loss shapes: the entropy as a metric only (``algo.entropy_coef=0``, the
@@ -72,9 +72,8 @@ def run_variant(impl: str, entropy: str, b: int, t: int, v: int, d: int) -> dict
     """One forward + backward in this process; returns its memory and time."""
     import torch
     import torch.nn.functional as F
-
-    from algos import entropy_from_logits
-    from trainers.logprobs import token_logprobs_and_entropy
+    from rlpost.algos import entropy_from_logits
+    from rlpost.trainers.logprobs import token_logprobs_and_entropy
 
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)

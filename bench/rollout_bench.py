@@ -24,11 +24,11 @@ import time
 from pathlib import Path
 
 import ray
+from rlpost.rollout.base import GenerationRequest, SamplingConfig
+from rlpost.rollout.vllm import VLLMEngineConfig
 
-from rlpost.rollout_group import RolloutGroup
-from rlpost.tiny import build_tiny_model
-from rollout.base import GenerationRequest, SamplingConfig
-from rollout.vllm import VLLMEngineConfig
+from rlpost.models.tiny import build_tiny_model
+from rlpost.serving.rollout_group import RolloutGroup
 
 SYSTEM = "You are a careful assistant. Answer briefly, show the sum, and stop. "
 

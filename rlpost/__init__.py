@@ -5,9 +5,25 @@ Notebook use::
     from rlpost import compose, train
     cfg = compose(["algo=grpo", "trainer.total_steps=5"])
     result = train(cfg)  # result.history, result.final_model
+
+The layers below this package -- ``rlpost.algos`` (pure math),
+``rlpost.trainers`` and ``rlpost.rollout`` (engines, no Ray) -- live in the
+folders ``algos/``, ``trainers/`` and ``rollout/`` at the top of the
+repository; an installed rlpost holds them inside this package.
 """
 
-from rlpost.config import Config, compose
+from pathlib import Path as _Path
+
+_LAYERS = ("algos", "rollout", "trainers")
+_source_root = _Path(__file__).resolve().parent.parent
+if not (_Path(__file__).parent / "algos").is_dir() and all(
+    (_source_root / layer / "__init__.py").is_file() for layer in _LAYERS
+):
+    # A checkout used without installing (e.g. a Ray job's copied working
+    # directory): find ``rlpost.<layer>`` in the folders beside this package.
+    __path__.append(str(_source_root))  # noqa: F821
+
+from rlpost.config import Config, compose  # noqa: E402
 
 
 def train(cfg: Config):

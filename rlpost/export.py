@@ -6,7 +6,7 @@ CHECKPOINT is a run checkpoint (``run_dir/checkpoints/step_N``, whose
 ``policy/`` is used) or an engine checkpoint directory. The result loads with
 transformers (``AutoModelForCausalLM``, or ``AutoModelForImageTextToText`` for
 a vision-language model) and with vLLM, its weights named as hub checkpoints
-name them (``trainers.hf_format.use_hub_layout``); the tokenizer, and a VL
+name them (``rlpost.trainers.hf_format.use_hub_layout``); the tokenizer, and a VL
 model's processor, are copied from the base model the run trained.
 """
 
@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainers.files import atomic_directory, check_dcp_metadata
+from rlpost.trainers.files import atomic_directory, check_dcp_metadata
 
 
 def engine_dir(checkpoint: str | Path) -> Path:
@@ -34,10 +34,10 @@ def export(checkpoint: str | Path, out_dir: str | Path) -> Path:
     """Write the checkpoint's policy to ``out_dir`` as an HF model, atomically."""
     import torch.distributed.checkpoint as dcp
 
-    from trainers.fsdp.common import DTYPES
-    from trainers.fsdp.lora import LoraSettings, apply_lora
-    from trainers.fsdp.state import read_meta
-    from trainers.hf_format import load_model, save_preprocessing, use_hub_layout
+    from rlpost.trainers.fsdp.common import DTYPES
+    from rlpost.trainers.fsdp.lora import LoraSettings, apply_lora
+    from rlpost.trainers.fsdp.state import read_meta
+    from rlpost.trainers.hf_format import load_model, save_preprocessing, use_hub_layout
 
     src = engine_dir(checkpoint)
     check_dcp_metadata(src / "state")  # before torch unpickles it without limits

@@ -23,8 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE)
         return 0
-    from rlpost.config import SCHEMAS, compose
-    from rlpost.schema import ConfigError, describe
+    from rlpost.config.compose import compose
+    from rlpost.config.groups import SCHEMAS
+    from rlpost.config.schema import ConfigError, describe
 
     if "--help-keys" in argv:
         for name, schema in SCHEMAS.items():
@@ -32,12 +33,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{key:34s} {tp:40s} {text}")
         return 0
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from rlpost.checkpoint import CheckpointError
-    from rlpost.data import DataError
-    from rlpost.faults import Interrupted, StopOnSignal
-    from rlpost.result import RunError
-    from rlpost.rewards import RewardError
-    from trainers.files import UnsafeCheckpointError
+    from rlpost.data.rows import DataError
+    from rlpost.loop.checkpoint import CheckpointError
+    from rlpost.loop.faults import Interrupted, StopOnSignal
+    from rlpost.loop.result import RunError
+    from rlpost.rewards.loading import RewardError
+    from rlpost.trainers.files import UnsafeCheckpointError
 
     try:
         cfg = compose(argv)

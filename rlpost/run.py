@@ -10,12 +10,14 @@ from typing import Any
 
 import yaml
 
-from rlpost.config import Config, to_dict
-from rlpost.data import DataError, load_rows, validate_row
-from rlpost.faults import StopOnSignal
-from rlpost.result import RunResult
-from rlpost.rewards import RewardError, RewardScorer, call_plan, load_reward_fn
-from rlpost.schema import ConfigError
+from rlpost.config.compose import to_dict
+from rlpost.config.groups import Config
+from rlpost.config.schema import ConfigError
+from rlpost.data.rows import DataError, load_rows, validate_row
+from rlpost.loop.faults import StopOnSignal
+from rlpost.loop.result import RunResult
+from rlpost.rewards.loading import RewardError, load_reward_fn
+from rlpost.rewards.scoring import RewardScorer, call_plan
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +36,7 @@ def make_run_dir(cfg: Config) -> Path:
 def load_data(cfg: Config) -> tuple[list[dict], list[dict], int]:
     """Train rows, held-out rows and the number of malformed rows dropped."""
     if cfg.data.name != "files":
-        from rlpost.tasks import build_task
+        from rlpost.data.tasks import build_task
 
         task = build_task(
             cfg.data.name,
@@ -106,11 +108,11 @@ def check_megatron_model(cfg: Config) -> list[str]:
     trainer.megatron.tp and pp (read from its config.json, before any worker starts)."""
     if cfg.trainer.name != "megatron":
         return []
-    from trainers.megatron.config import MegatronParallel, check_divisible
-    from trainers.megatron.convert import shape_from_hf
+    from rlpost.trainers.megatron.config import MegatronParallel, check_divisible
+    from rlpost.trainers.megatron.convert import shape_from_hf
 
     if cfg.model.path is None:
-        from rlpost.tiny import build_config, build_tokenizer
+        from rlpost.models.tiny import build_config, build_tokenizer
 
         hf_config: Any = build_config(cfg.model.preset, build_tokenizer())
     else:
@@ -156,8 +158,8 @@ def check_lora_adapter(cfg: Config) -> list[str]:
 
 def drop_long_prompts(rows: list[dict], tokenizer: Any, limit: int) -> tuple[list[dict], int]:
     """Rows whose templated prompt fits ``data.max_prompt_tokens``, and how many did not."""
-    from rlpost.data import validate_row
-    from rlpost.samples import encode_prompt
+    from rlpost.data.rows import validate_row
+    from rlpost.data.samples import encode_prompt
 
     kept = [
         r for r in rows if validate_row(r) is not None or len(encode_prompt(tokenizer, r)) <= limit
@@ -207,9 +209,9 @@ def preflight(cfg: Config) -> tuple[Any, list[dict], list[dict], int]:
 
 def check_agent(cfg: Config) -> list[str]:
     """``agent.tools`` / ``agent.env`` load, before any worker starts."""
-    from rlpost.agent_rollout import env_factory
-    from rollout.agent import EnvError, ToolError, get_parser
-    from rollout.agent.parsers import ParserError
+    from rlpost.rollout.agent import EnvError, ToolError, get_parser
+    from rlpost.rollout.agent.parsers import ParserError
+    from rlpost.serving.agent_episodes import env_factory
 
     problems = []
     try:
@@ -237,16 +239,17 @@ def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
     import ray
     from transformers import AutoTokenizer
 
-    from rlpost.agent_rollout import AgentRollout
-    from rlpost.controller import Controller, TrainerGroups, Workers
     from rlpost.device import resolve_device
-    from rlpost.placement import cpu_threads, start
-    from rlpost.rollout_group import RolloutGroup, engine_config
-    from rlpost.tracking import Tracker
-    from rlpost.vl.inputs import ImageInputs, is_vision_language
-    from rlpost.warmup import builtin_model, warmup_config
+    from rlpost.loop.controller import Controller, TrainerGroups, Workers
+    from rlpost.loop.tracking import Tracker
+    from rlpost.models.vl_inputs import ImageInputs, is_vision_language
+    from rlpost.models.warmup import builtin_model, warmup_config
+    from rlpost.serving.agent_episodes import AgentRollout
+    from rlpost.serving.engine_settings import engine_config
+    from rlpost.serving.rollout_group import RolloutGroup
+    from rlpost.trainers.fsdp import FSDPEngineConfig, LoraSettings
+    from rlpost.workers.placement import cpu_threads, start
     from rlpost.workers.trainer_worker import TrainerGroup
-    from trainers.fsdp import FSDPEngineConfig, LoraSettings
 
     device = resolve_device(cfg.trainer.device)
     run_dir = make_run_dir(cfg)
@@ -384,7 +387,7 @@ def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
 
 def lora_settings(cfg: Config) -> Any:
     """``model.lora`` as the FSDP2 engine takes it."""
-    from trainers.fsdp import LoraSettings
+    from rlpost.trainers.fsdp import LoraSettings
 
     lora = cfg.model.lora
     modules = lora.target_modules
@@ -399,9 +402,9 @@ def lora_settings(cfg: Config) -> Any:
 def engine_settings(
     cfg: Config, model_path: str, lr: float, lr_warmup_steps: int, trainable: bool
 ) -> dict[str, Any]:
-    """The fields every training engine's config shares (``trainers.engine_config``)."""
+    """The fields every training engine's config shares (``rlpost.trainers.engine_config``)."""
     from rlpost.device import resolve_device
-    from rlpost.placement import cpu_threads
+    from rlpost.workers.placement import cpu_threads
 
     t = cfg.trainer
     device = resolve_device(t.device)
@@ -433,7 +436,7 @@ def megatron_engine_config(
 ) -> Any:
     """The Megatron engines' settings for ``trainer=megatron`` (policy, reference and
     critic; the critic runs padded, ``packing=False``)."""
-    from trainers.megatron.config import MegatronEngineConfig, MegatronParallel
+    from rlpost.trainers.megatron.config import MegatronEngineConfig, MegatronParallel
 
     mg = cfg.trainer.megatron
     return MegatronEngineConfig(

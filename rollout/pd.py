@@ -19,7 +19,7 @@ a shared directory, named by a hash of the prompt's tokens and nothing else:
 KV written before a weight update would be found and reused after it, so the
 directory is emptied whenever weights change (``clear_kv_store``).
 
-``PDRouter`` is plain Python; the Ray side is in ``rlpost/rollout_group.py``.
+``PDRouter`` is plain Python; the Ray side is in ``rlpost/serving/rollout_group.py``.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rollout.base import GenerationRequest, SamplingConfig
-from rollout.router import Router
+from rlpost.rollout.base import GenerationRequest, SamplingConfig
+from rlpost.rollout.router import Router
 
 # Connectors that store KV as files under kv_connector_extra_config["shared_storage_path"].
 FILE_CONNECTORS = ("ExampleConnector",)

@@ -5,15 +5,15 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from rollout.base import AsyncRolloutEngine
+from rlpost.rollout.base import AsyncRolloutEngine
 
 # name -> "module:EngineClass"; imported on use so each backend stays optional.
 ENGINES: dict[str, str] = {
-    "vllm": "rollout.vllm.engine:VLLMEngine",
-    "hf": "rollout.hf.engine:HFEngine",
+    "vllm": "rlpost.rollout.vllm.engine:VLLMEngine",
+    "hf": "rlpost.rollout.hf.engine:HFEngine",
     # CUDA only: an sglang.Engine per replica; prefill/decode servers behind SGLang's router.
-    "sglang": "rollout.sglang.engine:SGLangEngine",
-    "sglang_pd": "rollout.sglang.pd:SGLangPDEngine",
+    "sglang": "rlpost.rollout.sglang.engine:SGLangEngine",
+    "sglang_pd": "rlpost.rollout.sglang.pd:SGLangPDEngine",
 }
 
 

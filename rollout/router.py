@@ -8,7 +8,7 @@ N replicas moves about 1/N of the sessions, and a replica marked unhealthy is
 skipped (its sessions fall to the next replica clockwise) until it is marked
 healthy again, when exactly those sessions come back.
 
-Plain Python; the Ray side lives in ``rlpost/rollout_group.py``.
+Plain Python; the Ray side lives in ``rlpost/serving/rollout_group.py``.
 """
 
 from __future__ import annotations

@@ -156,7 +156,7 @@ def _plain(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``token_logprobs_and_entropy`` by ``log_softmax`` over the whole float32 tensor:
     for batches whose logits fit one chunk, where chunking saves nothing."""
-    from algos import entropy_from_logits
+    from rlpost.algos import entropy_from_logits
 
     z_btv = (logits_btv.float() / temperature).clamp(min=torch.finfo(torch.float32).min)
     logp_bt = F.log_softmax(z_btv[:, :-1], dim=-1).gather(-1, input_ids_bt[:, 1:, None])[..., 0]

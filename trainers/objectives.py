@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from algos import (
+from rlpost.algos import (
     POLICY_LOSSES,
     LossNorm,
     PolicyLossConfig,
@@ -23,7 +22,7 @@ from algos import (
     masked_mean,
     truncated_is_weight,
 )
-from trainers.batch import TrajectoryBatch
+from rlpost.trainers.batch import TrajectoryBatch
 
 
 @dataclass(frozen=True)

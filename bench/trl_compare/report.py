@@ -145,7 +145,7 @@ def report(meta: dict[str, Any], runs: list[dict[str, Any]], raw: dict[str, Any]
         f"{s['max_tokens']} completion tokens, temperature {s['temperature']}, lr {s['lr']} "
         f"(constant), AdamW betas (0.9, 0.99), micro-batches of {s['micro_batch']} samples, "
         "clipped ratio 0.2, group-std advantages, token-mean over the global batch (TRL "
-        "`loss_type=dapo`), no KL; the reward is `rlpost.tasks.arith.correctness` in both. "
+        "`loss_type=dapo`), no KL; the reward is `rlpost.data.tasks.arith.correctness` in both. "
         f"{s['repeats']} repeats, run in alternating order; medians."
         + (
             " Peak memory is sampled in the first repeat only and the step times come from "

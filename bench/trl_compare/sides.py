@@ -35,14 +35,14 @@ def prepare(run_dir: Path, batches: list[Batch], setup: Setup) -> dict[str, Any]
     A preset without warm-up (``model=small``) is built straight into
     ``run_dir/model`` as rlpost's ``builtin_model`` would build it (same seed).
     """
+    from rlpost.data.rows import PromptStream
     from transformers import AutoTokenizer
 
-    from rlpost.config import compose
-    from rlpost.data import PromptStream
-    from rlpost.samples import encode_prompt
-    from rlpost.tasks.arith import ArithTask
-    from rlpost.tiny import build_tiny_model
-    from rlpost.warmup import cache_root, warmup_key
+    from rlpost.config.compose import compose
+    from rlpost.data.samples import encode_prompt
+    from rlpost.data.tasks.arith import ArithTask
+    from rlpost.models.tiny import build_tiny_model
+    from rlpost.models.warmup import cache_root, warmup_key
 
     cfg = compose([f"trainer.seed={SEED}", f"model={setup.model}"])
     cached = cache_root(cfg) / warmup_key(cfg)

@@ -300,8 +300,8 @@ def greedy_accuracy(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlpost.samples import encode_prompt
-    from rlpost.tasks.arith import correctness
+    from rlpost.data.samples import encode_prompt
+    from rlpost.data.tasks.arith import correctness
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

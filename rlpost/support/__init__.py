@@ -4,8 +4,8 @@
     python -m rlpost.support Gemma2ForCausalLM ...    # some rows; the others keep theirs
     python -m rlpost.support --render                 # SUPPORT.md from results/support/
 
-Each architecture is built tiny (``rlpost.archs``; vision-language ones by
-``rlpost.vl.models``, with an image in every prompt: ``vl``) and sent through
+Each architecture is built tiny (``rlpost.models.archs``; vision-language ones by
+``rlpost.models.vl``, with an image in every prompt: ``vl``) and sent through
 the checks: build, FSDP2, LoRA (``checks``), a real GRPO run with vLLM and
 weight sync (``grpo_run``) and the export (``checks``), each step in a process
 of its own (``runner``) so that a crash is recorded as that check's error, not

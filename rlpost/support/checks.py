@@ -40,8 +40,8 @@ REFERENCE_ATTENTION = "eager"
 
 
 def step_build(arch: str, work: Path) -> dict[str, Outcome]:
-    from rlpost.archs import GEMMA_SLIDING_WINDOW, build_arch_model, is_gemma
-    from rlpost.vl.models import build_vl_model
+    from rlpost.models.archs import GEMMA_SLIDING_WINDOW, build_arch_model, is_gemma
+    from rlpost.models.vl import build_vl_model
 
     build = build_vl_model if is_vl(arch) else build_arch_model
     out = build(arch, model_dir(work))
@@ -69,12 +69,12 @@ def step_fsdp(arch: str, work: Path) -> dict[str, Outcome]:
     import torch
     import torch.nn.functional as F
 
-    from algos import PolicyLossConfig
+    from rlpost.algos import PolicyLossConfig
     from rlpost.device import resolve_device
     from rlpost.support.vl import fsdp_samples
-    from trainers.batch import TrajectoryBatch, pad_sequences
-    from trainers.fsdp import FSDPEngine, FSDPEngineConfig
-    from trainers.hf_format import auto_class, vision_parameters
+    from rlpost.trainers.batch import TrajectoryBatch, pad_sequences
+    from rlpost.trainers.fsdp import FSDPEngine, FSDPEngineConfig
+    from rlpost.trainers.hf_format import auto_class, vision_parameters
 
     device = resolve_device("auto")
     path = str(model_dir(work))
@@ -170,9 +170,14 @@ def step_lora(arch: str, work: Path) -> dict[str, Outcome]:
     that the merged weights a sync sends (``merged_hf_weights``) equal PEFT's merge."""
     import torch
 
-    from rlpost.config import compose
-    from trainers.fsdp.lora import LoraSettings, adapter_config, apply_lora, merged_hf_weights
-    from trainers.hf_format import language_model, load_model
+    from rlpost.config.compose import compose
+    from rlpost.trainers.fsdp.lora import (
+        LoraSettings,
+        adapter_config,
+        apply_lora,
+        merged_hf_weights,
+    )
+    from rlpost.trainers.hf_format import language_model, load_model
 
     lora_cfg = compose(["model.lora.rank=8"]).model.lora
     targets = lora_cfg.target_modules
@@ -259,12 +264,12 @@ def engine_parity(model: Path, out: Path) -> float:
     """
     from transformers import AutoTokenizer
 
+    from rlpost.data.images import row_images
+    from rlpost.data.samples import encode_prompt
     from rlpost.device import resolve_device
-    from rlpost.samples import encode_prompt
-    from rlpost.vl.images import row_images
-    from rollout.base import GenerationRequest, SamplingConfig
-    from rollout.vllm import VLLMEngine, VLLMEngineConfig
-    from trainers.hf_format import is_vision_language
+    from rlpost.rollout.base import GenerationRequest, SamplingConfig
+    from rlpost.rollout.vllm import VLLMEngine, VLLMEngineConfig
+    from rlpost.trainers.hf_format import is_vision_language
 
     out.mkdir(parents=True, exist_ok=True)
     row = prompt_row(VAL_TEXTS[0])
@@ -300,7 +305,7 @@ def score_hf(model_path: Path, out: Path) -> None:
     ``out/gap.json``."""
     import torch
 
-    from trainers.hf_format import auto_class, is_vision_language
+    from rlpost.trainers.hf_format import auto_class, is_vision_language
 
     model = auto_class(str(model_path)).from_pretrained(
         model_path, dtype=torch.float32, attn_implementation=REFERENCE_ATTENTION

@@ -39,10 +39,10 @@ Status = Literal["pass", "fail", "skip"]
 
 
 def architectures() -> list[str]:
-    """Every row of SUPPORT.md, in order: the text architectures (``rlpost.archs``),
-    then the vision-language ones (``rlpost.vl.models``)."""
-    from rlpost.archs import ARCHS
-    from rlpost.vl.models import VL_ARCHS
+    """Every row of SUPPORT.md, in order: the text architectures (``rlpost.models.archs``),
+    then the vision-language ones (``rlpost.models.vl``)."""
+    from rlpost.models.archs import ARCHS
+    from rlpost.models.vl import VL_ARCHS
 
     return [*ARCHS, *VL_ARCHS]
 

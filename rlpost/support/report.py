@@ -64,10 +64,10 @@ def render(results_dir: Path = RESULTS_DIR) -> str:
         _run_line(gpu, "GPU"),
         "",
         "Each row is a tiny random-weight model of that transformers class built by "
-        "`rlpost.archs` (2 layers, hidden 256, head_dim 64, a byte-level BPE tokenizer trained "
+        "`rlpost.models.archs` (2 layers, hidden 256, head_dim 64, a byte-level BPE tokenizer trained "
         "locally, a chat template), saved with `save_pretrained` and passed as `model.path` "
         "like a hub checkpoint. The vision-language rows (`...ForConditionalGeneration`, "
-        "built by `rlpost.vl.models`: the same language model, a two-layer vision tower, the "
+        "built by `rlpost.models.vl`: the same language model, a two-layer vision tower, the "
         "model's processor and a chat template with image parts) put an image in every "
         "prompt: the FSDP2 check scores and trains through the vision tower, the GRPO run "
         "reads user rows with PNG files and keeps the vision tower frozen (its default). "

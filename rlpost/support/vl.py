@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from rlpost.vl.models import IMAGE_SIDE, VL_ARCHS
+from rlpost.models.vl import IMAGE_SIDE, VL_ARCHS
 
 # A red, green, blue or grey picture per row, so that images differ between prompts.
 COLOURS = [(220, 30, 30), (30, 200, 30), (30, 30, 220), (128, 128, 128)]
@@ -59,9 +59,9 @@ def processor_inputs(model_path: str | Path, row: dict) -> dict[str, torch.Tenso
     with each image expanded, and everything else the forward takes."""
     from transformers import AutoProcessor
 
-    from rlpost.data import prompt_messages
-    from rlpost.vl.compat import install
-    from rlpost.vl.images import row_images
+    from rlpost.data.images import row_images
+    from rlpost.data.rows import prompt_messages
+    from rlpost.trainers.vl_compat import install
 
     install()
     processor = AutoProcessor.from_pretrained(model_path)
@@ -77,8 +77,8 @@ def reference_logprobs(model: Any, ids: list[int], inputs: dict[str, torch.Tenso
     processor's image ``inputs`` (of the prompt that ``ids`` starts with); 0 at t=0.
     Token-type inputs are extended over the whole sequence (1 on image tokens). The
     image placeholders are never sampled, so they are masked as the trainer masks
-    them (``trainers.hf_format.placeholder_token_ids``)."""
-    from trainers.hf_format import placeholder_token_ids
+    them (``rlpost.trainers.hf_format.placeholder_token_ids``)."""
+    from rlpost.trainers.hf_format import placeholder_token_ids
 
     ids_1t = torch.tensor([ids])
     extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
@@ -99,11 +99,11 @@ def fsdp_samples(
     """Samples for the FSDP2 check: per sample a templated prompt with its image
     expanded by the processor and a random response of ``lengths[i]`` tokens from the
     base vocabulary (no image token). Returns the ids, the prompt lengths, the
-    trainer's image inputs (``rlpost.vl.inputs.ImageInputs``) and the processor's."""
-    from rlpost.archs import VOCAB_SIZE
+    trainer's image inputs (``rlpost.models.vl_inputs.ImageInputs``) and the processor's."""
+    from rlpost.data.images import load_image
+    from rlpost.models.archs import VOCAB_SIZE
+    from rlpost.models.vl_inputs import ImageInputs
     from rlpost.support.common import TRAIN_TEXTS, prompt_row
-    from rlpost.vl.images import load_image
-    from rlpost.vl.inputs import ImageInputs
 
     images = ImageInputs(model_path)
     ids, prompts, trainer_inputs, reference_inputs = [], [], [], []
@@ -121,8 +121,8 @@ def fsdp_samples(
 
 def vision_change(initial: Path, final: Path) -> tuple[float, float]:
     """Largest change of a vision-tower or projector weight, and of any other weight,
-    between two checkpoints of a VL model (``trainers.hf_format.vision_parameters``)."""
-    from trainers.hf_format import load_model, vision_parameters
+    between two checkpoints of a VL model (``rlpost.trainers.hf_format.vision_parameters``)."""
+    from rlpost.trainers.hf_format import load_model, vision_parameters
 
     before = load_model(str(initial), torch.float32)
     after = dict(load_model(str(final), torch.float32).named_parameters())

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from rollout.base import GenerationRequest, GenerationResult
+from rlpost.rollout.base import GenerationRequest, GenerationResult
 
 
 def prompt_hash(prompt_ids: list[int]) -> str:
@@ -34,7 +34,7 @@ class RolloutWorker:
         # vLLM's per-reload INFO/WARNING lines drown the progress bar.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         torch.set_num_threads(threads)
-        from rollout.registry import build_engine
+        from rlpost.rollout.registry import build_engine
 
         self.engine = build_engine(engine, engine_cfg)
         self._served: deque[tuple[str | None, str]] = deque(maxlen=self.SERVED_LOG)

@@ -11,7 +11,7 @@ from typing import Any
 import ray
 import torch
 
-from trainers.batch import TrajectoryBatch
+from rlpost.trainers.batch import TrajectoryBatch
 
 
 class TrainerWorker:
@@ -49,12 +49,12 @@ class TrainerWorker:
     def init_engine(self, kind: str, cfg: Any, rank: int, world_size: int, init_method: str) -> int:
         """Build this rank's engine: the config's type says which trainer (FSDP2 or
         Megatron), ``kind`` which role (policy or critic)."""
-        from trainers.fsdp import CriticEngine, FSDPEngine
+        from rlpost.trainers.fsdp import CriticEngine, FSDPEngine
 
         engines: dict[str, Any] = {"policy": FSDPEngine, "critic": CriticEngine}
         if type(cfg).__name__ == "MegatronEngineConfig":  # no megatron import for FSDP runs
-            from trainers.megatron.critic import MegatronCriticEngine
-            from trainers.megatron.engine import MegatronEngine
+            from rlpost.trainers.megatron.critic import MegatronCriticEngine
+            from rlpost.trainers.megatron.engine import MegatronEngine
 
             engines = {"policy": MegatronEngine, "critic": MegatronCriticEngine}
         self.engine = engines[kind](cfg, rank, world_size, init_method)
@@ -69,7 +69,7 @@ class TrainerGroup:
     calls split the batch into equal shards.
 
     ``scheduling`` (one Ray scheduling strategy per rank, e.g. a placement-group
-    bundle from ``rlpost.placement``) says where each rank runs; None lets Ray choose.
+    bundle from ``rlpost.workers.placement``) says where each rank runs; None lets Ray choose.
     """
 
     def __init__(

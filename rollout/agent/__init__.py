@@ -1,7 +1,7 @@
 """Multi-turn agent rollouts: tool-call parsers, tools, environments and the episode loop.
 
 Nothing here imports Ray. Names are imported on first use, so a tool worker
-process (which imports ``rollout.agent.tools``) does not pay for torch.
+process (which imports ``rlpost.rollout.agent.tools``) does not pay for torch.
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ _EXPORTS: dict[str, str] = {
 }
 
 if TYPE_CHECKING:
-    from rollout.agent.chat import ChatTokens
-    from rollout.agent.env import ENVS, Env, EnvError, ToolEnv, load_env
-    from rollout.agent.loop import (
+    from rlpost.rollout.agent.chat import ChatTokens
+    from rlpost.rollout.agent.env import ENVS, Env, EnvError, ToolEnv, load_env
+    from rlpost.rollout.agent.loop import (
         AgentLoopConfig,
         Episode,
         GenerateFn,
@@ -53,10 +53,10 @@ if TYPE_CHECKING:
         episode_metrics,
         run_episodes,
     )
-    from rollout.agent.parsers import PARSERS, ParsedTurn, ToolCall, get_parser, parse_hermes
-    from rollout.agent.tool_pool import ToolWorkerPool
-    from rollout.agent.tool_schema import tool_schema
-    from rollout.agent.tools import (
+    from rlpost.rollout.agent.parsers import PARSERS, ParsedTurn, ToolCall, get_parser, parse_hermes
+    from rlpost.rollout.agent.tool_pool import ToolWorkerPool
+    from rlpost.rollout.agent.tool_schema import tool_schema
+    from rlpost.rollout.agent.tools import (
         TOOLS,
         Tool,
         ToolError,
@@ -70,8 +70,8 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
-        raise AttributeError(f"module 'rollout.agent' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"rollout.agent.{_EXPORTS[name]}"), name)
+        raise AttributeError(f"module 'rlpost.rollout.agent' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"rlpost.rollout.agent.{_EXPORTS[name]}"), name)
 
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Tools that ship with rlpost, registered by name in ``rollout.agent.tools.TOOLS``."""
+"""Tools that ship with rlpost, registered by name in ``rlpost.rollout.agent.tools.TOOLS``."""
 
 from __future__ import annotations
 

@@ -21,10 +21,16 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from rollout.agent.parsers import ToolCall
-from rollout.agent.specs import SPEC_FORMS, load_object
-from rollout.agent.tool_pool import ToolWorkerPool
-from rollout.agent.tools import Tool, ToolOutcome, load_tools, run_tool_calls, tool_from_function
+from rlpost.rollout.agent.parsers import ToolCall
+from rlpost.rollout.agent.specs import SPEC_FORMS, load_object
+from rlpost.rollout.agent.tool_pool import ToolWorkerPool
+from rlpost.rollout.agent.tools import (
+    Tool,
+    ToolOutcome,
+    load_tools,
+    run_tool_calls,
+    tool_from_function,
+)
 
 StepResult = tuple[list[dict], bool, float | None]
 

@@ -32,10 +32,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from rollout.agent.chat import ChatTokens
-from rollout.agent.env import Env, EnvFactory
-from rollout.agent.parsers import ParsedTurn, get_parser
-from rollout.base import AsyncRolloutEngine, Completion, GenerationRequest, SamplingConfig
+from rlpost.rollout.agent.chat import ChatTokens
+from rlpost.rollout.agent.env import Env, EnvFactory
+from rlpost.rollout.agent.parsers import ParsedTurn, get_parser
+from rlpost.rollout.base import AsyncRolloutEngine, Completion, GenerationRequest, SamplingConfig
 
 GenerateFn = Callable[[list[int], SamplingConfig, str], Awaitable[Completion]]
 T = TypeVar("T")

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout.agent.specs import SPEC_FORMS, load_object
+from rlpost.rollout.agent.specs import SPEC_FORMS, load_object
 
 
 @dataclass(frozen=True)

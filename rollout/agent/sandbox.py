@@ -103,7 +103,7 @@ def python(code: str) -> str:
     Args:
         code: a complete Python program.
     """
-    from rollout.agent.tools import ToolFailed, ToolTimeout
+    from rlpost.rollout.agent.tools import ToolFailed, ToolTimeout
 
     result = run_sandboxed(code)
     output = result.output if result.output else "(no output)"

@@ -48,7 +48,7 @@ class _Worker:
         os.chmod(self.tmp, 0o711)
         env["TMPDIR"] = self.tmp
         self.proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", "rollout.agent.tool_pool"],
+            [sys.executable, "-u", "-m", "rlpost.rollout.agent.tool_worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -209,33 +209,3 @@ def default_pool() -> ToolWorkerPool:
         _DEFAULT = ToolWorkerPool()
         atexit.register(_DEFAULT.close)
     return _DEFAULT
-
-
-def _serve() -> None:
-    """Worker side: read ``{"spec", "arguments"}`` lines, answer ``{"status", "text"}``."""
-    from rollout.agent.tools import ToolError, ToolFailed, ToolTimeout, load_tool, result_text
-
-    channel = os.fdopen(os.dup(1), "wb", buffering=0)
-    os.dup2(2, 1)  # whatever the tool prints goes to stderr, not into the reply channel
-    channel.write(READY)
-    loaded: dict[str, Any] = {}
-    for raw in sys.stdin.buffer:
-        request = json.loads(raw)
-        spec = request["spec"]
-        try:
-            if spec not in loaded:
-                loaded[spec] = load_tool(spec).fn
-            status, text = result_text(loaded[spec](**request["arguments"]))
-        except ToolError as e:
-            status, text = "error", str(e)
-        except ToolTimeout as e:
-            status, text = "timeout", str(e)
-        except ToolFailed as e:
-            status, text = "error", f"failed:\n{e}"
-        except Exception as e:  # the tool's failure is a message to the model
-            status, text = "error", f"raised {type(e).__name__}: {e}"
-        channel.write(json.dumps({"status": status, "text": text}).encode() + b"\n")
-
-
-if __name__ == "__main__":
-    _serve()

@@ -20,16 +20,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rollout.agent.parsers import ToolCall
-from rollout.agent.specs import SPEC_FORMS, load_object
-from rollout.agent.tool_pool import ToolWorkerPool, default_pool
-from rollout.agent.tool_schema import SchemaError, check_arguments, tool_schema
+from rlpost.rollout.agent.parsers import ToolCall
+from rlpost.rollout.agent.specs import SPEC_FORMS, load_object
+from rlpost.rollout.agent.tool_pool import ToolWorkerPool, default_pool
+from rlpost.rollout.agent.tool_schema import SchemaError, check_arguments, tool_schema
 
 # name -> spec; imported on use, so a tool's dependencies stay optional.
 TOOLS: dict[str, str] = {
-    "calculator": "rollout.agent.builtin_tools:calculator",
-    "multiply": "rollout.agent.builtin_tools:multiply",
-    "python": "rollout.agent.sandbox:python",
+    "calculator": "rlpost.rollout.agent.builtin_tools:calculator",
+    "multiply": "rlpost.rollout.agent.builtin_tools:multiply",
+    "python": "rlpost.rollout.agent.sandbox:python",
 }
 
 Status = Literal["ok", "error", "timeout"]

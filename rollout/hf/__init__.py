@@ -1,3 +1,3 @@
-from rollout.hf.engine import HFEngine, HFEngineConfig
+from rlpost.rollout.hf.engine import HFEngine, HFEngineConfig
 
 __all__ = ["HFEngine", "HFEngineConfig"]

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from rollout.base import Completion, GenerationRequest, GenerationResult
+from rlpost.rollout.base import Completion, GenerationRequest, GenerationResult
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ class HFEngine:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load checkpoint-format weights; a sync that leaves a parameter (or part of
         one) unwritten is an error naming it."""
-        from trainers.hf_format import CheckpointLayout
+        from rlpost.trainers.hf_format import CheckpointLayout
 
         if self._layout is None:
             self._layout = CheckpointLayout(self.model)

@@ -3,7 +3,7 @@
 Targets ``sglang==0.5.23`` and ``sglang-router==0.3.2`` (the ``sglang`` extra).
 """
 
-from rollout.sglang.engine import SGLangEngine, SGLangEngineConfig
-from rollout.sglang.pd import SGLangPDConfig, SGLangPDEngine
+from rlpost.rollout.sglang.engine import SGLangEngine, SGLangEngineConfig
+from rlpost.rollout.sglang.pd import SGLangPDConfig, SGLangPDEngine
 
 __all__ = ["SGLangEngine", "SGLangEngineConfig", "SGLangPDConfig", "SGLangPDEngine"]

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from rollout.base import Completion, GenerationRequest, GenerationResult
+from rlpost.rollout.base import Completion, GenerationRequest, GenerationResult
 
 
 @dataclass(frozen=True)

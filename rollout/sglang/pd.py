@@ -37,9 +37,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-
-from rollout.base import GenerationRequest, GenerationResult
-from rollout.sglang.engine import completion, sampling_params
+from rlpost.rollout.base import GenerationRequest, GenerationResult
+from rlpost.rollout.sglang.engine import completion, sampling_params
 
 
 @dataclass(frozen=True)

@@ -1,3 +1,3 @@
-from rollout.vllm.engine import VLLMEngine, VLLMEngineConfig
+from rlpost.rollout.vllm.engine import VLLMEngine, VLLMEngineConfig
 
 __all__ = ["VLLMEngine", "VLLMEngineConfig"]

@@ -24,9 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from rollout.base import Completion, GenerationRequest, GenerationResult
-from rollout.pd import KVTransferSpec, clear_kv_store
+from rlpost.rollout.base import Completion, GenerationRequest, GenerationResult
+from rlpost.rollout.pd import KVTransferSpec, clear_kv_store
 
 
 @dataclass(frozen=True)
@@ -132,13 +131,12 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if cfg.device == "cpu":
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_threads_bind
+        from rlpost.trainers.hf_format import is_vision_language, placeholder_token_ids
         from transformers import PretrainedConfig
-
-        from trainers.hf_format import is_vision_language, placeholder_token_ids
 
         vision = is_vision_language(cfg.model_path)
         if vision:
-            from rlpost.vl.compat import install
+            from rlpost.trainers.vl_compat import install
 
             install(vllm=True)  # vLLM's VL model modules import torchvision processors
         from vllm.engine.arg_utils import EngineArgs
@@ -155,7 +153,7 @@ class VLLMEngine:
             enable_prefix_caching=True,
             # Log-probs after temperature, as the trainer computes them.
             logprobs_mode="processed_logprobs",
-            worker_extension_cls="rollout.vllm.worker_ext.WeightSyncExtension",
+            worker_extension_cls="rlpost.rollout.vllm.worker_ext.WeightSyncExtension",
             disable_log_stats=False,  # the prefix-cache counter needs scheduler stats
         )
         if cfg.block_size is not None:

@@ -3,7 +3,7 @@ with a Megatron policy, reference and critic, on the built-in task, and the poli
 gets better (fixed seed).
 
 The base policy is the one every other e2e test starts from: the warm-up trains
-with its own recipe (one float32 FSDP2 rank, ``rlpost.warmup.warmup_config``)
+with its own recipe (one float32 FSDP2 rank, ``rlpost.models.warmup.warmup_config``)
 whatever trainer the run uses. On the Megatron trainer, whose float sums differ
 in the last bits, the warm-up could stop at another probe and give another base
 policy (seed 0: held-out 0.415 rather than 0.330)."""

@@ -14,11 +14,10 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from ports import free_port  # noqa: F401  (re-exported for the engine tests)
+from rlpost.trainers.batch import TrajectoryBatch, pad_sequences
+from rlpost.trainers.fsdp.engine import FSDPEngine, FSDPEngineConfig
 
-from trainers.batch import TrajectoryBatch, pad_sequences
-from trainers.fsdp.engine import FSDPEngine, FSDPEngineConfig
-
-PRELOAD = ["torch.distributed.fsdp", "rlpost.tiny", "trainers.fsdp.engine", "peft"]
+PRELOAD = ["torch.distributed.fsdp", "rlpost.models.tiny", "rlpost.trainers.fsdp.engine", "peft"]
 # (prompt tokens, response tokens): ragged on purpose
 LENGTHS = [(3, 4), (5, 2), (2, 7), (6, 1), (4, 5), (3, 3), (7, 6), (2, 2)]
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import ray
 import torch
+from rlpost.rollout.vllm import VLLMEngineConfig
 
-from rlpost.rollout_group import RolloutGroup
-from rlpost.tiny import build_tiny_model
-from rollout.vllm import VLLMEngineConfig
+from rlpost.models.tiny import build_tiny_model
+from rlpost.serving.rollout_group import RolloutGroup
 
 
 @contextmanager

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from rlpost.tiny import build_tiny_model  # noqa: E402
+from rlpost.models.tiny import build_tiny_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 MODES = {

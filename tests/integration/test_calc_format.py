@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 
-from rlpost.samples import conversation_tokens
-from rlpost.tasks.calc import CalcTask, reward
-from rlpost.tiny import build_tokenizer
-from rollout.agent.env import ToolEnv
-from rollout.agent.loop import AgentLoopConfig, run_episodes
-from rollout.base import Completion, SamplingConfig
+from rlpost.rollout.agent.env import ToolEnv
+from rlpost.rollout.agent.loop import AgentLoopConfig, run_episodes
+from rlpost.rollout.base import Completion, SamplingConfig
+
+from rlpost.data.samples import conversation_tokens
+from rlpost.data.tasks.calc import CalcTask, reward
+from rlpost.models.tiny import build_tokenizer
 
 
 class ScriptedGenerate:

@@ -21,11 +21,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from engine_utils import advantages, engine, free_port, make_batch, spawn
+from rlpost.algos import PolicyLossConfig
+from rlpost.trainers.fsdp.lora import LoraSettings
 
-from algos import PolicyLossConfig
-from rlpost.checkpoint import CheckpointManager, load_driver_state, save_driver_state
-from rlpost.tiny import build_tiny_model
-from trainers.fsdp.lora import LoraSettings
+from rlpost.loop.checkpoint import CheckpointManager, load_driver_state, save_driver_state
+from rlpost.models.tiny import build_tiny_model
 
 K = 2
 VARIANTS = {
@@ -129,7 +129,7 @@ def _crash_worker(rank: int, model_dir: str, port: int, run_dir: str, out: str) 
         eng.save_checkpoint(str(tmp / "policy"))
         raise OSError("disk full")
 
-    from rlpost.checkpoint import CheckpointError
+    from rlpost.loop.checkpoint import CheckpointError
 
     with pytest.raises(CheckpointError, match="step 2 could not be written.*OSError: disk full"):
         manager.atomic_write(2, failing)
@@ -177,7 +177,7 @@ def test_keep_last_prunes_oldest(tmp_path):
 
 def _disk_full_worker(rank: int, model_dir: str, port: int, run_dir: str, out: str, fsize: int):
     """Checkpoint step 1, then step 2 onto a disk with room for one checkpoint only."""
-    from rlpost.checkpoint import CheckpointError
+    from rlpost.loop.checkpoint import CheckpointError
 
     eng = _engine(model_dir, rank, port, "full")
     manager = CheckpointManager(run_dir, keep_last=2)

@@ -11,15 +11,20 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from engine_utils import free_port, full_state, make_batch
+from rlpost.algos import LossNorm, PolicyLossConfig, kl_penalty
+from rlpost.trainers.batch import TrajectoryBatch
+from rlpost.trainers.fsdp.critic import CriticEngine
+from rlpost.trainers.fsdp.engine import FSDPEngine, FSDPEngineConfig, RegularizerConfig
 
-from algos import LossNorm, PolicyLossConfig, kl_penalty
-from rlpost.tiny import build_tiny_model
-from trainers.batch import TrajectoryBatch
-from trainers.fsdp.critic import CriticEngine
-from trainers.fsdp.engine import FSDPEngine, FSDPEngineConfig, RegularizerConfig
+from rlpost.models.tiny import build_tiny_model
 
 LENGTHS = [(3, 4), (5, 2), (2, 5), (4, 3)]
-PRELOAD = ["torch.distributed.fsdp", "rlpost.tiny", "trainers.fsdp.engine", "trainers.fsdp.critic"]
+PRELOAD = [
+    "torch.distributed.fsdp",
+    "rlpost.models.tiny",
+    "rlpost.trainers.fsdp.engine",
+    "rlpost.trainers.fsdp.critic",
+]
 
 
 def _port() -> int:
@@ -68,9 +73,8 @@ def test_critic_values_align_and_fit_returns(tmp_path):
     assert torch.equal(r["initial"], torch.zeros_like(r["initial"]))
     # values[:, t] is the head on the hidden state of position t-1: rebuild the
     # trained critic without FSDP and apply the head by hand.
+    from rlpost.trainers.fsdp.critic import ValueModel
     from transformers import AutoModel
-
-    from trainers.fsdp.critic import ValueModel
 
     body = AutoModel.from_pretrained(model_dir)
     plain = ValueModel(body, body.config.hidden_size)
@@ -139,7 +143,7 @@ def test_kl_loss_against_a_frozen_reference(tmp_path):
 
 
 def test_kl_reward_penalty_by_hand():
-    from algos import kl_reward_penalty
+    from rlpost.algos import kl_reward_penalty
 
     # two samples, response tokens at t=1..2 and t=1..1; d = logp - ref
     logp = torch.tensor([[0.0, -1.0, -2.0], [0.0, -0.5, 0.0]])

@@ -31,8 +31,8 @@ pytest.importorskip("ray")
 pytest.importorskip("vllm")
 pytest.importorskip("wandb")
 
-from rlpost.config import from_dict  # noqa: E402
-from rlpost.tiny import build_tiny_model  # noqa: E402
+from rlpost.config.compose import from_dict
+from rlpost.models.tiny import build_tiny_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 

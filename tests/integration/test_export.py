@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 from engine_utils import advantages, engine, free_port, hf_logprobs, make_batch, spawn
+from rlpost.algos import PolicyLossConfig
+from rlpost.trainers.fsdp.lora import LoraSettings
 
-from algos import PolicyLossConfig
-from rlpost.checkpoint import CheckpointManager
-from rlpost.tiny import build_tiny_model
-from trainers.fsdp.lora import LoraSettings
+from rlpost.loop.checkpoint import CheckpointManager
+from rlpost.models.tiny import build_tiny_model
 
 VARIANTS = {"full": {}, "lora": {"lora": LoraSettings(rank=8, alpha=16.0)}}
 
@@ -74,10 +74,9 @@ def test_export_cli_names_a_missing_checkpoint(tmp_path):
 
 def test_exported_lora_model_generates_in_vllm_like_transformers(model_dir, tmp_path):
     pytest.importorskip("vllm")
+    from rlpost.rollout.base import GenerationRequest, SamplingConfig
+    from rlpost.rollout.vllm import VLLMEngine, VLLMEngineConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from rollout.base import GenerationRequest, SamplingConfig
-    from rollout.vllm import VLLMEngine, VLLMEngineConfig
 
     out, _ = _export(model_dir, tmp_path, "lora")
     tokenizer = AutoTokenizer.from_pretrained(out)
@@ -108,11 +107,11 @@ def test_an_exported_llava_names_its_vision_tower_as_vllm_loads_it(tmp_path):
     (``vision_tower.embeddings.*``, which vLLM refuses) trains, and its export has
     the hub names (``vision_tower.vision_model.*``), the same weights and the
     processor."""
+    from rlpost.trainers.vl_compat import install
     from safetensors import safe_open
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
-    from rlpost.vl.compat import install
-    from rlpost.vl.models import VL_ARCHS
+    from rlpost.models.vl import VL_ARCHS
 
     install()
     tok, config, processor = VL_ARCHS["LlavaForConditionalGeneration"]()

@@ -25,7 +25,7 @@ import psutil
 import pytest
 from cli_utils import actor_pids, alive, descendants, metrics, output, start, wait_until
 
-from rlpost.tiny import build_tiny_model
+from rlpost.models.tiny import build_tiny_model
 
 pytest.importorskip("vllm")
 

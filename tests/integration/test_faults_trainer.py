@@ -31,7 +31,7 @@ from cli_utils import (
     wait_until,
 )
 
-from rlpost.tiny import build_tiny_model
+from rlpost.models.tiny import build_tiny_model
 
 pytest.importorskip("vllm")
 

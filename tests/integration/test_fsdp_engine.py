@@ -14,18 +14,18 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from engine_utils import advantages, engine, free_port, make_batch
+from rlpost.algos import PolicyLossConfig
+from rlpost.trainers.batch import TrajectoryBatch
+from rlpost.trainers.fsdp.engine import FSDPEngine, token_logprobs
 
-from algos import PolicyLossConfig
-from rlpost.tiny import build_tiny_model
-from trainers.batch import TrajectoryBatch
-from trainers.fsdp.engine import FSDPEngine, token_logprobs
+from rlpost.models.tiny import build_tiny_model
 
 # (prompt tokens, response tokens) of the 8 test samples: ragged on purpose
 LENGTHS = [(3, 4), (5, 2), (2, 7), (6, 1), (4, 5), (3, 3), (7, 6), (2, 2)]
 # a small lr keeps Adam's first step (~ lr * sign(grad)) from amplifying
 # float noise in near-zero gradients past the comparison tolerance
 LR = 1e-4
-PRELOAD = ["torch.distributed.fsdp", "rlpost.tiny", "trainers.fsdp.engine"]
+PRELOAD = ["torch.distributed.fsdp", "rlpost.models.tiny", "rlpost.trainers.fsdp.engine"]
 
 
 _free_port = free_port

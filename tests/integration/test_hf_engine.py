@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from rlpost.rollout.base import GenerationRequest, SamplingConfig
+from rlpost.rollout.registry import build_engine
 
-from rlpost.samples import encode_prompt
-from rlpost.tiny import build_tiny_model
-from rollout.base import GenerationRequest, SamplingConfig
-from rollout.registry import build_engine
+from rlpost.data.samples import encode_prompt
+from rlpost.models.tiny import build_tiny_model
 
 PROMPTS = ["37+48=", "hello world", "a b\n c", "99+1="]
 
@@ -23,7 +23,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hf(model_dir):
-    from rollout.hf import HFEngineConfig
+    from rlpost.rollout.hf import HFEngineConfig
 
     return build_engine("hf", HFEngineConfig(model_path=model_dir))
 
@@ -36,7 +36,7 @@ def _requests(engine, sampling: SamplingConfig) -> list[GenerationRequest]:
 
 def test_hf_greedy_matches_vllm(hf, model_dir):
     pytest.importorskip("vllm")
-    from rollout.vllm import VLLMEngineConfig
+    from rlpost.rollout.vllm import VLLMEngineConfig
 
     threads = torch.get_num_threads()
     with pytest.MonkeyPatch.context() as mp:

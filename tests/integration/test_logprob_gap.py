@@ -11,7 +11,7 @@ import subprocess
 import yaml
 from cli_utils import ENV, cli_command, metrics
 
-from rlpost.tiny import build_tiny_model
+from rlpost.models.tiny import build_tiny_model
 
 
 def test_a_gap_above_the_threshold_stops_the_run_and_names_the_key(tmp_path):

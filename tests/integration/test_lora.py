@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_utils import advantages, engine, free_port, hf_logprobs, make_batch, spawn
+from rlpost.algos import PolicyLossConfig
+from rlpost.trainers.fsdp.lora import LoraSettings
 
-from algos import PolicyLossConfig
-from rlpost.tiny import build_tiny_model
-from trainers.fsdp.lora import LoraSettings
+from rlpost.models.tiny import build_tiny_model
 
 LORA = LoraSettings(rank=8, alpha=16.0)
 STEPS = 3
@@ -110,8 +110,9 @@ def test_merged_weights_reproduce_the_trainer(run, model_dir):
 
 
 def _vllm_parity(llm, model_dir: str, reference, tokenizer) -> float:
-    from rlpost.samples import rollout_batch
-    from rollout.base import GenerationRequest, SamplingConfig
+    from rlpost.rollout.base import GenerationRequest, SamplingConfig
+
+    from rlpost.data.samples import rollout_batch
 
     sampling = SamplingConfig(n=4, temperature=1.0, max_tokens=6, seed=0)
     prompts = [tokenizer.encode(p) for p in ("12+7=", "hello", "3+4")]
@@ -125,7 +126,7 @@ def _vllm_parity(llm, model_dir: str, reference, tokenizer) -> float:
 @pytest.fixture(scope="module")
 def vllm_engine(model_dir):
     pytest.importorskip("vllm")
-    from rollout.vllm import VLLMEngine, VLLMEngineConfig
+    from rlpost.rollout.vllm import VLLMEngine, VLLMEngineConfig
 
     threads = torch.get_num_threads()
     eng = VLLMEngine(VLLMEngineConfig(model_path=model_dir, kv_cache_gib=0.0625, lora=8))

@@ -14,12 +14,12 @@ import torch
 import torch.multiprocessing as mp
 from engine_utils import free_port, make_batch
 
-from rlpost.tiny import build_tiny_model
+from rlpost.models.tiny import build_tiny_model
 
 LR = 1e-3
 STEPS = 3
 CLIP = 0.2
-PRELOAD = ["torch.distributed.fsdp", "rlpost.tiny", "trainers.fsdp.critic"]
+PRELOAD = ["torch.distributed.fsdp", "rlpost.models.tiny", "rlpost.trainers.fsdp.critic"]
 # name: (world size, megatron settings)
 LAYOUTS = {
     "tp2": (2, {"tp": 2}),
@@ -60,8 +60,8 @@ def _updates(critic, batch) -> dict:
 
 
 def _fsdp_worker(rank: int, model_dir: str, port: int, out: str) -> None:
-    from trainers.fsdp.critic import CriticEngine
-    from trainers.fsdp.engine import FSDPEngineConfig
+    from rlpost.trainers.fsdp.critic import CriticEngine
+    from rlpost.trainers.fsdp.engine import FSDPEngineConfig
 
     cfg = FSDPEngineConfig(model_path=model_dir, lr=LR, micro_batch_size=8)
     critic = CriticEngine(cfg, 0, 1, f"tcp://127.0.0.1:{port}")
@@ -72,8 +72,8 @@ def _fsdp_worker(rank: int, model_dir: str, port: int, out: str) -> None:
 def _megatron_worker(
     rank: int, world_size: int, model_dir: str, port: int, parallel: dict, out: str
 ) -> None:
-    from trainers.megatron.config import MegatronEngineConfig, MegatronParallel
-    from trainers.megatron.critic import MegatronCriticEngine
+    from rlpost.trainers.megatron.config import MegatronEngineConfig, MegatronParallel
+    from rlpost.trainers.megatron.critic import MegatronCriticEngine
 
     cfg = MegatronEngineConfig(
         model_path=model_dir, lr=LR, micro_batch_size=3, parallel=MegatronParallel(**parallel)

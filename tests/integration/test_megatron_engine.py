@@ -15,16 +15,16 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from engine_utils import advantages, free_port, full_grads, hf_logprobs, make_batch
+from rlpost.algos import PolicyLossConfig
 
-from algos import PolicyLossConfig
-from rlpost.tiny import build_tiny_model
+from rlpost.models.tiny import build_tiny_model
 
 LR = 1e-4
 PRELOAD = [
     "torch.distributed.fsdp",
-    "rlpost.tiny",
-    "trainers.fsdp.engine",
-    "trainers.megatron.engine",
+    "rlpost.models.tiny",
+    "rlpost.trainers.fsdp.engine",
+    "rlpost.trainers.megatron.engine",
 ]
 # name: (world size, megatron settings (and packing), single-pass update)
 LAYOUTS = {
@@ -51,7 +51,11 @@ def _spawn(fn, args: tuple, nprocs: int) -> None:
 
 
 def _megatron(model_dir: str, rank: int, world_size: int, port: int, parallel: dict, **kw):
-    from trainers.megatron.engine import MegatronEngine, MegatronEngineConfig, MegatronParallel
+    from rlpost.trainers.megatron.engine import (
+        MegatronEngine,
+        MegatronEngineConfig,
+        MegatronParallel,
+    )
 
     kw.setdefault("lr", LR)
     cfg = MegatronEngineConfig(model_path=model_dir, parallel=MegatronParallel(**parallel), **kw)
@@ -64,7 +68,7 @@ def _step_worker(
 ) -> None:
     """Log-probs of this rank's share, then one ``update_policy`` step on it (or one
     ``update_policy_single_pass``, which returns the log-probs of its forward)."""
-    from trainers.megatron.convert import megatron_to_hf
+    from rlpost.trainers.megatron.convert import megatron_to_hf
 
     parallel = dict(parallel)
     packing = parallel.pop("packing", False)  # an engine setting, not a split

@@ -5,7 +5,7 @@ experts by all-to-all).
 
 Shapes: b = samples, t = tokens.
 
-The model is ``rlpost.archs``' tiny random Qwen3-MoE (2 layers, 4 experts, top 2,
+The model is ``rlpost.models.archs``' tiny random Qwen3-MoE (2 layers, 4 experts, top 2,
 QK-norm, router weights renormalised over the top 2).
 """
 
@@ -13,12 +13,16 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from engine_utils import advantages, free_port, hf_logprobs, make_batch
+from rlpost.algos import PolicyLossConfig
 
-from algos import PolicyLossConfig
-from rlpost.archs import build_arch_model
+from rlpost.models.archs import build_arch_model
 
 LR = 1e-4
-PRELOAD = ["torch.distributed.fsdp", "trainers.fsdp.engine", "trainers.megatron.engine"]
+PRELOAD = [
+    "torch.distributed.fsdp",
+    "rlpost.trainers.fsdp.engine",
+    "rlpost.trainers.megatron.engine",
+]
 # name: (world size, megatron settings)
 LAYOUTS = {
     "ep1": (1, {}),
@@ -42,7 +46,11 @@ def _batch():
 def _megatron_worker(
     rank: int, world_size: int, model_dir: str, port: int, parallel: dict, out: str
 ) -> None:
-    from trainers.megatron.engine import MegatronEngine, MegatronEngineConfig, MegatronParallel
+    from rlpost.trainers.megatron.engine import (
+        MegatronEngine,
+        MegatronEngineConfig,
+        MegatronParallel,
+    )
 
     cfg = MegatronEngineConfig(
         model_path=model_dir, lr=LR, micro_batch_size=3, parallel=MegatronParallel(**parallel)

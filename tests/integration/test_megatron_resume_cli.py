@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from cli_utils import comparable, run
 
-from rlpost.tiny import build_tiny_model
+from rlpost.models.tiny import build_tiny_model
 
 pytest.importorskip("vllm")
 pytest.importorskip("megatron.core")

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from rlpost.rollout.base import GenerationRequest, SamplingConfig
+from rlpost.rollout.registry import build_engine
 
-from rlpost.config import compose
-from rlpost.samples import encode_prompt
-from rlpost.schema import ConfigError
-from rlpost.tiny import build_tiny_model
-from rollout.base import GenerationRequest, SamplingConfig
-from rollout.registry import build_engine
+from rlpost.config.compose import compose
+from rlpost.config.schema import ConfigError
+from rlpost.data.samples import encode_prompt
+from rlpost.models.tiny import build_tiny_model
 
 PROMPTS = ["37+48=", "hello world", "99+1="]
 MAX = 24
@@ -40,14 +40,14 @@ def _check(engine) -> None:
 
 
 def test_hf_min_tokens(model_dir):
-    from rollout.hf import HFEngineConfig
+    from rlpost.rollout.hf import HFEngineConfig
 
     _check(build_engine("hf", HFEngineConfig(model_path=model_dir)))
 
 
 def test_vllm_min_tokens(model_dir):
     pytest.importorskip("vllm")
-    from rollout.vllm import VLLMEngineConfig
+    from rlpost.rollout.vllm import VLLMEngineConfig
 
     threads = torch.get_num_threads()
     with pytest.MonkeyPatch.context() as mp:

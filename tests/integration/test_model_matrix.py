@@ -1,4 +1,4 @@
-"""The model matrix: each architecture of ``rlpost.archs`` and ``rlpost.vl.models``
+"""The model matrix: each architecture of ``rlpost.models.archs`` and ``rlpost.models.vl``
 through the checks of ``rlpost.support`` (the same code that writes SUPPORT.md),
 asserting every one passes, or fails only where SUPPORT.md records why.
 

@@ -27,7 +27,7 @@ pytest.importorskip("vllm")
 
 from ray_nodes import RayNode, ray_head, ray_worker_node  # noqa: E402
 
-from rlpost.config import compose  # noqa: E402
+from rlpost.config.compose import compose
 
 STEPS = 2
 
@@ -74,7 +74,7 @@ def test_pack_spills_onto_a_second_node_and_strict_pack_fails_fast(joined):
     import ray
 
     from rlpost.device import DeviceSpec
-    from rlpost.placement import Placement, PlacementError
+    from rlpost.workers.placement import Placement, PlacementError
 
     names = node_names(joined)
     ray.init(address=joined)
@@ -107,7 +107,7 @@ def test_pack_spills_onto_a_second_node_and_strict_pack_fails_fast(joined):
 def test_fsdp_group_spans_both_nodes_and_trains(joined, cluster, tmp_path: Path):
     from cli_utils import ENV, metrics
 
-    from rlpost.tiny import build_tiny_model
+    from rlpost.models.tiny import build_tiny_model
 
     _, head, worker = cluster
     model = build_tiny_model("micro", tmp_path / "model", seed=0)

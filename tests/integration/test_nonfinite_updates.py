@@ -16,9 +16,9 @@ import textwrap
 
 import torch
 from engine_utils import advantages, engine, free_port, make_batch, spawn
+from rlpost.algos import PolicyLossConfig
 
-from algos import PolicyLossConfig
-from rlpost.tiny import build_tiny_model
+from rlpost.models.tiny import build_tiny_model
 
 
 def _weights(eng) -> dict[str, torch.Tensor]:
@@ -103,7 +103,7 @@ SCRIPT = textwrap.dedent(
     """
     import sys
     import torch
-    from algos import register_advantage
+    from rlpost.algos import register_advantage
     from rlpost import compose, train
 
     BAD_STEPS = {1, 3, 4}

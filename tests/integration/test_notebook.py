@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("ray")
 pytest.importorskip("vllm")
 
-from rlpost.tiny import build_tiny_model  # noqa: E402
+from rlpost.models.tiny import build_tiny_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "examples" / "quickstart.ipynb"

@@ -26,7 +26,7 @@ STEPS = 2
 
 
 def test_example_script_trains_as_a_job_on_a_token_auth_cluster(tmp_path: Path):
-    from rlpost.tiny import build_tiny_model
+    from rlpost.models.tiny import build_tiny_model
 
     model = build_tiny_model("micro", tmp_path / "model", seed=0)
     run_dir = tmp_path / "run"  # absolute: the job's cwd is a temporary copy of the checkout

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rlpost.tiny import build_tiny_model
+from rlpost.models.tiny import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rlpost.tiny import build_tiny_model
+from rlpost.models.tiny import build_tiny_model
 
 pytest.importorskip("vllm")
 

@@ -23,11 +23,11 @@ pytestmark = pytest.mark.gpu
 
 ray = pytest.importorskip("ray")
 
+from rlpost.rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
 from rollout_utils import max_logprob_diff  # noqa: E402
 
-from rlpost.rollout_group import RolloutGroup  # noqa: E402
-from rlpost.tiny import build_tiny_model  # noqa: E402
-from rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
+from rlpost.models.tiny import build_tiny_model  # noqa: E402
+from rlpost.serving.rollout_group import RolloutGroup  # noqa: E402
 
 TURNS = 3
 
@@ -46,7 +46,7 @@ def model_path(tmp_path_factory):
 @pytest.fixture(scope="module")
 def group(model_path):
     _need_gpus(1)
-    from rollout.sglang import SGLangEngineConfig
+    from rlpost.rollout.sglang import SGLangEngineConfig
 
     ray.init(include_dashboard=False, log_to_driver=False)
     # Two replicas share one GPU when there is only one (0.5 GPU each).
@@ -118,9 +118,8 @@ def test_sglang_pd_matches_a_plain_replica_and_syncs(model_path):
     _need_gpus(3)
     pytest.importorskip("sglang_router")
     pytest.importorskip("mooncake")
+    from rlpost.rollout.sglang import SGLangEngineConfig, SGLangPDConfig
     from transformers import AutoModelForCausalLM
-
-    from rollout.sglang import SGLangEngineConfig, SGLangPDConfig
 
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)

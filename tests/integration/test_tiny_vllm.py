@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from rlpost.tiny import build_tiny_model
+from rlpost.models.tiny import build_tiny_model
 
 CONTENTS = ["37+48=", "hello world", "a b\n c"]
 MAX_NEW = 8

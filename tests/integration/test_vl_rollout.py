@@ -9,11 +9,12 @@ import torch
 
 pytest.importorskip("vllm")
 
-from rlpost.vl.models import IMAGE_SIDE, build_vl_model  # noqa: E402
-from rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
-from rollout.vllm import VLLMEngineConfig  # noqa: E402
-from rollout.vllm.engine import VLLMEngine  # noqa: E402
-from trainers.hf_format import placeholder_token_ids  # noqa: E402
+from rlpost.rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
+from rlpost.rollout.vllm import VLLMEngineConfig  # noqa: E402
+from rlpost.rollout.vllm.engine import VLLMEngine  # noqa: E402
+from rlpost.trainers.hf_format import placeholder_token_ids  # noqa: E402
+
+from rlpost.models.vl import IMAGE_SIDE, build_vl_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,7 @@ def test_vllm_samples_from_an_image_as_transformers_scores_it(qwen2_vl):
 def test_a_text_model_refuses_images(tmp_path):
     from PIL import Image
 
-    from rlpost.tiny import build_tiny_model
+    from rlpost.models.tiny import build_tiny_model
 
     path = str(build_tiny_model("micro", tmp_path / "micro", seed=0))
     engine = VLLMEngine(VLLMEngineConfig(model_path=path, kv_cache_gib=0.0625))

@@ -7,13 +7,14 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from rlpost.tiny import build_tiny_model  # noqa: E402
-from rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
+from rlpost.rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
+
+from rlpost.models.tiny import build_tiny_model  # noqa: E402
 
 
 def test_seeded_long_prompts_in_one_batch_are_reproducible(tmp_path):
-    from rollout.vllm import VLLMEngineConfig
-    from rollout.vllm.engine import VLLMEngine
+    from rlpost.rollout.vllm import VLLMEngineConfig
+    from rlpost.rollout.vllm.engine import VLLMEngine
 
     model = build_tiny_model("micro", tmp_path / "m", seed=0)
     engine = VLLMEngine(VLLMEngineConfig(model_path=str(model), max_model_len=256))

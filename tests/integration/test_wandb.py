@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("wandb")
 
-from rlpost.tracking import Tracker  # noqa: E402
+from rlpost.loop.tracking import Tracker  # noqa: E402
 
 BLOCK = 32768  # the .wandb file is a LevelDB-style log: 32 KiB blocks of chunks
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4

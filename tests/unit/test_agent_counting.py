@@ -14,15 +14,15 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from rlpost.rollout.agent.env import ToolEnv
+from rlpost.rollout.agent.loop import AgentLoopConfig, episode_metrics, run_episodes
+from rlpost.rollout.agent.tool_pool import ToolWorkerPool
+from rlpost.rollout.base import Completion, SamplingConfig
 
-from rlpost.agent_rollout import episode_results, score_episodes
-from rlpost.archs import build_tokenizer
-from rlpost.result import RunError
-from rlpost.rewards import RewardScorer
-from rollout.agent.env import ToolEnv
-from rollout.agent.loop import AgentLoopConfig, episode_metrics, run_episodes
-from rollout.agent.tool_pool import ToolWorkerPool
-from rollout.base import Completion, SamplingConfig
+from rlpost.loop.result import RunError
+from rlpost.models.archs import build_tokenizer
+from rlpost.rewards.scoring import RewardScorer
+from rlpost.serving.agent_episodes import episode_results, score_episodes
 
 TOOLS_PY = '''
 import time

@@ -6,10 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from rollout.agent.env import EnvError, ToolEnv, load_env, prompt_messages
-from rollout.agent.loop import assistant_message
-from rollout.agent.parsers import parse_hermes
+from rlpost.rollout.agent.env import EnvError, ToolEnv, load_env, prompt_messages
+from rlpost.rollout.agent.loop import assistant_message
+from rlpost.rollout.agent.parsers import parse_hermes
 
 ENV_PY = """
 class Counter:

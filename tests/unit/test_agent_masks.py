@@ -17,8 +17,7 @@ import math
 
 import pytest
 import torch
-
-from algos import (
+from rlpost.algos import (
     ADVANTAGE_ESTIMATORS,
     AGGREGATIONS,
     POLICY_LOSSES,
@@ -37,9 +36,9 @@ from algos import (
     reinforce_pp_advantage,
     sft_loss,
 )
-from trainers.batch import TrajectoryBatch
-from trainers.fsdp.engine import RegularizerConfig
-from trainers.objectives import policy_objective
+from rlpost.trainers.batch import TrajectoryBatch
+from rlpost.trainers.fsdp.engine import RegularizerConfig
+from rlpost.trainers.objectives import policy_objective
 
 MASK = [0, 0, 1, 1, 0, 0, 1, 1, 1]
 MODEL = [2, 3, 6, 7, 8]  # the mask-1 positions

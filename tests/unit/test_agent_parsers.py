@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from rollout.agent.parsers import PARSERS, ParsedTurn, ParserError, ToolCall, get_parser
+from rlpost.rollout.agent.parsers import PARSERS, ParsedTurn, ParserError, ToolCall, get_parser
 
 
 def test_no_calls_is_stripped_content():

@@ -10,11 +10,16 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import pytest
-
-from rollout.agent.parsers import ToolCall
-from rollout.agent.tool_pool import ToolWorkerPool
-from rollout.agent.tool_schema import check_arguments, tool_schema
-from rollout.agent.tools import ToolError, load_tool, load_tools, run_tool_calls, tool_from_function
+from rlpost.rollout.agent.parsers import ToolCall
+from rlpost.rollout.agent.tool_pool import ToolWorkerPool
+from rlpost.rollout.agent.tool_schema import check_arguments, tool_schema
+from rlpost.rollout.agent.tools import (
+    ToolError,
+    load_tool,
+    load_tools,
+    run_tool_calls,
+    tool_from_function,
+)
 
 TOOLS_PY = '''
 import os, subprocess, time

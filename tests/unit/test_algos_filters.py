@@ -1,8 +1,7 @@
 # Shapes: b = samples.
 import pytest
 import torch
-
-from algos import overlong_penalty, zero_std_groups
+from rlpost.algos import overlong_penalty, zero_std_groups
 
 
 def test_overlong_penalty_hand_values():

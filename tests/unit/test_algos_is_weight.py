@@ -3,8 +3,7 @@
 import math
 
 import torch
-
-from algos import truncated_is_weight
+from rlpost.algos import truncated_is_weight
 
 
 def test_truncated_is_weight_by_hand():

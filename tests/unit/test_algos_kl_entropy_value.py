@@ -3,8 +3,7 @@ import math
 
 import pytest
 import torch
-
-from algos import (
+from rlpost.algos import (
     AdaptiveKLController,
     FixedKLController,
     LossNorm,

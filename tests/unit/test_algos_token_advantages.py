@@ -2,8 +2,7 @@
 import math
 
 import torch
-
-from algos import gae_advantage, masked_whiten, reinforce_pp_advantage
+from rlpost.algos import gae_advantage, masked_whiten, reinforce_pp_advantage
 
 
 def test_reinforce_pp_return_to_go_ignores_masked_rewards():

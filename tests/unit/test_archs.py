@@ -1,4 +1,4 @@
-"""Tiny models of every supported architecture (rlpost.archs): tokenizer, configs, weights.
+"""Tiny models of every supported architecture (rlpost.models.archs): tokenizer, configs, weights.
 
 The integration matrix (tests/integration/test_model_matrix.py) sends these
 through the whole loop; here each piece is checked on its own, cheaply.
@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from rlpost.archs import (
+from rlpost.models.archs import (
     ARCHS,
     GEMMA_SLIDING_WINDOW,
     VOCAB_SIZE,
@@ -141,7 +141,7 @@ def test_saved_model_loads_as_its_class_with_peaked_but_not_degenerate_predictio
 
 
 def test_command_line_writes_a_model_directory(tmp_path, capsys):
-    from rlpost.archs import main
+    from rlpost.models.archs import main
 
     assert main(["Phi3ForCausalLM", str(tmp_path / "phi3")]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "phi3")

@@ -8,15 +8,15 @@ import random
 
 import pytest
 import torch
+from rlpost.trainers.files import UnsafeCheckpointError, safe_torch_load
 
-from rlpost.checkpoint import (
+from rlpost.loop.checkpoint import (
     CheckpointError,
     CheckpointManager,
     load_driver_state,
     pick_checkpoint,
     save_driver_state,
 )
-from trainers.files import UnsafeCheckpointError, safe_torch_load
 
 
 def _save(manager: CheckpointManager, step: int) -> None:
@@ -36,7 +36,7 @@ def test_truncated_newest_checkpoint_falls_back_to_the_previous(tmp_path, caplog
     size = newest.stat().st_size
     with open(newest, "r+b") as f:  # a real truncation, as a full disk or a kill leaves it
         f.truncate(size // 2)
-    with caplog.at_level(logging.WARNING, logger="rlpost.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="rlpost.loop.checkpoint"):
         path = pick_checkpoint("auto", tmp_path, keep_last=3)
     assert path == manager.step_dir(4)
     assert f"policy/rank0.pt has {size // 2} bytes, {size} were written" in caplog.text
@@ -96,9 +96,9 @@ def test_distributed_checkpoint_metadata_with_a_payload_is_refused(tmp_path):
     import pickle
 
     import torch.distributed.checkpoint as dcp
+    from rlpost.trainers.files import check_dcp_metadata
 
     from rlpost.export import export
-    from trainers.files import check_dcp_metadata
 
     state = tmp_path / "state"
     # a real single-process distributed checkpoint: its metadata passes

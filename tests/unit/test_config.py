@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from rlpost.config import AlgoConfig, compose, from_dict
-from rlpost.schema import ConfigError, validate
+from rlpost.config.compose import compose, from_dict
+from rlpost.config.groups import AlgoConfig
+from rlpost.config.schema import ConfigError, validate
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -100,7 +101,7 @@ def test_unknown_top_level_group_is_reported():
 
 
 def test_unknown_preset_lists_the_available_ones():
-    from rlpost.config import config_dir
+    from rlpost.config.compose import config_dir
 
     problems, message = _problems(["algo=nope"])
     presets = sorted(p.stem for p in (config_dir() / "algo").glob("*.yaml"))
@@ -276,7 +277,7 @@ def test_readme_documents_every_key():
     import re
     from pathlib import Path
 
-    from rlpost.config import keys_markdown
+    from rlpost.config.compose import keys_markdown
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     table = re.search(r"<!-- keys:start -->\n(.*)\n<!-- keys:end -->", readme, re.S)

@@ -4,9 +4,9 @@ import os
 
 import pytest
 
-from rlpost.config import compose
-from rlpost.placement import cpu_threads
-from rlpost.schema import ConfigError
+from rlpost.config.compose import compose
+from rlpost.config.schema import ConfigError
+from rlpost.workers.placement import cpu_threads
 
 
 @pytest.fixture

@@ -6,10 +6,11 @@ import json
 import logging
 
 import pytest
+from rlpost.data.rows import DataError, PromptStream, load_rows, prompt_messages, validate_row
 
-from rlpost.data import DataError, PromptStream, load_rows, prompt_messages, validate_row
-from rlpost.rewards import RewardError, RewardScorer, load_reward_fn
-from rlpost.tasks import arith
+from rlpost.data.tasks import arith
+from rlpost.rewards.loading import RewardError, load_reward_fn
+from rlpost.rewards.scoring import RewardScorer
 
 GOOD = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(5)]
 
@@ -81,7 +82,7 @@ def test_prompt_messages():
 
 def test_stream_counts_malformed_and_warns(caplog):
     rows = [GOOD[0], {"question": "?"}, GOOD[1], {"prompt": 7}]
-    with caplog.at_level(logging.WARNING, logger="rlpost.data"):
+    with caplog.at_level(logging.WARNING, logger="rlpost.data.rows"):
         stream = PromptStream(rows, seed=0, batch_size=2, source="train.jsonl")
     assert stream.num_malformed == 2 and stream.rows == [GOOD[0], GOOD[1]]
     assert "train.jsonl: skipped 2 malformed of 4 rows; first: train.jsonl row 1:" in caplog.text
@@ -136,7 +137,7 @@ def test_load_reward_fn_from_file_module_and_builtin(tmp_path):
     path.write_text(USER_REWARD)
     fn = load_reward_fn(f"{path}:exact")
     assert fn("3", {"answer": "3"}) == 1.0 and fn("4", {"answer": "3"}) == 0.0
-    assert load_reward_fn("rlpost.tasks.arith:correctness") is arith.correctness
+    assert load_reward_fn("rlpost.data.tasks.arith:correctness") is arith.correctness
     assert load_reward_fn("arith") is arith.reward
 
 
@@ -167,7 +168,7 @@ def test_scorer_isolates_a_raising_call(caplog):
         return 0.5 if completion == "half" else 1.0
 
     scorer = RewardScorer(fn)
-    with caplog.at_level(logging.WARNING, logger="rlpost.rewards"):
+    with caplog.at_level(logging.WARNING, logger="rlpost.rewards.scoring"):
         scores, metrics = scorer.score(["ok", "boom", "half", "boom"], [{}] * 4)
         scorer.score(["boom"], [{}])
     assert scores == {"total": [1.0, 0.0, 0.5, 0.0]}

@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlpost.config import compose
-from rlpost.recovery import Recovery
-from rlpost.result import RunError
-from rlpost.schema import ConfigError
+from rlpost.config.compose import compose
+from rlpost.config.schema import ConfigError
+from rlpost.loop.recovery import Recovery
+from rlpost.loop.result import RunError
 
 
 def check(overrides: list[str], max_gap: float, mean_gap: float) -> None:

@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
-from algos import entropy_from_logits
-from trainers.logprobs import token_logprobs, token_logprobs_and_entropy
+from rlpost.algos import entropy_from_logits
+from rlpost.trainers.logprobs import token_logprobs, token_logprobs_and_entropy
 
 
 def reference(

@@ -2,9 +2,9 @@
 
 import pytest
 
-from rlpost.config import compose
+from rlpost.config.compose import compose
+from rlpost.config.schema import ConfigError
 from rlpost.run import check_megatron_model
-from rlpost.schema import ConfigError
 
 
 def _problems(*overrides: str) -> list[str]:
@@ -72,7 +72,7 @@ def test_heads_that_do_not_split_over_tp_are_named_before_ray_starts():
 
 
 def test_expert_parallelism_splits_an_moe_models_experts(tmp_path):
-    from rlpost.archs import build_arch_model
+    from rlpost.models.archs import build_arch_model
 
     moe = build_arch_model("Qwen3MoeForCausalLM", tmp_path / "moe")  # 4 experts
     args = ["trainer=megatron", f"model.path={moe}"]

@@ -2,10 +2,8 @@
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
-
-from trainers.hf_format import to_checkpoint_format
-from trainers.megatron.convert import (
+from rlpost.trainers.hf_format import to_checkpoint_format
+from rlpost.trainers.megatron.convert import (
     fuse_qkv,
     hf_to_megatron,
     megatron_to_hf,
@@ -17,6 +15,7 @@ from trainers.megatron.convert import (
     tp_merge,
     tp_split,
 )
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
 SMALL = dict(
     vocab_size=64,

@@ -4,11 +4,11 @@ the KV-directory cleanup and the config derivation."""
 from __future__ import annotations
 
 import pytest
+from rlpost.rollout.base import GenerationRequest, SamplingConfig
+from rlpost.rollout.pd import KVTransferSpec, PDRouter, clear_kv_store, prefill_request
 
-from rlpost.config import compose
-from rlpost.schema import ConfigError
-from rollout.base import GenerationRequest, SamplingConfig
-from rollout.pd import KVTransferSpec, PDRouter, clear_kv_store, prefill_request
+from rlpost.config.compose import compose
+from rlpost.config.schema import ConfigError
 
 
 def test_prefill_request_keeps_the_prompt_and_asks_one_greedy_token():
@@ -43,6 +43,12 @@ def test_pd_replicas_are_derived_and_checked():
     cfg = compose(["rollout.pd.enabled=true", "rollout.pd.decode_replicas=2"])
     assert cfg.rollout.replicas == 3  # 1 prefill + 2 decode
     with pytest.raises(ConfigError, match="prefill_replicas \\+ rollout.pd.decode_replicas = 3"):
-        compose(["rollout.pd.enabled=true", "rollout.pd.decode_replicas=2", "rollout.replicas=2"])
+        compose(
+            [
+                "rollout.pd.enabled=true",
+                "rollout.pd.decode_replicas=2",
+                "rollout.replicas=2",
+            ]
+        )
     with pytest.raises(ConfigError, match="rollout.name=hf has no KV transfer"):
         compose(["rollout.pd.enabled=true", "rollout.name=hf"])

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from rlpost.rewards import RewardError, RewardScorer, call_plan, load_reward_fn
+from rlpost.rewards.loading import RewardError, load_reward_fn
+from rlpost.rewards.scoring import RewardScorer, call_plan
 
 ROW = {"prompt": "2+2=", "answer": "4", "level": 1}
 COLUMNS = set(ROW)

@@ -17,10 +17,9 @@ import textwrap
 from collections.abc import Iterator
 
 import pytest
-
-from rollout.agent import sandbox
-from rollout.agent.sandbox import SandboxLimits, run_sandboxed
-from rollout.agent.sandbox import python as python_tool
+from rlpost.rollout.agent import sandbox
+from rlpost.rollout.agent.sandbox import SandboxLimits, run_sandboxed
+from rlpost.rollout.agent.sandbox import python as python_tool
 
 KERNEL_ONLY = SandboxLimits(python_guard=False)
 

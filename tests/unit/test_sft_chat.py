@@ -1,8 +1,8 @@
 """Supervised targets from multi-turn chats: loss only on what the assistant says."""
 
+from rlpost.data.samples import conversation_tokens, sft_batch
+from rlpost.models.tiny import build_tokenizer
 from rlpost.run import sft_row
-from rlpost.samples import conversation_tokens, sft_batch
-from rlpost.tiny import build_tokenizer
 
 CHAT = [
     {"role": "user", "content": "1+1="},

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 
+from rlpost.rollout.vllm.engine import cpu_custom_ops
+
 from rlpost.support.common import CHECKS, architectures, cli_error
 from rlpost.support.grpo_run import judge_run
 from rlpost.support.report import GPU_CHECKS, render
 from rlpost.support.runner import save_record
-from rollout.vllm.engine import cpu_custom_ops
 
 RAY_SYNC_ERROR = """\
 Traceback (most recent call last):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from rlpost.tasks import TASKS, build_task
-from rlpost.tasks.arith import ArithTask, correctness, format_reward, reward
-from rlpost.tiny import TINY_PRESETS, build_config, build_tokenizer, num_parameters
+from rlpost.data.tasks import TASKS, build_task
+from rlpost.data.tasks.arith import ArithTask, correctness, format_reward, reward
+from rlpost.models.tiny import TINY_PRESETS, build_config, build_tokenizer, num_parameters
 
 
 @pytest.fixture(scope="module")

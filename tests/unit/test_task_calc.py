@@ -5,16 +5,16 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from rlpost.rollout.agent.env import ToolEnv
+from rlpost.rollout.agent.loop import assistant_message
+from rlpost.rollout.agent.parsers import parse_hermes
 
-from rlpost.config import compose
-from rlpost.rewards import load_reward_fn
+from rlpost.config.compose import compose
+from rlpost.data.tasks import TASKS, build_task
+from rlpost.data.tasks.calc import CalcTask, correctness, format_reward, reward, tool_call_text
+from rlpost.models.warmup import warmup_key
+from rlpost.rewards.loading import load_reward_fn
 from rlpost.run import load_data
-from rlpost.tasks import TASKS, build_task
-from rlpost.tasks.calc import CalcTask, correctness, format_reward, reward, tool_call_text
-from rlpost.warmup import warmup_key
-from rollout.agent.env import ToolEnv
-from rollout.agent.loop import assistant_message
-from rollout.agent.parsers import parse_hermes
 
 
 def test_split_deterministic_disjoint_and_complete():

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from rlpost.data import validate_row
-from rlpost.tasks import build_task
-from rlpost.tasks.shapes import COLOURS, reward
-from rlpost.vl.images import row_images
+from rlpost.data.rows import validate_row
+
+from rlpost.data.images import row_images
+from rlpost.data.tasks import build_task
+from rlpost.data.tasks.shapes import COLOURS, reward
 
 
 def test_rows_are_seeded_valid_and_show_their_colour():

@@ -6,7 +6,7 @@ import io
 import json
 import warnings
 
-from rlpost.tracking import Tracker
+from rlpost.loop.tracking import Tracker
 
 
 def test_fresh_run_bar_starts_at_zero_without_warning(tmp_path):

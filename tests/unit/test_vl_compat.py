@@ -6,8 +6,7 @@ from __future__ import annotations
 from importlib import import_module
 
 import pytest
-
-from rlpost.vl.compat import install, torchvision_available
+from rlpost.trainers.vl_compat import install, torchvision_available
 
 pytestmark = pytest.mark.skipif(torchvision_available(), reason="the layer is off with torchvision")
 
@@ -34,7 +33,7 @@ def test_a_vl_processor_saves_and_loads_and_expands_the_image(tmp_path):
     from PIL import Image
     from transformers import AutoProcessor
 
-    from rlpost.vl.models import IMAGE_SIDE, build_vl_model
+    from rlpost.models.vl import IMAGE_SIDE, build_vl_model
 
     path = build_vl_model("Qwen2VLForConditionalGeneration", tmp_path / "vl", seed=0)
     processor = AutoProcessor.from_pretrained(path)
@@ -52,10 +51,10 @@ def test_a_vl_processor_saves_and_loads_and_expands_the_image(tmp_path):
 
 def test_lora_and_freezing_leave_the_vision_tower_alone(tmp_path):
     import torch
+    from rlpost.trainers.fsdp.lora import LoraSettings, apply_lora
+    from rlpost.trainers.hf_format import load_model, vision_parameters
 
-    from rlpost.vl.models import build_vl_model
-    from trainers.fsdp.lora import LoraSettings, apply_lora
-    from trainers.hf_format import load_model, vision_parameters
+    from rlpost.models.vl import build_vl_model
 
     path = build_vl_model("Qwen2VLForConditionalGeneration", tmp_path / "vl", seed=0)
     model = load_model(str(path), torch.float32)

@@ -1,4 +1,4 @@
-"""Tiny vision-language models (rlpost.vl.models): each directory's processor loads
+"""Tiny vision-language models (rlpost.models.vl): each directory's processor loads
 back, its chat template renders an image part as the model's placeholder, and
 the processor expands one image into the number of tokens the config promises.
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from rlpost.trainers.hf_format import placeholder_token_ids
+from rlpost.trainers.vl_compat import install
 
-from rlpost.vl.compat import install
-from rlpost.vl.models import IMAGE_SIDE, VL_ARCHS, build_vl_model
-from trainers.hf_format import placeholder_token_ids
+from rlpost.models.vl import IMAGE_SIDE, VL_ARCHS, build_vl_model
 
 # arch -> (placeholder the template writes, image tokens one image becomes)
 EXPECTED = {

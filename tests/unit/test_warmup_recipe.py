@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from rlpost.config import TrainerConfig, compose
+from rlpost.config.compose import compose
+from rlpost.config.groups import TrainerConfig
+from rlpost.models.warmup import warmup_config, warmup_key
 from rlpost.run import engine_settings, lora_settings
-from rlpost.warmup import warmup_config, warmup_key
 
 PLAIN = ["trainer.device=cpu"]
 # Settings of the RL run that must not reach the warm-up.

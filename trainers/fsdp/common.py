@@ -15,9 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-
-from algos import LossNorm
-from trainers.batch import TrajectoryBatch
+from rlpost.algos import LossNorm
+from rlpost.trainers.batch import TrajectoryBatch
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,9 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-
-from algos import LossNorm, clipped_value_loss
-from trainers.batch import TrajectoryBatch
-from trainers.fsdp.common import (
+from rlpost.algos import LossNorm, clipped_value_loss
+from rlpost.trainers.batch import TrajectoryBatch
+from rlpost.trainers.fsdp.common import (
     DTYPES,
     Updater,
     init_distributed,
@@ -25,8 +24,8 @@ from trainers.fsdp.common import (
     run_epochs,
     shard,
 )
-from trainers.fsdp.engine import FSDPEngineConfig
-from trainers.objectives import critic_metrics
+from rlpost.trainers.fsdp.engine import FSDPEngineConfig
+from rlpost.trainers.objectives import critic_metrics
 
 
 class ValueModel(torch.nn.Module):
@@ -123,7 +122,7 @@ class CriticEngine:
 
     def save_checkpoint(self, path: str) -> str:
         """Sharded model, optimizer, LR schedule and RNG states, atomically. Collective."""
-        from trainers.fsdp.state import save_engine
+        from rlpost.trainers.fsdp.state import save_engine
 
         u = self.updater
         save_engine(
@@ -132,7 +131,7 @@ class CriticEngine:
         return str(path)
 
     def load_checkpoint(self, path: str) -> None:
-        from trainers.fsdp.state import load_engine
+        from rlpost.trainers.fsdp.state import load_engine
 
         load_engine(
             path, self.model, self.updater.optimizer, self.updater.scheduler, self.rank, False

@@ -19,16 +19,15 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-
-from algos import (
+from rlpost.algos import (
     LossNorm,
     PolicyLossConfig,
     sft_loss,
 )
-from trainers.batch import TrajectoryBatch
-from trainers.engine_config import EngineConfig
-from trainers.files import atomic_directory
-from trainers.fsdp.common import (
+from rlpost.trainers.batch import TrajectoryBatch
+from rlpost.trainers.engine_config import EngineConfig
+from rlpost.trainers.files import atomic_directory
+from rlpost.trainers.fsdp.common import (
     DTYPES,
     LossFn,
     OptimConfig,
@@ -40,7 +39,7 @@ from trainers.fsdp.common import (
     shard,
     unpack,
 )
-from trainers.fsdp.lora import (
+from rlpost.trainers.fsdp.lora import (
     LoraSettings,
     adapter_config,
     adapter_tensors,
@@ -49,7 +48,7 @@ from trainers.fsdp.lora import (
     merged_hf_weights,
     save_adapter,
 )
-from trainers.hf_format import (
+from rlpost.trainers.hf_format import (
     auto_class,
     load_model,
     placeholder_token_ids,
@@ -58,10 +57,10 @@ from trainers.hf_format import (
     use_hub_layout,
     vision_parameters,
 )
-from trainers.logprobs import token_logprobs as token_logprobs  # re-exported
-from trainers.logprobs import token_logprobs_and_entropy
-from trainers.objectives import RegularizerConfig as RegularizerConfig  # re-exported
-from trainers.objectives import check_policy_batch, policy_objective
+from rlpost.trainers.logprobs import token_logprobs as token_logprobs  # re-exported
+from rlpost.trainers.logprobs import token_logprobs_and_entropy
+from rlpost.trainers.objectives import RegularizerConfig as RegularizerConfig  # re-exported
+from rlpost.trainers.objectives import check_policy_batch, policy_objective
 
 
 @dataclass(frozen=True)
@@ -375,7 +374,7 @@ class FSDPEngine:
 
     def named_weights(self, merged: bool = True) -> list[tuple[str, torch.Tensor]] | None:
         """Full weights on rank 0 (None elsewhere), named and laid out as in the model's
-        checkpoint files (``trainers.hf_format``). Collective: call on every rank.
+        checkpoint files (``rlpost.trainers.hf_format``). Collective: call on every rank.
 
         Under LoRA the adapter is folded in (``W + alpha/r * B A``) and the names are
         the base model's, so an engine without LoRA support loads them as they are
@@ -423,7 +422,7 @@ class FSDPEngine:
     def save_checkpoint(self, path: str) -> str:
         """Write sharded model (the adapter only, under LoRA), optimizer, LR schedule and
         RNG states to ``path``, atomically. Collective: call on every rank."""
-        from trainers.fsdp.state import save_engine
+        from rlpost.trainers.fsdp.state import save_engine
 
         opt = self.updater.optimizer if self.updater else None
         sched = self.updater.scheduler if self.updater else None
@@ -437,7 +436,7 @@ class FSDPEngine:
         The engine must be built with the same model path and LoRA settings; the
         world size may differ (DCP reshards; RNG states then come from rank 0).
         """
-        from trainers.fsdp.state import load_engine
+        from rlpost.trainers.fsdp.state import load_engine
 
         opt = self.updater.optimizer if self.updater else None
         sched = self.updater.scheduler if self.updater else None

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-from trainers.hf_format import language_model
+from rlpost.trainers.hf_format import language_model
 
 PEFT_PREFIX = "base_model.model."
 ADAPTER = "default"

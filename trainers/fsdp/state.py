@@ -24,8 +24,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from trainers.files import check_dcp_metadata, safe_torch_load
+from rlpost.trainers.files import check_dcp_metadata, safe_torch_load
 
 PARTIAL_SUFFIX = ".partial"
 

@@ -22,10 +22,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from trainers.files import safe_torch_load
-from trainers.fsdp.state import PARTIAL_SUFFIX, rng_state, set_rng_state
-from trainers.megatron.model import MegatronModel
+from rlpost.trainers.files import safe_torch_load
+from rlpost.trainers.fsdp.state import PARTIAL_SUFFIX, rng_state, set_rng_state
+from rlpost.trainers.megatron.model import MegatronModel
 
 
 def save(m: MegatronModel, path: str) -> str:

@@ -8,9 +8,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-
-from trainers.engine_config import EngineConfig
-from trainers.megatron.convert import ModelShape
+from rlpost.trainers.engine_config import EngineConfig
+from rlpost.trainers.megatron.convert import ModelShape
 
 
 @dataclass(frozen=True)

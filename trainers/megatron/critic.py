@@ -15,15 +15,14 @@ import time
 
 import torch
 import torch.nn.functional as F
-
-from algos import clipped_value_loss
-from trainers.batch import TrajectoryBatch
-from trainers.fsdp.common import run_epochs
-from trainers.megatron import checkpoint, cpu_shim
-from trainers.megatron.config import MegatronEngineConfig
-from trainers.megatron.model import MegatronModel
-from trainers.megatron.schedule import dp_batch, rows_from_last_stage
-from trainers.objectives import critic_metrics
+from rlpost.algos import clipped_value_loss
+from rlpost.trainers.batch import TrajectoryBatch
+from rlpost.trainers.fsdp.common import run_epochs
+from rlpost.trainers.megatron import checkpoint, cpu_shim
+from rlpost.trainers.megatron.config import MegatronEngineConfig
+from rlpost.trainers.megatron.model import MegatronModel
+from rlpost.trainers.megatron.schedule import dp_batch, rows_from_last_stage
+from rlpost.trainers.objectives import critic_metrics
 
 
 def _values(output_bt1: torch.Tensor) -> torch.Tensor:
@@ -97,12 +96,12 @@ class MegatronCriticEngine:
 
     @cpu_shim.runs_on_cpu
     def save_checkpoint(self, path: str) -> str:
-        """``trainers.megatron.checkpoint.save``. Collective."""
+        """``rlpost.trainers.megatron.checkpoint.save``. Collective."""
         return checkpoint.save(self.m, path)
 
     @cpu_shim.runs_on_cpu
     def load_checkpoint(self, path: str) -> None:
-        """``trainers.megatron.checkpoint.load`` into this freshly built engine. Collective."""
+        """``rlpost.trainers.megatron.checkpoint.load`` into this freshly built engine. Collective."""
         checkpoint.load(self.m, path)
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ controller drive either one alike. What differs inside:
 - **Model and steps** are ``model.MegatronModel``'s: megatron-core's
   ``GPTModel`` converted from the HF checkpoint, every forward and backward
   through megatron's schedule, globally normalised losses.
-- **Losses** are ``trainers.objectives`` (the ``algos`` functions), the same
+- **Losses** are ``rlpost.trainers.objectives`` (the ``algos`` functions), the same
   as the FSDP engine's.
 """
 
@@ -26,22 +26,21 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-
-from algos import LossNorm, PolicyLossConfig, entropy_from_logits, sft_loss
-from trainers.batch import TrajectoryBatch
-from trainers.files import atomic_directory
-from trainers.fsdp.common import pack, run_epochs, unpack
-from trainers.fsdp.engine import RegularizerConfig, token_logprobs
-from trainers.megatron import checkpoint, cpu_shim
-from trainers.megatron.config import (  # noqa: F401  (the engine's public names)
+from rlpost.algos import LossNorm, PolicyLossConfig, entropy_from_logits, sft_loss
+from rlpost.trainers.batch import TrajectoryBatch
+from rlpost.trainers.files import atomic_directory
+from rlpost.trainers.fsdp.common import pack, run_epochs, unpack
+from rlpost.trainers.fsdp.engine import RegularizerConfig, token_logprobs
+from rlpost.trainers.megatron import checkpoint, cpu_shim
+from rlpost.trainers.megatron.config import (  # noqa: F401  (the engine's public names)
     MegatronEngineConfig,
     MegatronParallel,
     check_divisible,
 )
-from trainers.megatron.convert import megatron_to_hf
-from trainers.megatron.model import MegatronModel
-from trainers.megatron.schedule import dp_batch, from_last_stage, rows_from_last_stage
-from trainers.objectives import check_policy_batch, policy_objective
+from rlpost.trainers.megatron.convert import megatron_to_hf
+from rlpost.trainers.megatron.model import MegatronModel
+from rlpost.trainers.megatron.schedule import dp_batch, from_last_stage, rows_from_last_stage
+from rlpost.trainers.objectives import check_policy_batch, policy_objective
 
 # A policy micro-batch loss: log-probs (b, t), entropies (b, t) or None -> (loss, metrics).
 PolicyMicroLoss = Callable[
@@ -226,7 +225,7 @@ class MegatronEngine:
     @cpu_shim.runs_on_cpu
     def named_weights(self, merged: bool = True) -> list[tuple[str, torch.Tensor]] | None:
         """Full weights on rank 0 (None elsewhere), under the model's checkpoint names
-        (``trainers.hf_format``), the tied copy ``lm_head.weight`` included as the
+        (``rlpost.trainers.hf_format``), the tied copy ``lm_head.weight`` included as the
         FSDP engine sends it (a tied head module in vLLM is refreshed only by its
         own name). Collective: call on every rank."""
         state = self.m.gathered_state()
@@ -245,9 +244,8 @@ class MegatronEngine:
         weights = self.named_weights()
         if self.rank != 0:
             return None
+        from rlpost.trainers.hf_format import CheckpointLayout
         from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from trainers.hf_format import CheckpointLayout
 
         assert weights is not None
         model = AutoModelForCausalLM.from_config(self.m.hf_config, dtype=torch.float32)
@@ -264,12 +262,12 @@ class MegatronEngine:
     # -- checkpoints ----------------------------------------------------------------------
     @cpu_shim.runs_on_cpu
     def save_checkpoint(self, path: str) -> str:
-        """``trainers.megatron.checkpoint.save``. Collective."""
+        """``rlpost.trainers.megatron.checkpoint.save``. Collective."""
         return checkpoint.save(self.m, path)
 
     @cpu_shim.runs_on_cpu
     def load_checkpoint(self, path: str) -> None:
-        """``trainers.megatron.checkpoint.load`` into this freshly built engine. Collective."""
+        """``rlpost.trainers.megatron.checkpoint.load`` into this freshly built engine. Collective."""
         checkpoint.load(self.m, path)
 
     def close(self) -> None:

@@ -5,7 +5,7 @@ Legend: b = samples, t = tokens, s = sequence (megatron's leading dim), h = hidd
 
 - **Model.** megatron-core's ``GPTModel`` with the local layer spec (no
   Transformer Engine), weights converted from the HF checkpoint by
-  ``trainers.megatron.convert``; on a machine without CUDA ``cpu_shim`` makes it
+  ``rlpost.trainers.megatron.convert``; on a machine without CUDA ``cpu_shim`` makes it
   run with gloo. A critic's output layer is a scalar value head instead of the
   vocabulary projection.
 - **Steps.** Every forward and backward goes through megatron's
@@ -23,24 +23,23 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from algos import LossNorm
-from trainers.batch import TrajectoryBatch
-from trainers.fsdp.common import (
+from rlpost.algos import LossNorm
+from rlpost.trainers.batch import TrajectoryBatch
+from rlpost.trainers.fsdp.common import (
     SUMMED_METRICS,
     global_metrics,
     global_norm,
     init_distributed,
     micro_batches,
 )
-from trainers.megatron import cpu_shim, sequence_parallel
-from trainers.megatron.config import (
+from rlpost.trainers.megatron import cpu_shim, sequence_parallel
+from rlpost.trainers.megatron.config import (
     MegatronEngineConfig,
     check_divisible,
     transformer_config,
 )
-from trainers.megatron.context_parallel import ContextParallelAttention
-from trainers.megatron.convert import (
+from rlpost.trainers.megatron.context_parallel import ContextParallelAttention
+from rlpost.trainers.megatron.convert import (
     hf_to_megatron,
     is_expert,
     shape_from_hf,
@@ -49,7 +48,7 @@ from trainers.megatron.convert import (
     tp_merge,
     tp_split,
 )
-from trainers.megatron.schedule import (
+from rlpost.trainers.megatron.schedule import (
     OnOutput,
     all_keys,
     dp_batch,
@@ -238,9 +237,8 @@ class MegatronModel:
     @torch.no_grad()
     def load_hf_weights(self) -> None:
         """This rank's shards of the HF checkpoint's weights (a value head keeps its zeros)."""
+        from rlpost.trainers.hf_format import to_checkpoint_format
         from transformers import AutoModelForCausalLM
-
-        from trainers.hf_format import to_checkpoint_format
 
         hf_model = AutoModelForCausalLM.from_pretrained(self.cfg.model_path, dtype=torch.float32)
         full = hf_to_megatron(to_checkpoint_format(hf_model, hf_model.state_dict()), self.shape)

@@ -14,10 +14,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-
-from trainers.batch import TrajectoryBatch
-from trainers.fsdp.common import pack
-from trainers.megatron.context_parallel import gather_output, pad_inputs, split_inputs
+from rlpost.trainers.batch import TrajectoryBatch
+from rlpost.trainers.fsdp.common import pack
+from rlpost.trainers.megatron.context_parallel import gather_output, pad_inputs, split_inputs
 
 # What the last stage does with one micro-batch's model output: (loss, result). The
 # losses are summed and back-propagated; the results are returned in order.

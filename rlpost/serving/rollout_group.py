@@ -13,7 +13,7 @@ and a replica batches whatever it has.
     results = pending.result()                 # input order
     seconds = group.load_weights(weights_ref)  # one object-store copy for all
 
-PD mode (``engine_cfg`` a ``rollout.pd.PDEngineConfig``; ``rollout.pd.enabled``):
+PD mode (``engine_cfg`` a ``rlpost.rollout.pd.PDEngineConfig``; ``rollout.pd.enabled``):
 the first ``prefill_replicas`` workers are KV producers, the rest KV
 consumers. Each request goes to a prefill replica (one greedy token; it
 stores the prompt's KV in the connector), then to a decode replica that loads
@@ -38,12 +38,11 @@ from typing import Any, TypeVar
 
 import ray
 
-from rlpost.pending_generation import PendingGeneration
-from rlpost.placement import cpu_threads
+from rlpost.rollout.base import GenerationRequest, GenerationResult
+from rlpost.rollout.pd import FILE_CONNECTORS, PDEngineConfig, PDRouter, prefill_request
+from rlpost.rollout.router import Router
+from rlpost.serving.pending import PendingGeneration
 from rlpost.workers.rollout_worker import RolloutWorker
-from rollout.base import GenerationRequest, GenerationResult
-from rollout.pd import FILE_CONNECTORS, PDEngineConfig, PDRouter, prefill_request
-from rollout.router import Router
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -153,19 +152,6 @@ class RolloutGroup:
     def decode_workers(self) -> list[Any]:
         """PD mode: the KV consumers, which return the samples; otherwise every worker."""
         return self.workers[self.pd.prefill_replicas :] if self.pd else self.workers
-
-    @classmethod
-    def from_config(cls, cfg: Any, model_path: str, device: Any) -> RolloutGroup:
-        """The group ``cfg.rollout`` describes (``cfg``: an ``rlpost.config.Config``;
-        ``device``: an ``rlpost.device.DeviceSpec``)."""
-        return cls(
-            engine_config(cfg, model_path, device.kind),
-            replicas=cfg.rollout.replicas,
-            num_cpus=cfg.rollout.num_cpus,
-            threads=cpu_threads(cfg, device.kind, "rollout"),
-            device_opts=device.ray_resource,
-            engine=cfg.rollout.name,
-        )
 
     # -- generation --------------------------------------------------------
 
@@ -289,34 +275,6 @@ class RolloutGroup:
         self._adapter, self._version = ref, self._version + 1
         self._call_live("load_lora_adapter", ref)
         return time.perf_counter() - start
-
-    def check_health(self, timeout_s: float = 10.0) -> list[bool]:
-        """Ping every replica; mark each healthy or not by whether it answers.
-        A dead one is restarted; one restarting counts as not alive."""
-        self._poll_restarts()
-        refs = {
-            i: w.ready.remote()
-            for i, w in enumerate(self.workers)
-            if i not in self._restarting and i not in self._left_out
-        }
-        ready: list[Any] = []
-        if refs:
-            ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
-        alive = []
-        for i in range(len(self.workers)):
-            ok = False
-            if refs.get(i) in ready:
-                try:
-                    ok = bool(ray.get(refs[i]))
-                except ray.exceptions.RayActorError as exc:
-                    self._on_failure(i, exc)
-                except ray.exceptions.RayError:
-                    ok = False
-            if i not in self._restarting:
-                router, index = self._router_of(i)
-                (router.mark_healthy if ok else router.mark_unhealthy)(index)
-            alive.append(ok)
-        return alive
 
     # -- restarts ------------------------------------------------------------
 
@@ -511,67 +469,6 @@ class RolloutGroup:
 
             shutil.rmtree(self._own_kv_dir, ignore_errors=True)
             self._own_kv_dir = None
-
-
-def engine_config(cfg: Any, model_path: str, device_kind: str) -> Any:
-    """The engine config for ``cfg.rollout.name`` from the run config."""
-    r = cfg.rollout
-    if r.name == "hf":
-        from rollout.hf import HFEngineConfig
-
-        return HFEngineConfig(
-            model_path=model_path,
-            dtype=r.dtype,
-            max_model_len=r.max_model_len,
-            seed=cfg.trainer.seed,
-            device=device_kind,
-        )
-    if r.name == "sglang" and r.pd.enabled:
-        from rollout.sglang.pd import SGLangPDConfig
-
-        return SGLangPDConfig(
-            model_path=model_path,
-            prefill_replicas=r.pd.prefill_replicas,
-            decode_replicas=r.pd.decode_replicas,
-            transfer_backend=r.pd.transfer_backend,
-            dtype=r.dtype,
-            max_model_len=r.max_model_len,
-            mem_fraction_static=r.gpu_memory_utilization,
-            seed=cfg.trainer.seed,
-        )
-    if r.name == "sglang":
-        from rollout.sglang.engine import SGLangEngineConfig
-
-        return SGLangEngineConfig(
-            model_path=model_path,
-            dtype=r.dtype,
-            max_model_len=r.max_model_len,
-            mem_fraction_static=r.gpu_memory_utilization,
-            seed=cfg.trainer.seed,
-        )
-    from rollout.vllm import VLLMEngineConfig
-
-    base = VLLMEngineConfig(
-        model_path=model_path,
-        dtype=r.dtype,
-        max_model_len=r.max_model_len,
-        kv_cache_gib=r.kv_cache_gib,
-        gpu_memory_utilization=r.gpu_memory_utilization,
-        enforce_eager=r.enforce_eager,
-        seed=cfg.trainer.seed,
-        device=device_kind,
-        block_size=r.block_size,
-        cpu_threads_bind=str(r.cpu_threads_bind),
-        lora=cfg.model.lora.rank if r.lora_sync == "adapter" else 0,
-        max_images=r.max_images,
-    )
-    if not r.pd.enabled:
-        return base
-    from rollout.pd import pd_engine_config
-
-    return pd_engine_config(
-        base, r.pd.prefill_replicas, r.pd.decode_replicas, r.pd.connector, r.pd.shared_dir
-    )
 
 
 def _is_sglang_pd(engine_cfg: Any) -> bool:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rlpost.tasks.arith import ArithTask
-from rlpost.tasks.calc import CalcTask
-from rlpost.tasks.shapes import ShapesTask
+from rlpost.data.tasks.arith import ArithTask
+from rlpost.data.tasks.calc import CalcTask
+from rlpost.data.tasks.shapes import ShapesTask
 
 TASKS: dict[str, type] = {"arith": ArithTask, "calc": CalcTask, "shapes": ShapesTask}
 VISION_TASKS = ("shapes",)  # prompts with images: a vision-language model is needed

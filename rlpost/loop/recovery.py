@@ -2,7 +2,7 @@
 trainer rank's death, a stop signal, NaN updates and a rollout that samples from
 other weights than the trainer's.
 
-``Recovery`` is the part of ``rlpost.controller.Controller`` that handles these;
+``Recovery`` is the part of ``rlpost.loop.controller.Controller`` that handles these;
 the attributes it names are the controller's.
 """
 
@@ -19,20 +19,20 @@ from typing import TYPE_CHECKING, Any
 import torch
 from ray.exceptions import RayActorError
 
-from rlpost.checkpoint import (
+from rlpost.config.groups import Config
+from rlpost.data.rows import PromptStream
+from rlpost.loop.checkpoint import (
     CheckpointManager,
     load_driver_state,
     pick_checkpoint,
     save_driver_state,
 )
-from rlpost.config import Config
-from rlpost.data import PromptStream
-from rlpost.faults import Interrupted
-from rlpost.result import RunError
-from rlpost.tracking import Tracker
+from rlpost.loop.faults import Interrupted
+from rlpost.loop.result import RunError
+from rlpost.loop.tracking import Tracker
 
 if TYPE_CHECKING:
-    from rlpost.controller import Workers
+    from rlpost.loop.controller import Workers
 
 log = logging.getLogger(__name__)
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rlpost.config import Config
+    from rlpost.config.groups import Config
 
 
 def cross_checks(cfg: Config) -> list[str]:
     """Problems that involve more than one key (each group's own fields are checked
     by the schema); every problem is reported, not only the first."""
-    from algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+    from rlpost.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 
     problems = []
     a = cfg.algo

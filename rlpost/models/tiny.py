@@ -17,7 +17,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config,
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
-from trainers.files import atomic_directory
+from rlpost.trainers.files import atomic_directory
 
 PAD = "<|pad|>"
 USER = "<|user|>"

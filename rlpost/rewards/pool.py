@@ -8,7 +8,7 @@ replaced) and a worker that dies takes only its own call with it. Either is
 reported as a failed call, like a raise; nothing reaches the driver but
 outcomes.
 
-Workers are fresh interpreters (``python -m rlpost.reward_pool``), not forks:
+Workers are fresh interpreters (``python -m rlpost.rewards.pool``), not forks:
 the driver has Ray's threads, and forking a threaded process can deadlock the
 child; nor ``multiprocessing``'s spawn, which re-runs the user's script in
 each worker when it lacks an ``if __name__ == "__main__":`` guard.
@@ -44,7 +44,7 @@ class Outcome:
 def _serve(conn: Connection) -> None:
     """Worker loop: receive ``(spec, plan)``, load the function once, then answer
     ``(index, completion, row, extras)`` messages with ``(index, status, value_or_traceback)``."""
-    from rlpost.rewards import load_reward_fn
+    from rlpost.rewards.loading import load_reward_fn
 
     # The driver decides when to stop: Ctrl-C in a terminal (SIGINT to the whole
     # process group) or a scheduler's SIGTERM to every process must not end a call
@@ -78,7 +78,7 @@ class _Worker:
         parent, child = socket.socketpair()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rlpost.reward_pool", str(child.fileno())],
+            [sys.executable, "-m", "rlpost.rewards.pool", str(child.fileno())],
             pass_fds=[child.fileno()],
             env=env,
             start_new_session=True,  # out of the terminal's process group: Ctrl-C is the driver's
@@ -99,7 +99,7 @@ class _Worker:
 
 class RewardPool:
     """``num_workers`` processes running one reward function (by ``spec``), called
-    through ``plan`` (a ``rlpost.rewards.CallPlan``)."""
+    through ``plan`` (a ``rlpost.rewards.scoring.CallPlan``)."""
 
     def __init__(self, spec: str, plan: Any, num_workers: int, timeout_s: float):
         if num_workers < 1:

@@ -14,7 +14,7 @@ import io
 import random
 from dataclasses import dataclass
 
-from rlpost.tasks.arith import correctness as _exact_answer
+from rlpost.data.tasks.arith import correctness as _exact_answer
 
 DATA_SOURCE = "shapes"
 COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (50, 70, 220), "yellow": (230, 210, 40)}  # fmt: skip

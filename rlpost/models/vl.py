@@ -1,14 +1,14 @@
-"""Tiny random-weight vision-language models, built locally like ``rlpost.archs``.
+"""Tiny random-weight vision-language models, built locally like ``rlpost.models.archs``.
 
 A VL directory holds what a hub checkpoint holds: the model, the tokenizer
-(``rlpost.archs``' byte-level BPE plus the model's image tokens) with a chat
+(``rlpost.models.archs``' byte-level BPE plus the model's image tokens) with a chat
 template that renders image parts, and the processor that turns an image into
 ``pixel_values`` and expands its placeholder into the image's tokens.
 
-    python -m rlpost.vl.models LlavaForConditionalGeneration /tmp/tiny-llava
+    python -m rlpost.models.vl LlavaForConditionalGeneration /tmp/tiny-llava
 
 Every model has a two-layer language model (hidden 256, head_dim 64, as
-``rlpost.archs``) and a two-layer vision tower of width 64. Images are small so
+``rlpost.models.archs``) and a two-layer vision tower of width 64. Images are small so
 that two CPU cores train on them: 56x56 pixels (64x64 for Qwen3-VL, whose
 patches are 16 pixels), which the processor resizes any input image to, give
 4 image tokens (16 for LLaVA, one per patch). Weights that transformers starts
@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from rlpost.archs import GEMMA_INIT_STD, GEMMA_SLIDING_WINDOW, INIT_STD, build_tokenizer
-from trainers.files import atomic_directory
+from rlpost.models.archs import GEMMA_INIT_STD, GEMMA_SLIDING_WINDOW, INIT_STD, build_tokenizer
+from rlpost.trainers.files import atomic_directory
 
 IMAGE_SIDE = 56  # pixels; 14-pixel patches merged 2x2 give 4 image tokens
 
@@ -72,7 +72,7 @@ def vl_tokenizer(
     gemma: bool = False,
     plain: tuple[str, ...] = (),
 ) -> Any:
-    """``rlpost.archs``' tokenizer plus special ``tokens``, of which ``named`` are also
+    """``rlpost.models.archs``' tokenizer plus special ``tokens``, of which ``named`` are also
     attributes (``tokenizer.image_token``, ... as processors look them up), and
     ``plain`` tokens that are not special."""
     from transformers import PreTrainedTokenizerFast
@@ -306,13 +306,13 @@ VL_ARCHS: dict[str, Callable[[], tuple[Any, Any, Any]]] = {
 def build_vl_model(arch: str, out_dir: str | Path, seed: int = 0) -> Path:
     """Write a random-weight tiny VL ``arch`` model, its tokenizer and processor to
     ``out_dir`` (atomically; an existing directory is replaced), with weights named
-    as hub checkpoints name them (``trainers.hf_format.use_hub_layout``)."""
-    from rlpost.vl.compat import NoVideo, install
+    as hub checkpoints name them (``rlpost.trainers.hf_format.use_hub_layout``)."""
+    from rlpost.trainers.vl_compat import NoVideo, install
 
     install()
     import transformers
 
-    from trainers.hf_format import use_hub_layout
+    from rlpost.trainers.hf_format import use_hub_layout
 
     if arch not in VL_ARCHS:
         raise ValueError(f"unknown VL architecture {arch!r}; choose one of {', '.join(VL_ARCHS)}")
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m rlpost.vl.models",
+        prog="python -m rlpost.models.vl",
         description="Write a tiny random-weight vision-language model directory.",
     )
     parser.add_argument("arch", choices=list(VL_ARCHS), help="transformers class")

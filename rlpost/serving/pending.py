@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from rollout.base import GenerationRequest, GenerationResult
+from rlpost.rollout.base import GenerationRequest, GenerationResult
 
 if TYPE_CHECKING:
-    from rlpost.rollout_group import RolloutGroup
+    from rlpost.serving.rollout_group import RolloutGroup
 
 
 class PendingGeneration:

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from trainers.files import safe_torch_load
+from rlpost.trainers.files import safe_torch_load
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from rlpost.vl.images import check_images, resolve_paths
+from rlpost.data.images import check_images, resolve_paths
 
 logger = logging.getLogger(__name__)
 

@@ -6,10 +6,10 @@ from typing import Any
 
 import torch
 
-from rlpost.data import prompt_messages
-from rlpost.vl.images import row_images
-from rollout.base import GenerationResult
-from trainers.batch import TrajectoryBatch, pad_sequences
+from rlpost.data.images import row_images
+from rlpost.data.rows import prompt_messages
+from rlpost.rollout.base import GenerationResult
+from rlpost.trainers.batch import TrajectoryBatch, pad_sequences
 
 
 def encode_prompt(tokenizer: Any, row: dict) -> list[int]:
@@ -92,7 +92,7 @@ def sft_batch(tokenizer: Any, rows: list[dict], image_inputs: Any = None) -> Tra
     A row holds either ``messages`` (a whole, possibly multi-turn, conversation:
     every assistant turn is a target) or a ``prompt`` and a ``response`` (the
     response and the end token are the target). With ``image_inputs`` (a VL
-    model's ``rlpost.vl.inputs.ImageInputs``) a prompt's images are expanded
+    model's ``rlpost.models.vl_inputs.ImageInputs``) a prompt's images are expanded
     into their tokens and carried by the batch.
     """
     ids, resp = [], []

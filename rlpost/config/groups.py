@@ -1,28 +1,14 @@
-"""Config schema (one dataclass per Hydra group) and composition.
-
-Hydra composes ``configs/config.yaml`` with the group choices named on the
-command line; ``key=value`` overrides are merged afterwards without struct
-checks, so that *every* unknown or bad key is reported at once by the schema
-validator instead of Hydra stopping at the first one.
-"""
+"""The run config's schema: one frozen dataclass per Hydra group, validated by
+``rlpost.config.schema``; ``Config`` holds them all."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
-from rlpost.config_checks import cross_checks
-from rlpost.schema import ConfigError, spec, validate
+from rlpost.config.schema import spec
 
 GROUPS = ("algo", "model", "rollout", "trainer", "data", "reward", "agent")
-
-
-def config_dir() -> Path:
-    """``configs/`` of the checkout, or ``$RLPOST_CONFIG_DIR``."""
-    env = os.environ.get("RLPOST_CONFIG_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "configs"
 
 
 ALGO_PRESETS = (
@@ -423,117 +409,3 @@ SCHEMAS: dict[str, type] = {
     "reward": RewardConfig,
     "agent": AgentConfig,
 }
-
-
-def from_dict(raw: dict[str, Any]) -> Config:
-    """Validate a plain nested dict; raises ConfigError listing every problem."""
-    problems: list[str] = []
-    for key in raw:
-        if key not in SCHEMAS:
-            problems.append(f"{key}: unknown config group; groups are {', '.join(GROUPS)}")
-    groups: dict[str, Any] = {}
-    for name, schema in SCHEMAS.items():
-        data = raw.get(name, {} if name == "agent" else None)  # agent: newer than the rest
-        if data is None:
-            problems.append(f"{name}: missing config group")
-            continue
-        if not isinstance(data, dict):
-            problems.append(f"{name}={data!r}: expected a mapping")
-            continue
-        obj, errs = validate(schema, data, name)
-        problems.extend(errs)
-        groups[name] = obj
-    if problems:
-        raise ConfigError(problems)
-    cfg = Config(**groups)
-    problems = cross_checks(cfg)
-    if problems:
-        raise ConfigError(problems)
-    return _derive(cfg)
-
-
-def _derive(cfg: Config) -> Config:
-    """Values computed from others, in this one place."""
-    import dataclasses
-
-    pd = cfg.rollout.pd
-    if pd.enabled:
-        # Placement reserves, and the rollout group starts, prefill + decode replicas.
-        rollout = dataclasses.replace(
-            cfg.rollout, replicas=pd.prefill_replicas + pd.decode_replicas
-        )
-        cfg = dataclasses.replace(cfg, rollout=rollout)
-    if cfg.rollout.dtype == "auto":
-        bf16 = cfg.trainer.mixed_precision == "bf16"
-        dtype = "bfloat16" if bf16 else cfg.model.dtype
-        cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, dtype=dtype))
-    return cfg
-
-
-def _split_overrides(overrides: list[str]) -> tuple[list[str], list[str], list[str]]:
-    """Group choices (``algo=grpo``), value overrides (``a.b=1``) and malformed ones."""
-    choices, values, bad = [], [], []
-    for item in overrides:
-        key, sep, _ = item.partition("=")
-        key = key.lstrip("+~")
-        if not sep or not key:
-            bad.append(f"{item!r}: overrides look like key=value (e.g. trainer.total_steps=20)")
-        elif "." not in key and key in GROUPS:
-            choices.append(item)
-        else:
-            values.append(item)
-    return choices, values, bad
-
-
-def compose_dict(overrides: list[str]) -> dict[str, Any]:
-    """Hydra composition + dotted overrides, as a plain dict (not yet validated)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-
-    choices, values, bad = _split_overrides(overrides)
-    if bad:
-        raise ConfigError(bad)
-    problems = []
-    for item in choices:
-        group, _, option = item.partition("=")
-        group = group.lstrip("+~")
-        if not (config_dir() / group / f"{option}.yaml").exists():
-            available = sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
-            problems.append(f"{group}={option}: no such preset; available: {', '.join(available)}")
-    if problems:
-        raise ConfigError(problems)
-    try:
-        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-            composed = hydra_compose(config_name="config", overrides=choices)
-    except HydraException as exc:
-        raise ConfigError([str(exc)]) from exc
-    OmegaConf.set_struct(composed, False)
-    merged = OmegaConf.merge(composed, OmegaConf.from_dotlist([v.lstrip("+") for v in values]))
-    raw = OmegaConf.to_container(merged, resolve=True)
-    assert isinstance(raw, dict)
-    raw.pop("hydra", None)
-    return {str(k): v for k, v in raw.items()}
-
-
-def compose(overrides: list[str] | None = None) -> Config:
-    """Compose and validate the config, as ``python -m rlpost.main`` does."""
-    return from_dict(compose_dict(list(overrides or [])))
-
-
-def to_dict(cfg: Config) -> dict[str, Any]:
-    import dataclasses
-
-    return dataclasses.asdict(cfg)
-
-
-def keys_markdown() -> str:
-    """The README's table of every config key (a test keeps the two in sync)."""
-    from rlpost.schema import describe
-
-    lines = ["| key | type | meaning |", "| --- | --- | --- |"]
-    for name, schema in SCHEMAS.items():
-        for key, tp, text in describe(schema, name):
-            lines.append(f"| `{key}` | {tp} | {text} |")
-    return "\n".join(lines)

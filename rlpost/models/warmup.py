@@ -19,15 +19,15 @@ from typing import Any
 
 from tqdm import tqdm
 
-from rlpost.config import Config, ModelConfig, TrainerConfig
-from rlpost.data import PromptStream
-from rlpost.samples import sft_batch
-from rlpost.tasks import TASKS, build_task
-from rlpost.vl.inputs import ImageInputs
+from rlpost.config.groups import Config, ModelConfig, TrainerConfig
+from rlpost.data.rows import PromptStream
+from rlpost.data.samples import sft_batch
+from rlpost.data.tasks import TASKS, build_task
+from rlpost.models.vl_inputs import ImageInputs
 
 log = logging.getLogger(__name__)
 WARMUP_VERSION = 3
-# Built-in vision-language presets: name -> the transformers class built (rlpost.vl.models)
+# Built-in vision-language presets: name -> the transformers class built (rlpost.models.vl)
 VL_PRESETS = {"tiny_vl": "Qwen2VLForConditionalGeneration"}
 PROBE_ROWS = 256
 
@@ -95,8 +95,8 @@ def builtin_model(cfg: Config, make_trainer: Callable[[str, float, int], Any]) -
     ``make_trainer(model_path, lr, lr_warmup_steps)`` returns a ``TrainerGroup`` on that
     model, built from ``warmup_config(cfg)``.
     """
-    from rlpost.tiny import build_tiny_model
-    from rlpost.vl.models import build_vl_model
+    from rlpost.models.tiny import build_tiny_model
+    from rlpost.models.vl import build_vl_model
 
     out = cache_root(cfg) / warmup_key(cfg)
     if (out / "config.json").exists():

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from ray.exceptions import RayActorError
 
-from algos import (
+from rlpost.algos import (
     AdaptiveKLController,
     AdvantageConfig,
     FixedKLController,
@@ -28,23 +28,23 @@ from algos import (
     overlong_penalty,
     zero_std_groups,
 )
-from rlpost.checkpoint import (
+from rlpost.config.groups import Config
+from rlpost.data.images import row_images
+from rlpost.data.rows import PromptStream
+from rlpost.data.samples import encode_prompt, rollout_batch
+from rlpost.loop.checkpoint import (
     CheckpointManager,
 )
-from rlpost.config import Config
-from rlpost.data import PromptStream
-from rlpost.pending_generation import PendingGeneration
-from rlpost.recovery import Recovery
-from rlpost.result import RunResult
-from rlpost.rewards import RewardScorer
-from rlpost.rollout_group import RolloutGroup
-from rlpost.samples import encode_prompt, rollout_batch
-from rlpost.tracking import Tracker
-from rlpost.vl.images import row_images
+from rlpost.loop.recovery import Recovery
+from rlpost.loop.result import RunResult
+from rlpost.loop.tracking import Tracker
+from rlpost.rewards.scoring import RewardScorer
+from rlpost.rollout.base import GenerationRequest, GenerationResult, SamplingConfig
+from rlpost.serving.pending import PendingGeneration
+from rlpost.serving.rollout_group import RolloutGroup
+from rlpost.trainers.batch import TrajectoryBatch
+from rlpost.trainers.fsdp import RegularizerConfig
 from rlpost.workers.trainer_worker import TrainerGroup
-from rollout.base import GenerationRequest, GenerationResult, SamplingConfig
-from trainers.batch import TrajectoryBatch
-from trainers.fsdp import RegularizerConfig
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class Controller(Recovery):
         self.tokenizer, self.scorer, self.tracker = tokenizer, scorer, tracker
         self.val_rows = val_rows
         self.agent = agent  # an AgentRollout: samples are multi-turn episodes (agent.*)
-        self.image_inputs = image_inputs  # a VL model's image processor (rlpost.vl.inputs)
+        self.image_inputs = image_inputs  # a VL model's image processor (rlpost.models.vl_inputs)
         self.ckpt = CheckpointManager(run_dir, cfg.trainer.keep_last)
         self.stream = PromptStream(
             train_rows, seed=cfg.trainer.seed, batch_size=cfg.data.prompts_per_step
@@ -273,7 +273,7 @@ class Controller(Recovery):
         return metrics
 
     def sft_step(self, step: int) -> dict[str, float]:
-        from rlpost.samples import sft_batch
+        from rlpost.data.samples import sft_batch
 
         start = time.perf_counter()
         batch = sft_batch(self.tokenizer, self.stream.next_batch())
@@ -373,7 +373,7 @@ class Controller(Recovery):
     ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         flat_rows = [row for row in rows for _ in range(repeat)]
         if self.agent is not None:
-            from rlpost.agent_rollout import score_episodes
+            from rlpost.serving.agent_episodes import score_episodes
 
             named_only = self.adv_cfg.estimator == "gdpo"
             return score_episodes(self.scorer, results, flat_rows, named_only=named_only)

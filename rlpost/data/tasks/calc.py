@@ -22,7 +22,7 @@ from dataclasses import dataclass
 # The episode's final answer is scored as the arithmetic task scores its completion:
 # ``correctness`` (the text up to the end token equals the answer) and ``format``
 # (digits only), correctness alone in the default total.
-from rlpost.tasks.arith import correctness, format_reward, reward, split_pairs
+from rlpost.data.tasks.arith import correctness, format_reward, reward, split_pairs
 
 __all__ = ["CalcTask", "correctness", "format_reward", "reward", "solved_chat", "tool_call_text"]
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlpost.config import Config
-from rlpost.schema import ConfigError
+from rlpost.config.groups import Config
+from rlpost.config.schema import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ that transformers class (hidden 256, head_dim 64) with random weights, and a
 byte-level BPE tokenizer trained here on a small built-in corpus, with a chat
 template. Nothing is downloaded. ``python -m rlpost.support`` sends each of
 these through the whole loop to produce ``SUPPORT.md``;
-``python -m rlpost.archs ARCH OUT_DIR`` writes one.
+``python -m rlpost.models.archs ARCH OUT_DIR`` writes one.
 
 Shapes are the smallest that every engine accepts: vLLM's CPU attention
 refuses head_dim 16 (32 and 64 work) and its CPU MLA kernel (DeepSeek) needs
@@ -31,7 +31,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from trainers.files import atomic_directory
+from rlpost.trainers.files import atomic_directory
 
 VOCAB_SIZE = 512  # model vocabulary; the tokenizer is padded to exactly this many tokens
 INIT_STD = 0.1
@@ -316,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m rlpost.archs", description="Write a tiny random-weight model directory."
+        prog="python -m rlpost.models.archs",
+        description="Write a tiny random-weight model directory.",
     )
     parser.add_argument("arch", choices=list(ARCHS), help="transformers class")
     parser.add_argument("out_dir", help="directory to write (replaced if it exists)")

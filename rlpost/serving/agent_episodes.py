@@ -21,13 +21,13 @@ from typing import Any
 
 import torch
 
-from rlpost.config import Config
-from rlpost.result import RunError
-from rlpost.rewards import RewardScorer
-from rollout.agent import AgentLoopConfig, Episode, episode_metrics, load_env, run_episodes
-from rollout.agent.env import EnvFactory, ToolEnv
-from rollout.agent.tools import load_tools
-from rollout.base import Completion, GenerationRequest, GenerationResult, SamplingConfig
+from rlpost.config.groups import Config
+from rlpost.loop.result import RunError
+from rlpost.rewards.scoring import RewardScorer
+from rlpost.rollout.agent import AgentLoopConfig, Episode, episode_metrics, load_env, run_episodes
+from rlpost.rollout.agent.env import EnvFactory, ToolEnv
+from rlpost.rollout.agent.tools import load_tools
+from rlpost.rollout.base import Completion, GenerationRequest, GenerationResult, SamplingConfig
 
 
 def env_factory(cfg: Config) -> EnvFactory:

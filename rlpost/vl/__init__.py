@@ -1,1 +1,0 @@
-"""Vision-language models: the torchvision-less compatibility layer and tiny VL models."""
