@@ -127,7 +127,7 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 
 
 def keys_markdown() -> str:
-    """The README's table of every config key (a test keeps the two in sync)."""
+    """The table of every config key in docs/configuration.md (a test keeps the two in sync)."""
     from rlpost.config.schema import describe
 
     lines = ["| key | type | meaning |", "| --- | --- | --- |"]

@@ -22,7 +22,7 @@ class ConfigError(ValueError):
     def __init__(self, problems: list[str]):
         self.problems = problems
         super().__init__(
-            "invalid config:\n  " + "\n  ".join(problems) + "\n(see README 'Configuration')"
+            "invalid config:\n  " + "\n  ".join(problems) + "\n(see docs/configuration.md)"
         )
 
 
