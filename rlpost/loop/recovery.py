@@ -2,8 +2,9 @@
 trainer rank's death, a stop signal, NaN updates and a rollout that samples from
 other weights than the trainer's.
 
-``Recovery`` is the part of ``rlpost.loop.controller.Controller`` that handles these;
-the attributes it names are the controller's.
+The controller holds one ``Recovery``; it shares the controller's worker
+groups, prompt stream and KL controller, and calls back ``sync_weights`` after
+it has loaded new weights into the trainers.
 """
 
 from __future__ import annotations
@@ -11,10 +12,9 @@ from __future__ import annotations
 import logging
 import random
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from ray.exceptions import RayActorError
@@ -29,32 +29,37 @@ from rlpost.loop.checkpoint import (
 )
 from rlpost.loop.faults import Interrupted
 from rlpost.loop.result import RunError
+from rlpost.loop.roles import TrainerGroups, Workers
 from rlpost.loop.tracking import Tracker
-
-if TYPE_CHECKING:
-    from rlpost.loop.controller import Workers
 
 log = logging.getLogger(__name__)
 
 
-class Recovery(ABC):
-    cfg: Config
-    run_dir: Path
-    workers: Workers
-    ckpt: CheckpointManager
-    stream: PromptStream
-    kl_ctl: Any
-    tracker: Tracker
-    resumed_from: Path | None
-    rebuild_trainers: Callable[[], tuple[Any, Any, Any]] | None
-    stop_requested: Callable[[], int | None] | None
-    trainer_restarts: int
-    bad_steps: int
-    start_state: tuple[Any, ...]
-
-    @abstractmethod
-    def sync_weights(self) -> float:
-        """Send the policy's weights to the rollout; returns the seconds it took."""
+class Recovery:
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        workers: Workers,
+        stream: PromptStream,
+        kl_ctl: Any,
+        tracker: Tracker,
+        sync_weights: Callable[[], float],
+        rebuild_trainers: Callable[[], TrainerGroups] | None = None,
+        stop_requested: Callable[[], int | None] | None = None,
+    ):
+        """``rebuild_trainers`` closes the trainer groups and starts new ones (policy,
+        reference, critic) after a rank died; ``stop_requested`` returns the signal
+        that asked the run to stop, polled between steps."""
+        self.cfg, self.run_dir, self.workers = cfg, run_dir, workers
+        self.stream, self.kl_ctl, self.tracker = stream, kl_ctl, tracker
+        self.sync_weights = sync_weights
+        self.rebuild_trainers, self.stop_requested = rebuild_trainers, stop_requested
+        self.ckpt = CheckpointManager(run_dir, cfg.trainer.keep_last)
+        self.resumed_from: Path | None = None
+        self.trainer_restarts = 0
+        self.bad_steps = 0  # updates skipped in a row (NaN/Inf)
+        self.start_state: tuple[Any, ...] = ()
 
     def check_logprob_gap(self, step: int, metrics: dict[str, float]) -> None:
         """The rollout must sample from the weights being trained. A gap between its

@@ -4,7 +4,7 @@ import pytest
 
 from rlpost.config.compose import compose
 from rlpost.config.schema import ConfigError
-from rlpost.run import check_megatron_model
+from rlpost.plan.checks import check_megatron_model
 
 
 def _problems(*overrides: str) -> list[str]:

@@ -2,7 +2,7 @@
 
 from rlpost.data.samples import conversation_tokens, sft_batch
 from rlpost.models.tiny import build_tokenizer
-from rlpost.run import sft_row
+from rlpost.plan.inputs import sft_row
 
 CHAT = [
     {"role": "user", "content": "1+1="},

@@ -13,8 +13,8 @@ from rlpost.config.compose import compose
 from rlpost.data.tasks import TASKS, build_task
 from rlpost.data.tasks.calc import CalcTask, correctness, format_reward, reward, tool_call_text
 from rlpost.models.warmup import warmup_key
+from rlpost.plan.inputs import load_data
 from rlpost.rewards.loading import load_reward_fn
-from rlpost.run import load_data
 
 
 def test_split_deterministic_disjoint_and_complete():

@@ -8,7 +8,7 @@ import dataclasses
 from rlpost.config.compose import compose
 from rlpost.config.groups import TrainerConfig
 from rlpost.models.warmup import warmup_config, warmup_key
-from rlpost.run import engine_settings, lora_settings
+from rlpost.plan.engines import engine_settings, lora_settings
 
 PLAIN = ["trainer.device=cpu"]
 # Settings of the RL run that must not reach the warm-up.

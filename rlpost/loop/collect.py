@@ -1,0 +1,172 @@
+"""One step's samples: prompts sent to the rollout (single completions or agent
+episodes), scored by the reward, shaped (DAPO's overlong penalty) and, with
+dynamic sampling, refilled until enough groups disagree."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import torch
+
+from rlpost.algos import overlong_penalty, zero_std_groups
+from rlpost.config.groups import Config
+from rlpost.data.images import row_images
+from rlpost.data.rows import PromptStream
+from rlpost.data.samples import encode_prompt
+from rlpost.plan.algo import AlgoSettings
+from rlpost.rewards.scoring import RewardScorer
+from rlpost.rollout.base import GenerationRequest, GenerationResult, SamplingConfig
+from rlpost.serving.rollout_group import RolloutGroup
+
+
+@dataclasses.dataclass
+class Pending:
+    """A generation in flight: the step it is for, its prompt rows, the pending results."""
+
+    step: int
+    rows: list[dict]
+    ref: Any  # a PendingGeneration or, in agent mode, PendingEpisodes
+    start: float
+
+
+@dataclasses.dataclass
+class Rollouts:
+    """What one step generated: prompt rows, results (one per prompt) and scores."""
+
+    rows: list[dict]
+    results: list[GenerationResult]
+    scores: dict[str, torch.Tensor]
+
+
+class Collector:
+    """Sends prompts to the rollout group (or the agent's episodes) and scores what
+    comes back."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        algo: AlgoSettings,
+        stream: PromptStream,
+        rollout: RolloutGroup,
+        tokenizer: Any,
+        scorer: RewardScorer,
+        agent: Any = None,
+    ):
+        self.cfg, self.algo, self.stream = cfg, algo, stream
+        self.rollout, self.tokenizer, self.scorer = rollout, tokenizer, scorer
+        self.agent = agent  # an AgentRollout: samples are multi-turn episodes (agent.*)
+        self.sampling = algo.sampling
+
+    @property
+    def response_budget(self) -> int:
+        """The most response tokens a sample can have: one completion's, or a whole
+        episode's in agent mode (DAPO's overlong limit, Dr.GRPO's loss constant)."""
+        if self.agent is not None:
+            return self.cfg.agent.max_response_tokens
+        return self.sampling.max_tokens
+
+    def launch(self, step: int) -> Pending:
+        """Start generating one step's prompts; returns at once."""
+        rows = self.stream.next_batch()
+        return Pending(
+            step, rows, self.request(rows, self.sampling, step * 1000), time.perf_counter()
+        )
+
+    def request(self, rows: list[dict], sampling: SamplingConfig, seed: int | None) -> Any:
+        """Send ``rows`` to the rollout; returns a reference to the results."""
+        if seed is not None:
+            sampling = dataclasses.replace(sampling, seed=self.cfg.trainer.seed * 100_003 + seed)
+        if self.agent is not None:
+            return self.agent.launch(rows, sampling)
+        requests = [
+            GenerationRequest(
+                prompt_ids=encode_prompt(self.tokenizer, row),
+                sampling=sampling,
+                images=row_images(row),
+            )
+            for row in rows
+        ]
+        return self.rollout.generate_async(requests)
+
+    def score(
+        self, results: list[GenerationResult], rows: list[dict], repeat: int
+    ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        flat_rows = [row for row in rows for _ in range(repeat)]
+        if self.agent is not None:
+            from rlpost.serving.agent_episodes import score_episodes
+
+            named_only = self.algo.advantage.estimator == "gdpo"
+            return score_episodes(self.scorer, results, flat_rows, named_only=named_only)
+        texts = [c.text for res in results for c in res.completions]
+        named, metrics = self.scorer.score(texts, flat_rows)
+        scores = {k: torch.tensor(v, dtype=torch.float32) for k, v in named.items()}
+        return scores, metrics
+
+    def shape_overlong(
+        self, results: list[GenerationResult], scores: dict[str, torch.Tensor]
+    ) -> dict[str, float]:
+        """DAPO's overlong reward shaping, added to the total score in place."""
+        ol = self.cfg.algo.overlong
+        lengths = torch.tensor([len(c.token_ids) for res in results for c in res.completions])
+        # An episode's length limit is its whole response budget, not one turn's.
+        penalty = ol.factor * overlong_penalty(
+            lengths, max_len=self.response_budget, buffer=ol.buffer
+        )
+        scores["total"] = scores["total"] + penalty
+        return {"reward/overlong_penalty_mean": float(penalty.mean())}
+
+    def wait_score_and_fill(self, pending: Pending) -> tuple[Rollouts, dict[str, float]]:
+        """Wait for ``pending`` and score it (overlong shaping included); with dynamic
+        sampling (DAPO) drop the groups whose rewards all agree and generate more, up
+        to ``max_rounds`` rounds; then trim to a group count the ranks can split."""
+        ds = self.cfg.algo.dynamic_sampling
+        n, want = self.sampling.n, self.cfg.data.prompts_per_step
+        kept: list[tuple[dict, GenerationResult, dict[str, torch.Tensor]]] = []
+        metrics: dict[str, float] = {}
+        gen_s, rounds, dropped = 0.0, 0, 0
+        round_pending: Pending | None = pending
+        while round_pending is not None:
+            rounds += 1
+            results = round_pending.ref.result()
+            gen_s += time.perf_counter() - round_pending.start
+            scores, round_metrics = self.score(results, round_pending.rows, n)
+            if self.cfg.algo.overlong.enabled:
+                round_metrics.update(self.shape_overlong(results, scores))
+            if rounds == 1:
+                metrics.update(round_metrics)
+            keep_g = torch.ones(len(round_pending.rows), dtype=torch.bool)
+            if ds.enabled:
+                groups_b = torch.arange(len(round_pending.rows)).repeat_interleave(n)
+                keep_g = zero_std_groups(scores["total"], groups_b)[::n]
+                dropped += int((~keep_g).sum())
+            for g in torch.nonzero(keep_g).flatten().tolist():
+                group_scores = {k: v[g * n : (g + 1) * n] for k, v in scores.items()}
+                kept.append((round_pending.rows[g], results[g], group_scores))
+            round_pending = None
+            if ds.enabled and len(kept) < want and rounds < ds.max_rounds:
+                more = self.stream.next_batch()
+                seed = pending.step * 1000 + rounds
+                round_pending = Pending(
+                    pending.step, more, self.request(more, self.sampling, seed), time.perf_counter()
+                )
+        keep = self.trainable_groups(len(kept))
+        merged = (
+            {k: torch.cat([s[k] for _, _, s in kept[:keep]]) for k in kept[0][2]} if keep else {}
+        )
+        metrics["timing/generate_s"] = gen_s
+        if ds.enabled:
+            metrics["dapo/dropped_groups"] = float(dropped)
+            metrics["dapo/gen_rounds"] = float(rounds)
+            metrics["dapo/kept_groups"] = float(keep)
+        rows = [row for row, _, _ in kept[:keep]]
+        return Rollouts(rows, [res for _, res, _ in kept[:keep]], merged), metrics
+
+    def trainable_groups(self, available: int) -> int:
+        """The most of ``available`` groups, up to ``data.prompts_per_step``, whose
+        samples split evenly over the ranks and mini-batches."""
+        keep = min(available, self.cfg.data.prompts_per_step)
+        while keep and (keep * self.sampling.n) % self.algo.group_multiple:
+            keep -= 1
+        return keep

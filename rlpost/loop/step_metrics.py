@@ -1,0 +1,34 @@
+"""Metrics of one step computed from its samples and timings."""
+
+from __future__ import annotations
+
+import time
+
+from rlpost.rollout.base import GenerationResult
+from rlpost.trainers.batch import TrajectoryBatch
+
+
+def logprob_parity(batch: TrajectoryBatch) -> dict[str, float]:
+    """Trainer vs rollout log-probs of the sampled tokens: a broken weight sync shows here."""
+    assert batch.old_logp_bt is not None and batch.rollout_logp_bt is not None
+    mask = batch.response_mask_bt.bool()
+    diff = (batch.old_logp_bt - batch.rollout_logp_bt).abs()[mask]
+    return {
+        "rollout/logprob_abs_diff_max": float(diff.max()) if diff.numel() else 0.0,
+        "rollout/logprob_abs_diff_mean": float(diff.mean()) if diff.numel() else 0.0,
+    }
+
+
+def clip_ratio(results: list[GenerationResult]) -> float:
+    """The fraction of completions cut at the token limit."""
+    finishes = [c.finish_reason for r in results for c in r.completions]
+    return sum(f == "length" for f in finishes) / max(len(finishes), 1)
+
+
+def whole_step(metrics: dict[str, float], start: float) -> dict[str, float]:
+    """Step time and throughput over the whole iteration, generation included."""
+    metrics["timing/step_s"] = time.perf_counter() - start
+    if "data/samples" in metrics:
+        tokens = metrics["response/length_mean"] * metrics["data/samples"]
+        metrics["perf/tokens_per_s"] = tokens / metrics["timing/step_s"]
+    return metrics

@@ -1,0 +1,66 @@
+"""The algorithm's settings as ``rlpost.algos`` and the engines take them: small
+frozen configs of scalars, built from the run config once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rlpost.algos import (
+    AdaptiveKLController,
+    AdvantageConfig,
+    FixedKLController,
+    PolicyLossConfig,
+)
+from rlpost.config.groups import Config
+from rlpost.rollout.base import SamplingConfig
+from rlpost.trainers.fsdp import RegularizerConfig
+
+
+@dataclass(frozen=True)
+class AlgoSettings:
+    advantage: AdvantageConfig
+    loss: PolicyLossConfig
+    reg: RegularizerConfig
+    sampling: SamplingConfig  # one step's sampling; the seed is set per request
+    group_multiple: int  # samples per step must split over ranks and mini-batches
+
+
+def algo_settings(cfg: Config) -> AlgoSettings:
+    a, r = cfg.algo, cfg.rollout
+    return AlgoSettings(
+        advantage=AdvantageConfig(
+            estimator=a.advantage.estimator,
+            norm_by_std=a.advantage.norm_by_std,
+            eps=a.advantage.eps,
+            gamma=a.advantage.gamma,
+            lam=a.advantage.lam,
+            reward_weights=tuple(cfg.reward.weights.items()),
+        ),
+        loss=PolicyLossConfig(
+            name=a.policy_loss.name,
+            clip_low=a.policy_loss.clip_low,
+            clip_high=a.policy_loss.clip_high,
+            clip_c=a.policy_loss.clip_c,
+            agg=a.policy_loss.agg,
+        ),
+        reg=RegularizerConfig(
+            kl_coef=a.kl.loss_coef, kl_type=a.kl.loss_type, entropy_coef=a.entropy_coef
+        ),
+        sampling=SamplingConfig(
+            n=r.n,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            max_tokens=r.max_tokens,
+            min_tokens=r.min_tokens,
+        ),
+        group_multiple=cfg.trainer.world_size * a.mini_batches,
+    )
+
+
+def kl_controller(cfg: Config) -> Any:
+    """The KL-in-reward coefficient's controller (stateful: one per run)."""
+    kl = cfg.algo.kl
+    if kl.adaptive:
+        return AdaptiveKLController(kl.reward_coef, kl.target, kl.horizon)
+    return FixedKLController(kl.reward_coef)

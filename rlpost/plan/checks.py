@@ -1,0 +1,102 @@
+"""Checks of what the config names -- the model directory, the device, the
+Megatron split, LoRA on MoE, the agent's tools and environment -- run before
+Ray starts; each returns the problems it finds as config-error lines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rlpost.config.groups import Config
+from rlpost.config.schema import ConfigError
+from rlpost.device import DeviceSpec, resolve_device
+
+
+def check_device(cfg: Config) -> tuple[DeviceSpec | None, list[str]]:
+    """``trainer.device`` resolved; a device this machine lacks is a config error."""
+    try:
+        return resolve_device(cfg.trainer.device), []
+    except RuntimeError as exc:
+        return None, [str(exc)]
+
+
+def check_model_path(cfg: Config) -> None:
+    """A local-looking model.path must hold an HF model; hub ids pass through."""
+    path = cfg.model.path
+    if not path:
+        return
+    p = Path(path).expanduser()
+    if (path.startswith((".", "/", "~")) or p.exists()) and not (p / "config.json").exists():
+        raise ConfigError([f"model.path={path!r}: no HF model (config.json) in that directory"])
+
+
+def check_megatron_model(cfg: Config) -> list[str]:
+    """``trainer=megatron``: the model is one the conversion knows and splits over
+    trainer.megatron.tp and pp (read from its config.json, before any worker starts)."""
+    if cfg.trainer.name != "megatron":
+        return []
+    from rlpost.trainers.megatron.config import MegatronParallel, check_divisible
+    from rlpost.trainers.megatron.convert import shape_from_hf
+
+    if cfg.model.path is None:
+        from rlpost.models.tiny import build_config, build_tokenizer
+
+        hf_config: Any = build_config(cfg.model.preset, build_tokenizer())
+    else:
+        from transformers import AutoConfig
+
+        hf_config = AutoConfig.from_pretrained(cfg.model.path)
+    mg = cfg.trainer.megatron
+    try:
+        split = MegatronParallel(
+            tp=mg.tp, pp=mg.pp, vpp=mg.vpp, ep=mg.ep, sequence_parallel=mg.sequence_parallel
+        )
+        check_divisible(shape_from_hf(hf_config), split)
+    except (NotImplementedError, ValueError) as exc:
+        model = cfg.model.path or f"the built-in {cfg.model.preset!r} model"
+        return [f"trainer.megatron.tp={mg.tp}, pp={mg.pp} with {model}: {exc}"]
+    return []
+
+
+def check_lora_adapter(cfg: Config, device_kind: str) -> list[str]:
+    """``rollout.lora_sync=adapter`` on a MoE model is refused on the CPU: vLLM's CPU
+    build runs LoRA on MoE layers only through a Triton kernel it lacks (it fails at
+    the first request); merged syncs work there."""
+    if not (cfg.model.lora.rank and cfg.rollout.lora_sync == "adapter" and cfg.model.path):
+        return []
+    config_file = Path(cfg.model.path).expanduser() / "config.json"
+    if cfg.rollout.name != "vllm" or not config_file.exists():
+        return []
+    if device_kind != "cpu":
+        return []
+    config = json.loads(config_file.read_text())
+    text = config.get("text_config") or config
+    keys = ("num_experts", "num_local_experts", "n_routed_experts")
+    if not any(text.get(k) for k in keys):
+        return []
+    return [
+        f"rollout.lora_sync=adapter: model.path={cfg.model.path} is a mixture-of-experts model, "
+        "and vLLM's CPU build serves LoRA adapters on those only through a Triton kernel it "
+        "does not have; use rollout.lora_sync=merged"
+    ]
+
+
+def check_agent(cfg: Config) -> list[str]:
+    """``agent.tools`` / ``agent.env`` load, before any worker starts."""
+    from rlpost.rollout.agent import EnvError, ToolError, get_parser
+    from rlpost.rollout.agent.parsers import ParserError
+    from rlpost.serving.agent_episodes import env_factory
+
+    problems = []
+    try:
+        env_factory(cfg)
+    except ToolError as exc:
+        problems.append(f"agent.tools={list(cfg.agent.tools)}: {exc}")
+    except EnvError as exc:
+        problems.append(f"agent.env={cfg.agent.env}: {exc}")
+    try:
+        get_parser(cfg.agent.parser)
+    except ParserError as exc:
+        problems.append(f"agent.parser={cfg.agent.parser}: {exc}")
+    return problems

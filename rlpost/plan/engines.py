@@ -1,0 +1,180 @@
+"""The engines' configs -- the rollout engine's and each trainer group's -- derived
+from the run config in this one place."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlpost.config.groups import Config
+from rlpost.device import DeviceSpec, resolve_device
+from rlpost.workers.placement import cpu_threads
+
+
+def rollout_engine_config(cfg: Any, model_path: str, device_kind: str) -> Any:
+    """The engine config for ``cfg.rollout.name`` from the run config."""
+    r = cfg.rollout
+    if r.name == "hf":
+        from rlpost.rollout.hf import HFEngineConfig
+
+        return HFEngineConfig(
+            model_path=model_path,
+            dtype=r.dtype,
+            max_model_len=r.max_model_len,
+            seed=cfg.trainer.seed,
+            device=device_kind,
+        )
+    if r.name == "sglang" and r.pd.enabled:
+        from rlpost.rollout.sglang.pd import SGLangPDConfig
+
+        return SGLangPDConfig(
+            model_path=model_path,
+            prefill_replicas=r.pd.prefill_replicas,
+            decode_replicas=r.pd.decode_replicas,
+            transfer_backend=r.pd.transfer_backend,
+            dtype=r.dtype,
+            max_model_len=r.max_model_len,
+            mem_fraction_static=r.gpu_memory_utilization,
+            seed=cfg.trainer.seed,
+        )
+    if r.name == "sglang":
+        from rlpost.rollout.sglang.engine import SGLangEngineConfig
+
+        return SGLangEngineConfig(
+            model_path=model_path,
+            dtype=r.dtype,
+            max_model_len=r.max_model_len,
+            mem_fraction_static=r.gpu_memory_utilization,
+            seed=cfg.trainer.seed,
+        )
+    from rlpost.rollout.vllm import VLLMEngineConfig
+
+    base = VLLMEngineConfig(
+        model_path=model_path,
+        dtype=r.dtype,
+        max_model_len=r.max_model_len,
+        kv_cache_gib=r.kv_cache_gib,
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        enforce_eager=r.enforce_eager,
+        seed=cfg.trainer.seed,
+        device=device_kind,
+        block_size=r.block_size,
+        cpu_threads_bind=str(r.cpu_threads_bind),
+        lora=cfg.model.lora.rank if r.lora_sync == "adapter" else 0,
+        max_images=r.max_images,
+    )
+    if not r.pd.enabled:
+        return base
+    from rlpost.rollout.pd import pd_engine_config
+
+    return pd_engine_config(
+        base, r.pd.prefill_replicas, r.pd.decode_replicas, r.pd.connector, r.pd.shared_dir
+    )
+
+
+def lora_settings(cfg: Config) -> Any:
+    """``model.lora`` as the FSDP2 engine takes it."""
+    from rlpost.trainers.fsdp import LoraSettings
+
+    lora = cfg.model.lora
+    modules = lora.target_modules
+    return LoraSettings(
+        rank=lora.rank,
+        alpha=lora.alpha,
+        dropout=lora.dropout,
+        target_modules=modules if isinstance(modules, str) else tuple(modules),
+    )
+
+
+def engine_settings(
+    cfg: Config,
+    model_path: str,
+    lr: float,
+    lr_warmup_steps: int,
+    trainable: bool,
+    device: DeviceSpec | None = None,
+) -> dict[str, Any]:
+    """The fields every training engine's config shares (``rlpost.trainers.engine_config``)."""
+    t = cfg.trainer
+    device = device or resolve_device(t.device)
+    return dict(
+        model_path=model_path,
+        dtype=cfg.model.dtype,
+        lr=lr,
+        weight_decay=t.weight_decay,
+        betas=(t.betas[0], t.betas[1]),
+        max_grad_norm=t.max_grad_norm,
+        micro_batch_size=t.micro_batch_size,
+        seed=t.seed,
+        device=device.kind,
+        backend=device.backend,
+        threads=cpu_threads(cfg, device.kind),
+        lr_warmup_steps=lr_warmup_steps,
+        trainable=trainable,
+        micro_batch_tokens=t.micro_batch_tokens,
+    )
+
+
+def megatron_engine_config(
+    cfg: Config,
+    model_path: str,
+    lr: float,
+    lr_warmup_steps: int,
+    trainable: bool,
+    packing: bool = True,
+    device: DeviceSpec | None = None,
+) -> Any:
+    """The Megatron engines' settings for ``trainer=megatron`` (policy, reference and
+    critic; the critic runs padded, ``packing=False``)."""
+    from rlpost.trainers.megatron.config import MegatronEngineConfig, MegatronParallel
+
+    mg = cfg.trainer.megatron
+    return MegatronEngineConfig(
+        **engine_settings(cfg, model_path, lr, lr_warmup_steps, trainable, device),
+        packing=cfg.trainer.packing and packing,
+        parallel=MegatronParallel(
+            tp=mg.tp,
+            pp=mg.pp,
+            vpp=mg.vpp,
+            cp=mg.cp,
+            ep=mg.ep,
+            sequence_parallel=mg.sequence_parallel,
+            distributed_optimizer=mg.distributed_optimizer,
+            recompute=mg.recompute,
+        ),
+    )
+
+
+def trainer_engine_config(
+    cfg: Config,
+    role: str,
+    model_path: str,
+    device: DeviceSpec,
+    lr: float | None = None,
+    lr_warmup_steps: int | None = None,
+) -> Any:
+    """The engine config of trainer group ``role`` (policy, reference or critic):
+    the reference is a frozen policy, the critic has its own learning rate and
+    runs padded. ``lr`` and ``lr_warmup_steps`` override the role's (the warm-up's)."""
+    from rlpost.trainers.fsdp import FSDPEngineConfig, LoraSettings
+
+    t, m = cfg.trainer, cfg.model
+    kind = "critic" if role == "critic" else "policy"
+    trainable = role != "reference"
+    if lr is None:
+        lr = t.critic_lr if role == "critic" else t.lr
+    if lr_warmup_steps is None:
+        lr_warmup_steps = 0 if role == "reference" else t.lr_warmup_steps
+    if t.name == "megatron":
+        return megatron_engine_config(
+            cfg, model_path, lr, lr_warmup_steps, trainable, kind == "policy", device
+        )
+    return FSDPEngineConfig(
+        **engine_settings(cfg, model_path, lr, lr_warmup_steps, trainable, device),
+        lora=lora_settings(cfg) if role == "policy" else LoraSettings(),
+        gradient_checkpointing=m.gradient_checkpointing,
+        param_offload=m.param_offload,
+        optimizer_offload=m.optimizer_offload,
+        packing=t.packing and kind == "policy",
+        freeze_vision=m.freeze_vision,
+        mixed_precision=t.mixed_precision,
+    )

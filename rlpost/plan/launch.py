@@ -1,0 +1,147 @@
+"""Start what a plan asks for -- Ray, the placement group, the trainer groups,
+the rollout replicas, the reward workers, the tracker -- and close it all
+again, in one place."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from rlpost.loop.controller import Controller
+from rlpost.loop.faults import StopOnSignal
+from rlpost.loop.roles import TrainerGroups, Workers
+from rlpost.loop.tracking import Tracker
+from rlpost.plan.plan import RunPlan
+from rlpost.rewards.scoring import RewardScorer
+from rlpost.workers.trainer_worker import TrainerGroup
+
+log = logging.getLogger(__name__)
+
+
+class Launch:
+    """``with Launch(plan, stop) as launch: launch.controller().run()``.
+
+    Entering joins ``RAY_ADDRESS``'s cluster (a Ray job) or starts a local Ray,
+    and reserves one placement-group bundle per worker (``trainer.placement``);
+    leaving closes every worker and Ray. ``stop`` (the CLI's): SIGINT and SIGTERM
+    stop the run at the next step boundary with a checkpoint.
+    """
+
+    def __init__(self, plan: RunPlan, stop: StopOnSignal | None = None):
+        self.plan, self.cfg, self.stop = plan, plan.cfg, stop
+        self.trainers: list[TrainerGroup] = []
+        self.rollout: Any = None
+        self.tracker: Tracker | None = None
+        self.scorer: RewardScorer | None = None
+        self.placement: Any = None
+        self.started_ray = False
+
+    def __enter__(self) -> Launch:
+        from rlpost.workers.placement import start
+
+        self.run_dir = self.plan.make_run_dir()
+        self.started_ray, self.placement = start(self.cfg, self.plan.device.ray_resource)
+        try:
+            if self.stop is not None:  # after Ray's start, which installs its own SIGTERM handler
+                self.stop.install()
+            self.placement.save(self.run_dir)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.scorer is not None:
+            self.scorer.close()
+        if self.tracker is not None:
+            self.tracker.close()
+        for group in self.trainers:
+            group.close()
+        if self.rollout is not None:
+            self.rollout.close()
+        self.placement.remove()
+        if self.started_ray:
+            import ray
+
+            ray.shutdown()
+        if self.stop is not None:
+            self.stop.restore()
+
+    # -- workers -------------------------------------------------------------------
+    def trainer_group(self, role: str, engine_cfg: Any, world_size: int) -> TrainerGroup:
+        t = self.cfg.trainer
+        scheduling = self.placement.scheduling(role)[:world_size]
+        kind = "critic" if role == "critic" else "policy"
+        return TrainerGroup(
+            engine_cfg, world_size, t.num_cpus_per_worker, engine_cfg.threads,
+            self.plan.device.ray_resource, kind, scheduling=scheduling,
+        )  # fmt: skip
+
+    def warmup_trainer(self, model_path: str, lr: float, lr_warmup_steps: int) -> TrainerGroup:
+        """The built-in model's warm-up: one rank with the warm-up's own recipe, on the
+        first of the policy's bundles."""
+        from rlpost.models.warmup import warmup_config
+        from rlpost.plan.engines import trainer_engine_config
+
+        wcfg = warmup_config(self.cfg)
+        engine_cfg = trainer_engine_config(
+            wcfg, "policy", model_path, self.plan.device, lr, lr_warmup_steps
+        )
+        return self.trainer_group("policy", engine_cfg, wcfg.trainer.world_size)
+
+    def build_trainers(self, model_path: str) -> TrainerGroups:
+        """Policy, reference and critic groups; first closes any from before (the
+        controller rebuilds them all when a rank dies)."""
+        for group in self.trainers:
+            group.close()
+        self.trainers.clear()
+        groups: dict[str, TrainerGroup] = {}
+        for role in self.plan.roles:
+            engine_cfg = self.plan.trainer_engine(role, model_path)
+            groups[role] = self.trainer_group(role, engine_cfg, self.cfg.trainer.world_size)
+            self.trainers.append(groups[role])
+        return groups["policy"], groups.get("reference"), groups.get("critic")
+
+    def controller(self) -> Controller:
+        """The model (the built-in one warmed up on first use), its tokenizer, every
+        worker group and the controller that drives them."""
+        from transformers import AutoTokenizer
+
+        from rlpost.models.vl_inputs import ImageInputs, is_vision_language
+        from rlpost.models.warmup import builtin_model
+        from rlpost.serving.agent_episodes import AgentRollout
+        from rlpost.serving.rollout_group import RolloutGroup
+        from rlpost.workers.placement import cpu_threads
+
+        cfg, plan = self.cfg, self.plan
+        model_path = cfg.model.path or builtin_model(cfg, self.warmup_trainer)
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        plan.fit_prompts(tokenizer)
+        policy, reference, critic = self.build_trainers(model_path)
+        r = cfg.rollout
+        self.rollout = RolloutGroup(
+            plan.rollout_engine(model_path),
+            replicas=r.replicas,
+            num_cpus=r.num_cpus,
+            threads=cpu_threads(cfg, plan.device.kind, "rollout"),
+            device_opts=plan.device.ray_resource,
+            engine=r.name,
+            scheduling=self.placement.scheduling("rollout"),
+        )
+        t, rw = cfg.trainer, cfg.reward
+        from rlpost.config.compose import to_dict
+
+        self.tracker = Tracker(self.run_dir, list(t.logger), t.total_steps, to_dict(cfg))
+        self.scorer = RewardScorer(
+            plan.reward_fn, dict(rw.weights) or None, spec=rw.fn, num_workers=rw.num_workers,
+            timeout_s=rw.timeout_s, max_error_frac=rw.max_error_frac,
+        )  # fmt: skip
+        return Controller(
+            plan, self.run_dir, Workers(policy, self.rollout, reference, critic), tokenizer,
+            self.scorer, self.tracker, rebuild_trainers=lambda: self.build_trainers(model_path),
+            stop_requested=self.stop.requested if self.stop is not None else None,
+            agent=AgentRollout(cfg, self.rollout, tokenizer) if cfg.agent.enabled else None,
+            image_inputs=ImageInputs(model_path) if is_vision_language(model_path) else None,
+        )  # fmt: skip

@@ -1,0 +1,125 @@
+"""``build_plan(cfg)``: every check of what the config names, reported together
+as one config error, and everything the run derives from the config, derived
+here once. Nothing in it starts Ray or loads a model's weights."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlpost.config.compose import to_dict
+from rlpost.config.groups import Config
+from rlpost.config.schema import ConfigError
+from rlpost.data.rows import DataError
+from rlpost.device import DeviceSpec
+from rlpost.plan.algo import AlgoSettings, algo_settings
+from rlpost.plan.checks import (
+    check_agent,
+    check_device,
+    check_lora_adapter,
+    check_megatron_model,
+    check_model_path,
+)
+from rlpost.plan.engines import rollout_engine_config, trainer_engine_config
+from rlpost.plan.inputs import drop_long_prompts, load_data
+from rlpost.rewards.loading import RewardError, RewardFn, load_reward_fn
+from rlpost.rewards.scoring import call_plan
+
+ROLES = ("policy", "reference", "critic")
+
+
+@dataclass
+class RunPlan:
+    """What a run needs, resolved from its config. ``malformed_rows`` counts the
+    rows dropped as unusable (``data/malformed_rows``); the workers' engine
+    configs come from ``trainer_engine`` and ``rollout_engine`` once the model
+    path is known (the built-in model is warmed up after Ray starts)."""
+
+    cfg: Config
+    device: DeviceSpec
+    reward_fn: RewardFn
+    train_rows: list[dict]
+    val_rows: list[dict]
+    malformed_rows: int
+    algo: AlgoSettings
+    long_prompts: int = 0  # prompts dropped for data.max_prompt_tokens (fit_prompts)
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The trainer groups the algorithm needs. Under LoRA the reference is the
+        policy with its adapter disabled: no group of its own."""
+        a, lora = self.cfg.algo, self.cfg.model.lora.rank > 0
+        wanted = {"policy": True, "reference": a.needs_reference and not lora}
+        wanted["critic"] = a.needs_critic
+        return tuple(r for r in ROLES if wanted[r])
+
+    def trainer_engine(self, role: str, model_path: str, cfg: Config | None = None) -> Any:
+        """The engine config of trainer group ``role`` (``cfg``: the warm-up's own)."""
+        return trainer_engine_config(cfg or self.cfg, role, model_path, self.device)
+
+    def rollout_engine(self, model_path: str) -> Any:
+        return rollout_engine_config(self.cfg, model_path, self.device.kind)
+
+    def fit_prompts(self, tokenizer: Any) -> None:
+        """Drop the data files' prompts longer than ``data.max_prompt_tokens`` once the
+        tokenizer is known (the built-in task's prompts are short by construction)."""
+        if self.cfg.data.name != "files":
+            return
+        limit = self.cfg.data.max_prompt_tokens
+        self.train_rows, too_long = drop_long_prompts(self.train_rows, tokenizer, limit)
+        self.val_rows, too_long_val = drop_long_prompts(self.val_rows, tokenizer, limit)
+        self.long_prompts = too_long + too_long_val
+
+    def make_run_dir(self) -> Path:
+        """``trainer.run_dir`` (or a new one under ``outputs/``) with the config in it."""
+        cfg = self.cfg
+        if cfg.trainer.run_dir:
+            path = Path(cfg.trainer.run_dir)
+        else:
+            path = Path("outputs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.algo.name}"
+        path.mkdir(parents=True, exist_ok=True)
+        with open(path / "config.yaml", "w") as f:
+            yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
+        return path.resolve()
+
+
+def build_plan(cfg: Config) -> RunPlan:
+    """Resolve and check everything ``cfg`` implies; a ``ConfigError`` lists every
+    problem found, so one run names them all."""
+    problems: list[str] = []
+    device, found = check_device(cfg)
+    problems += found
+    try:
+        check_model_path(cfg)
+        problems += check_megatron_model(cfg)
+        if device is not None:
+            problems += check_lora_adapter(cfg, device.kind)
+    except ConfigError as exc:
+        problems += exc.problems
+    reward_fn: Any = None
+    try:
+        reward_fn = load_reward_fn(cfg.reward.fn)
+    except RewardError as exc:
+        problems.append(f"reward.fn: {exc}")
+    rows: tuple[list[dict], list[dict], int] = ([], [], 0)
+    try:
+        rows = load_data(cfg)
+    except DataError as exc:
+        problems.append(str(exc))
+    train_rows = rows[0]
+    if reward_fn is not None and train_rows:
+        columns = set(train_rows[0]) if isinstance(train_rows[0], dict) else set()
+        try:  # the calling style, and that the data has the columns it names
+            call_plan(reward_fn, columns)
+        except RewardError as exc:
+            problems.append(f"reward.fn={cfg.reward.fn}: {exc}")
+    if cfg.agent.enabled:
+        problems += check_agent(cfg)
+    if problems:
+        raise ConfigError(problems)
+    assert device is not None
+    return RunPlan(cfg, device, reward_fn, train_rows, rows[1], rows[2], algo_settings(cfg))
