@@ -127,6 +127,12 @@ def megatron_checks(cfg: Config) -> list[str]:
             f"trainer.world_size={t.world_size}: must divide by trainer.megatron.tp x pp x cp "
             f"= {mg.tp} x {mg.pp} x {mg.cp} = {model_parallel} (the rest is data parallelism)"
         )
+    if mg.dp and t.world_size != model_parallel * mg.dp:
+        problems.append(
+            f"trainer.megatron.dp={mg.dp}: trainer.world_size={t.world_size} must equal "
+            f"tp x pp x cp x dp = {model_parallel * mg.dp}; leave trainer.world_size unset "
+            "to follow the layout"
+        )
     if mg.vpp > 1 and mg.pp == 1:
         problems.append(
             f"trainer.megatron.vpp={mg.vpp}: virtual stages need trainer.megatron.pp > 1"

@@ -43,11 +43,25 @@ def from_dict(raw: dict[str, Any]) -> Config:
         groups[name] = obj
     if problems:
         raise ConfigError(problems)
-    cfg = Config(**groups)
+    cfg = _with_ranks(Config(**groups))
     problems = cross_checks(cfg)
     if problems:
         raise ConfigError(problems)
     return _derive(cfg)
+
+
+def _with_ranks(cfg: Config) -> Config:
+    """``trainer.world_size`` when not given (0): one FSDP2 rank, or Megatron's
+    layout tp x pp x cp times its data-parallel size (``trainer.megatron.dp``, 1
+    when not given either). A given world size stays as it is; the cross-checks
+    say when it does not fit the layout."""
+    import dataclasses
+
+    t, mg = cfg.trainer, cfg.trainer.megatron
+    if t.world_size:
+        return cfg
+    ranks = mg.tp * mg.pp * mg.cp * max(mg.dp, 1) if t.name == "megatron" else 1
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(t, world_size=ranks))
 
 
 def _derive(cfg: Config) -> Config:

@@ -252,6 +252,12 @@ class MegatronConfig:
     ep: int = spec(
         1, ge=1, help="expert parallel (Qwen3-MoE): the experts split over ep data-parallel ranks"
     )
+    dp: int = spec(
+        0,
+        ge=0,
+        help="data-parallel size; 0: trainer.world_size / (tp x pp x cp), or 1 when "
+        "trainer.world_size is not given either",
+    )
     sequence_parallel: bool = spec(
         False,
         help="split activations outside attention/MLP over tp ranks (needs tp > 1; MoE with tp > 1 needs it)",
@@ -276,7 +282,12 @@ class TrainerConfig:
     logger: list[Literal["console", "jsonl", "wandb"]] = spec(
         ["console", "jsonl"], help="metric sinks; wandb runs offline without a network"
     )
-    world_size: int = spec(1, ge=1, help="FSDP ranks of the training worker group")
+    world_size: int = spec(
+        0,
+        ge=0,
+        help="ranks of the training worker group; 0: follows from the layout (1 for fsdp; "
+        "tp x pp x cp x megatron.dp for megatron)",
+    )
     device: Literal["auto", "cpu", "cuda", "npu"] = spec("auto", help="training device")
     num_cpus_per_worker: float = spec(1.0, gt=0, help="Ray CPUs per training rank")
     placement: Literal["colocated", "separate"] = spec(

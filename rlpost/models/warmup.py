@@ -56,6 +56,7 @@ def warmup_config(cfg: Config) -> Config:
     t, m = cfg.trainer, cfg.model
     trainer = dataclasses.replace(
         TrainerConfig(),
+        world_size=1,
         seed=t.seed,
         device=t.device,
         threads=t.threads,

@@ -93,3 +93,24 @@ def test_expert_parallelism_splits_an_moe_models_experts(tmp_path):
     (problem,) = _problems(*args, "trainer.megatron.ep=2", "trainer.megatron.tp=2",
                            "trainer.world_size=2")  # fmt: skip
     assert problem.startswith("trainer.world_size=2: must divide by trainer.megatron.tp x pp x ep")
+
+
+def test_world_size_follows_from_the_parallel_layout_when_not_given():
+    # tp x pp x cp = 2 x 1 x 1: two ranks, one data-parallel replica.
+    assert compose(["trainer=megatron", "trainer.megatron.tp=2"]).trainer.world_size == 2
+    # 2 x 2 x 1 layout times megatron.dp=2: eight ranks.
+    cfg = compose(
+        ["trainer=megatron", "trainer.megatron.tp=2", "trainer.megatron.pp=2",
+         "trainer.megatron.dp=2", "data.prompts_per_step=8"]
+    )  # fmt: skip
+    assert cfg.trainer.world_size == 8
+    assert compose([]).trainer.world_size == 1  # fsdp without a given size: one rank
+
+
+def test_a_given_world_size_that_does_not_fit_the_layout_stays_an_error():
+    with pytest.raises(ConfigError) as err:
+        compose(["trainer=megatron", "trainer.megatron.tp=2", "trainer.megatron.dp=2",
+                 "trainer.world_size=2"])  # fmt: skip
+    assert "trainer.megatron.dp=2: trainer.world_size=2 must equal tp x pp x cp x dp = 4" in str(
+        err.value
+    )
