@@ -13,6 +13,12 @@ if TYPE_CHECKING:
 def cross_checks(cfg: Config) -> list[str]:
     """Problems that involve more than one key (each group's own fields are checked
     by the schema); every problem is reported, not only the first."""
+    checks = (algo_checks, rollout_checks, data_checks, agent_checks, trainer_checks)
+    return [problem for check in checks for problem in check(cfg)]
+
+
+def algo_checks(cfg: Config) -> list[str]:
+    """The algorithm's registries, and what its settings need of the others."""
     from rlpost.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 
     problems = []
@@ -29,16 +35,20 @@ def cross_checks(cfg: Config) -> list[str]:
         )
     if a.advantage.estimator == "gdpo" and len(cfg.reward.weights) < 2:
         problems.append("reward.weights: gdpo needs at least two named rewards with weights")
+    if a.overlong.enabled and a.overlong.buffer > cfg.rollout.max_tokens:
+        problems.append(
+            f"algo.overlong.buffer={a.overlong.buffer}: must be <= rollout.max_tokens={cfg.rollout.max_tokens}"
+        )
+    return problems
+
+
+def rollout_checks(cfg: Config) -> list[str]:
+    """The rollout engine's settings against each other and the prompt budget."""
+    problems = []
     if cfg.rollout.lora_sync == "adapter" and cfg.rollout.name != "vllm":
         problems.append(
             f"rollout.lora_sync=adapter: rollout.name={cfg.rollout.name} serves no LoRA adapters; "
             "use rollout.lora_sync=merged"
-        )
-    if cfg.trainer.mixed_precision == "bf16" and cfg.model.dtype != "float32":
-        problems.append(
-            f"trainer.mixed_precision=bf16 with model.dtype={cfg.model.dtype}: mixed precision "
-            "keeps float32 master weights; set model.dtype=float32 (or mixed_precision=none "
-            f"to train in {cfg.model.dtype} throughout)"
         )
     pd = cfg.rollout.pd
     if pd.enabled:
@@ -53,10 +63,21 @@ def cross_checks(cfg: Config) -> list[str]:
             problems.append(
                 "rollout.pd.enabled=true: rollout.name=hf has no KV transfer; use vllm or sglang"
             )
-    if a.overlong.enabled and a.overlong.buffer > cfg.rollout.max_tokens:
+    if cfg.rollout.min_tokens > cfg.rollout.max_tokens:
         problems.append(
-            f"algo.overlong.buffer={a.overlong.buffer}: must be <= rollout.max_tokens={cfg.rollout.max_tokens}"
+            f"rollout.min_tokens={cfg.rollout.min_tokens}: must be <= rollout.max_tokens={cfg.rollout.max_tokens}"
         )
+    if cfg.rollout.max_tokens + cfg.data.max_prompt_tokens > cfg.rollout.max_model_len:
+        problems.append(
+            f"rollout.max_model_len={cfg.rollout.max_model_len}: must be >= data.max_prompt_tokens"
+            f" + rollout.max_tokens = {cfg.data.max_prompt_tokens + cfg.rollout.max_tokens}"
+        )
+    return problems
+
+
+def data_checks(cfg: Config) -> list[str]:
+    """The data source against the files and the task it names."""
+    problems = []
     if cfg.data.name != "files":
         for key in ("train_files", "val_files"):
             if getattr(cfg.data, key):
@@ -68,11 +89,6 @@ def cross_checks(cfg: Config) -> list[str]:
         problems.append("data.train_files: required when data.name=files")
     if cfg.data.name == "files" and not cfg.data.val_files:
         problems.append("data.val_files: required when data.name=files")
-    if cfg.agent.env is not None and cfg.agent.tools:
-        problems.append(
-            "agent.env and agent.tools are both set: an environment answers the model itself; "
-            "drop agent.tools, or drop agent.env to use the tools"
-        )
     if cfg.data.name == "calc" and not cfg.agent.enabled and cfg.algo.name != "sft":
         problems.append(
             "data.name=calc: the calc task is solved by calling the multiply tool; "
@@ -84,10 +100,33 @@ def cross_checks(cfg: Config) -> list[str]:
             "text model: use model=tiny_vl (data=shapes selects it) or a vision-language "
             "model.path"
         )
+    return problems
+
+
+def agent_checks(cfg: Config) -> list[str]:
+    """Agent mode: tools or an environment, and an RL preset."""
+    problems = []
+    if cfg.agent.env is not None and cfg.agent.tools:
+        problems.append(
+            "agent.env and agent.tools are both set: an environment answers the model itself; "
+            "drop agent.tools, or drop agent.env to use the tools"
+        )
     if cfg.agent.enabled and cfg.algo.name == "sft":
         problems.append(
             "agent.tools / agent.env: algo=sft trains on fixed chats (data rows with "
             "'messages'); use an RL preset (e.g. algo=grpo) for agent episodes"
+        )
+    return problems
+
+
+def trainer_checks(cfg: Config) -> list[str]:
+    """The trainer's precision, offload, layout and batch split."""
+    problems = []
+    if cfg.trainer.mixed_precision == "bf16" and cfg.model.dtype != "float32":
+        problems.append(
+            f"trainer.mixed_precision=bf16 with model.dtype={cfg.model.dtype}: mixed precision "
+            "keeps float32 master weights; set model.dtype=float32 (or mixed_precision=none "
+            f"to train in {cfg.model.dtype} throughout)"
         )
     if cfg.model.optimizer_offload and not cfg.model.param_offload:
         problems.append(
@@ -104,21 +143,12 @@ def cross_checks(cfg: Config) -> list[str]:
             f"data.prompts_per_step x rollout.n = {samples} must divide by "
             f"trainer.world_size x algo.mini_batches = {cfg.trainer.world_size * cfg.algo.mini_batches}"
         )
-    if cfg.rollout.min_tokens > cfg.rollout.max_tokens:
-        problems.append(
-            f"rollout.min_tokens={cfg.rollout.min_tokens}: must be <= rollout.max_tokens={cfg.rollout.max_tokens}"
-        )
-    if cfg.rollout.max_tokens + cfg.data.max_prompt_tokens > cfg.rollout.max_model_len:
-        problems.append(
-            f"rollout.max_model_len={cfg.rollout.max_model_len}: must be >= data.max_prompt_tokens"
-            f" + rollout.max_tokens = {cfg.data.max_prompt_tokens + cfg.rollout.max_tokens}"
-        )
     return problems
 
 
 def megatron_checks(cfg: Config) -> list[str]:
     """Layouts and settings ``trainer=megatron`` cannot run (the model's own shape is
-    checked against tp and pp once its config is read, see ``rlpost.run``)."""
+    checked against tp and pp once its config is read, see ``rlpost.plan.checks``)."""
     t, mg = cfg.trainer, cfg.trainer.megatron
     problems = []
     model_parallel = mg.tp * mg.pp * mg.cp
