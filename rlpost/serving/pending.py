@@ -18,7 +18,7 @@ import ray
 from rlpost.rollout.base import GenerationRequest, GenerationResult
 
 if TYPE_CHECKING:
-    from rlpost.serving.rollout_group import RolloutGroup
+    from rlpost.serving.rollout_group import Hops, RolloutGroup
 
 
 class PendingGeneration:
@@ -28,18 +28,19 @@ class PendingGeneration:
         self.group = group
         self.requests = requests
         self._results: list[GenerationResult] | None = None
-        # PD: (prefill, decode, prefill ref, decode ref) per request; else
+        # PD: each request's hops (see ``RolloutGroup._submit``); otherwise one
         # (replica, request indices, ref) per replica.
-        self._calls: list[tuple[Any, ...]]
-        if group.pd_router is not None:
-            self._calls = [group._submit(r) for r in requests]
+        self._hops: list[Hops] = []
+        self._batches: list[tuple[int, list[int], Any]] = []
+        if group.pd is not None:
+            self._hops = [group._submit(r) for r in requests]
             return
         by_replica: dict[int, list[int]] = {}
         for i, request in enumerate(requests):
             replica = group._pick(partial(group.router.pick, request.session_id))
             group.router.begin(replica)
             by_replica.setdefault(replica, []).append(i)
-        self._calls = [
+        self._batches = [
             (replica, idx, group.workers[replica].generate.remote([requests[i] for i in idx]))
             for replica, idx in by_replica.items()
         ]
@@ -48,7 +49,7 @@ class PendingGeneration:
         """True once every request has finished (never blocks)."""
         if self._results is not None:
             return True
-        refs = [call[-1] for call in self._calls]
+        refs = [hops[-1][1] for hops in self._hops] + [ref for _, _, ref in self._batches]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
         return len(ready) == len(refs)
 
@@ -56,11 +57,11 @@ class PendingGeneration:
         """Results in input order. A request whose replica died is retried on another."""
         if self._results is None:
             group = self.group
-            if group.pd_router is not None:
-                self._results = [group._collect(r, c) for r, c in zip(self.requests, self._calls)]
+            if group.pd is not None:
+                self._results = [group._collect(r, h) for r, h in zip(self.requests, self._hops)]
                 return self._results
             out: list[Any] = [None] * len(self.requests)
-            for replica, idx, ref in self._calls:
+            for replica, idx, ref in self._batches:
                 try:
                     values = ray.get(ref)
                     failure = None

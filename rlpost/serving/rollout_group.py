@@ -46,6 +46,24 @@ from rlpost.workers.rollout_worker import RolloutWorker
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# A request in flight: (worker index, ObjectRef) per replica it visits, in order.
+Hops = list[tuple[int, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pool:
+    """Replicas ``workers[first : first + router.num_replicas]`` of one role.
+
+    A request visits one replica of every pool of its group, in order: PD mode
+    has a prefill pool and a decode pool, otherwise there is one pool. The last
+    pool's replica returns the samples; ``role`` names the per-replica metrics."""
+
+    role: str
+    first: int
+    router: Router
+
+    def __contains__(self, worker: int) -> bool:
+        return self.first <= worker < self.first + self.router.num_replicas
 
 
 class RolloutGroup:
@@ -75,7 +93,6 @@ class RolloutGroup:
         assert len(where) == replicas, "one scheduling strategy per replica"
         # PD mode: set only when engine_cfg is a PDEngineConfig.
         self.pd: PDEngineConfig | None = None
-        self.pd_router: PDRouter | None = None
         self._own_kv_dir: str | None = None
         self._in_flight: list[ray.ObjectRef] = []
         if _is_sglang_pd(engine_cfg):
@@ -119,14 +136,16 @@ class RolloutGroup:
             self.close()
             raise
         if self.pd is not None:
-            self.pd_router = PDRouter(self.pd.prefill_replicas, self.pd.decode_replicas, vnodes)
-            # ``router`` is the decode side's: where sessions stick and samples come from.
-            self.router = self.pd_router.decode
+            pools = PDRouter(self.pd.prefill_replicas, self.pd.decode_replicas, vnodes)
+            first = self.pd.prefill_replicas
+            self.pools = [_Pool("prefill", 0, pools.prefill), _Pool("decode", first, pools.decode)]
         else:
-            self.router = Router(replicas, vnodes)
-        # Engine counters at the previous stats(): prefix-cache (queries, hits),
-        # and in PD mode also the connector's (queries, hits).
-        self._last_cache: list[tuple[float, ...]] = [(0.0,) * (4 if self.pd else 2)] * replicas
+            self.pools = [_Pool("replica", 0, Router(replicas, vnodes))]
+        # The last pool's: where sessions stick and samples come from.
+        self.router = self.pools[-1].router
+        # Engine counters at the previous stats(): prefix cache and KV connector
+        # (queries, hits, queries, hits).
+        self._last_cache: list[tuple[float, ...]] = [(0.0,) * 4] * replicas
 
     def _with_kv_dir(self, pd: PDEngineConfig) -> PDEngineConfig:
         """A file connector without a directory gets a fresh temporary one, removed on close."""
@@ -146,12 +165,12 @@ class RolloutGroup:
     @property
     def prefill_workers(self) -> list[Any]:
         """PD mode: the KV producers (empty otherwise)."""
-        return self.workers[: self.pd.prefill_replicas] if self.pd else []
+        return self.workers[: self.pools[-1].first]
 
     @property
     def decode_workers(self) -> list[Any]:
         """PD mode: the KV consumers, which return the samples; otherwise every worker."""
-        return self.workers[self.pd.prefill_replicas :] if self.pd else self.workers
+        return self.workers[self.pools[-1].first :]
 
     # -- generation --------------------------------------------------------
 
@@ -166,74 +185,55 @@ class RolloutGroup:
     async def agenerate(self, request: GenerationRequest) -> GenerationResult:
         """One request from asyncio code (the agent loop's turns): the same routing,
         session stickiness and failover as ``generate``, awaited instead of blocking."""
-        call = self._submit(request)
+        hops = self._submit(request)
         try:
-            await call[-1]  # the (decode) result's ObjectRef
+            await hops[-1][1]  # the result's ObjectRef
         except ray.exceptions.RayActorError:
             pass  # _collect marks the replica and sends the request again
-        return self._collect(request, call)
+        return self._collect(request, hops)
 
-    def _submit(self, request: GenerationRequest) -> Any:
-        if self.pd_router is not None:
-            return self._submit_pd(request)
-        replica = self._pick(lambda: self.router.pick(request.session_id))
-        self.router.begin(replica)
-        return replica, self.workers[replica].generate_one.remote(request)
+    def _route(self, session_id: str | None) -> list[int]:
+        """The worker index of each replica a request visits, one per pool."""
+        return [pool.first + pool.router.pick(session_id) for pool in self.pools]
 
-    def _submit_pd(self, request: GenerationRequest) -> tuple[int, int, Any, Any]:
-        """Prefill, then decode once the prefill is done (Ray resolves the
-        ``after`` argument first); nothing here waits."""
-        assert self.pd_router is not None
-        pools = self.pd_router
-        prefill, decode = self._pick(lambda: pools.pick(request.session_id))
-        self.pd_router.prefill.begin(prefill)
-        self.pd_router.decode.begin(decode)
-        pre_ref = self.prefill_workers[prefill].generate_one.remote(prefill_request(request))
-        dec_ref = self.decode_workers[decode].generate_after.remote(request, pre_ref)
-        self._in_flight.append(dec_ref)
+    def _submit(self, request: GenerationRequest) -> Hops:
+        """Send ``request`` along its route; nothing here waits. PD mode: the
+        prefill call, then a decode call that Ray starts once the prefill is done
+        (it resolves the ``after`` argument first)."""
+        *prefill, last = self._pick(lambda: self._route(request.session_id))
+        for worker in (*prefill, last):
+            self._begin(worker)
+        hops = [(w, self.workers[w].generate_one.remote(prefill_request(request))) for w in prefill]
+        if not hops:
+            return [(last, self.workers[last].generate_one.remote(request))]
+        ref = self.workers[last].generate_after.remote(request, hops[-1][1])
+        self._in_flight.append(ref)  # for _drain
         if len(self._in_flight) > 4096:  # forget finished ones now and then
             _, self._in_flight = ray.wait(
                 self._in_flight, num_returns=len(self._in_flight), timeout=0, fetch_local=False
             )
-        return prefill, decode, pre_ref, dec_ref
+        return [*hops, (last, ref)]
 
-    def _collect(self, request: GenerationRequest, call: Any) -> Any:
-        if self.pd_router is not None:
-            return self._collect_pd(request, call)
+    def _collect(self, request: GenerationRequest, hops: Hops) -> Any:
+        """The last replica's result. A replica of the route found dead is marked
+        (and restarted) and the whole request sent again: its sessions fall to
+        the next replica on the ring meanwhile; once none is left, ``_pick``
+        waits for the restart."""
         while True:
-            replica, ref = call
             try:
-                return ray.get(ref)
-            except ray.exceptions.RayActorError as exc:
-                # Its sessions fall to the next replica on the ring while it
-                # restarts; once none is left, pick waits for the restart.
-                self._on_failure(replica, exc)
-                call = self._submit(request)
+                for worker, ref in hops:
+                    try:
+                        result = ray.get(ref)
+                    except ray.exceptions.RayActorError as exc:
+                        self._on_failure(worker, exc)
+                        break
+                else:
+                    return result
+                retry = self._submit(request)
             finally:
-                self.router.end(replica)
-
-    def _collect_pd(self, request: GenerationRequest, call: tuple[int, int, Any, Any]) -> Any:
-        """The decode result; a dead replica of either pool is marked and the
-        request sent again (prefill and decode)."""
-        assert self.pd_router is not None
-        pools = self.pd_router
-        while True:
-            prefill, decode, pre_ref, dec_ref = call
-            try:
-                try:
-                    ray.get(pre_ref)
-                except ray.exceptions.RayActorError as exc:
-                    self._on_failure(prefill, exc)
-                    call = self._submit_pd(request)
-                    continue
-                try:
-                    return ray.get(dec_ref)
-                except ray.exceptions.RayActorError as exc:
-                    self._on_failure(len(self.prefill_workers) + decode, exc)
-                    call = self._submit_pd(request)
-            finally:
-                pools.prefill.end(prefill)
-                pools.decode.end(decode)
+                for worker, _ in hops:
+                    self._end(worker)
+            hops = retry
 
     # -- weights, health, stats --------------------------------------------
 
@@ -315,7 +315,7 @@ class RolloutGroup:
             self._configs[worker], self._threads, self._engine
         )
         self.restarts[worker] += 1
-        self._last_cache[worker] = (0.0,) * len(self._last_cache[worker])
+        self._last_cache[worker] = (0.0,) * 4
         self._resync(worker, start)
 
     def _resync(self, worker: int, start: float) -> None:
@@ -388,67 +388,51 @@ class RolloutGroup:
 
     def _router_of(self, worker: int) -> tuple[Router, int]:
         """The router that routes to ``self.workers[worker]``, and its index there."""
-        if self.pd_router is None:
-            return self.router, worker
-        assert self.pd is not None
-        if worker < self.pd.prefill_replicas:
-            return self.pd_router.prefill, worker
-        return self.pd_router.decode, worker - self.pd.prefill_replicas
+        pool = next(p for p in self.pools if worker in p)
+        return pool.router, worker - pool.first
+
+    def _begin(self, worker: int) -> None:
+        router, index = self._router_of(worker)
+        router.begin(index)
+
+    def _end(self, worker: int) -> None:
+        router, index = self._router_of(worker)
+        router.end(index)
 
     def stats(self) -> dict[str, float]:
-        """Per-replica metrics; the prefix-cache hit rate is over the tokens
-        looked up since the previous ``stats()`` call (so one per step)."""
-        if self.pd is not None:
-            return self._stats_pd()
+        """``rollout/{role}{i}/requests`` and ``.../prefix_cache_hit_rate`` per
+        replica (role ``replica``; PD mode ``prefill`` and ``decode``). The
+        group's ``rollout/prefix_cache_hit_rate`` is the first pool's (where
+        prompts are computed); PD mode's ``rollout/pd/kv_transfer_rate`` is the
+        share of the decode side's uncached prompt tokens whose KV came from the
+        connector. Rates are over the tokens since the previous call (so one
+        call per step)."""
+        engine_stats = self._call_live("stats")  # a replica restarting has none
         out: dict[str, float] = {}
-        engine_stats = self._call_live("stats")  # a replica restarting has none
-        queries = hits = 0.0
-        for i in range(len(self.workers)):
-            dq = dh = 0.0
-            if i in engine_stats:
-                s = engine_stats[i]
-                last_q, last_h = self._last_cache[i]
-                dq, dh = s["prefix_cache_queries"] - last_q, s["prefix_cache_hits"] - last_h
-                self._last_cache[i] = (s["prefix_cache_queries"], s["prefix_cache_hits"])
-            queries, hits = queries + dq, hits + dh
-            out[f"rollout/replica{i}/requests"] = float(self.router.requests[i])
-            out[f"rollout/replica{i}/prefix_cache_hit_rate"] = dh / dq if dq else 0.0
-        out["rollout/prefix_cache_hit_rate"] = hits / queries if queries else 0.0
+        totals = []  # per pool: (prefix queries, hits, connector queries, hits)
+        for pool in self.pools:
+            total = [0.0] * 4
+            for k in range(pool.router.num_replicas):
+                i = pool.first + k
+                delta = (0.0,) * 4
+                if i in engine_stats:
+                    s = engine_stats[i]
+                    now = (
+                        s["prefix_cache_queries"],
+                        s["prefix_cache_hits"],
+                        s.get("kv_transfer_queries", 0.0),
+                        s.get("kv_transfer_hits", 0.0),
+                    )
+                    delta = tuple(a - b for a, b in zip(now, self._last_cache[i]))
+                    self._last_cache[i] = now
+                total = [t + d for t, d in zip(total, delta)]
+                out[f"rollout/{pool.role}{k}/requests"] = float(pool.router.requests[k])
+                out[f"rollout/{pool.role}{k}/prefix_cache_hit_rate"] = _rate(delta[1], delta[0])
+            totals.append(total)
+        out["rollout/prefix_cache_hit_rate"] = _rate(totals[0][1], totals[0][0])
+        if self.pd is not None:
+            out["rollout/pd/kv_transfer_rate"] = _rate(totals[-1][3], totals[-1][2])
         out["rollout/replica_restarts"] = float(sum(self.restarts))
-        return out
-
-    def _stats_pd(self) -> dict[str, float]:
-        """``rollout/prefill{i}/*`` and ``rollout/decode{i}/*`` per replica; the
-        pool-wide prefix-cache hit rate is the prefill pool's (where prompts are
-        computed); ``rollout/pd/kv_transfer_rate`` is the share of the decode
-        side's uncached prompt tokens whose KV came from the connector. Rates
-        are over the tokens since the previous call."""
-        assert self.pd is not None and self.pd_router is not None
-        out: dict[str, float] = {"rollout/replica_restarts": float(sum(self.restarts))}
-        engine_stats = self._call_live("stats")  # a replica restarting has none
-        pre = self.pd.prefill_replicas
-        totals = {"prefill": [0.0, 0.0], "decode": [0.0, 0.0]}
-        kv_q = kv_h = 0.0
-        for i, s in engine_stats.items():
-            now = (
-                s["prefix_cache_queries"],
-                s["prefix_cache_hits"],
-                s.get("kv_transfer_queries", 0.0),
-                s.get("kv_transfer_hits", 0.0),
-            )
-            dq, dh, dkq, dkh = (a - b for a, b in zip(now, self._last_cache[i]))
-            self._last_cache[i] = now
-            role, k = ("prefill", i) if i < pre else ("decode", i - pre)
-            router = self.pd_router.prefill if role == "prefill" else self.pd_router.decode
-            totals[role][0] += dq
-            totals[role][1] += dh
-            out[f"rollout/{role}{k}/requests"] = float(router.requests[k])
-            out[f"rollout/{role}{k}/prefix_cache_hit_rate"] = dh / dq if dq else 0.0
-            if role == "decode":
-                kv_q, kv_h = kv_q + dkq, kv_h + dkh
-        q, h = totals["prefill"]
-        out["rollout/prefix_cache_hit_rate"] = h / q if q else 0.0
-        out["rollout/pd/kv_transfer_rate"] = kv_h / kv_q if kv_q else 0.0
         return out
 
     def reset_prefix_cache(self) -> None:
@@ -473,3 +457,7 @@ class RolloutGroup:
 
 def _is_sglang_pd(engine_cfg: Any) -> bool:
     return type(engine_cfg).__name__ == "SGLangPDConfig"
+
+
+def _rate(hits: float, queries: float) -> float:
+    return hits / queries if queries else 0.0

@@ -275,7 +275,7 @@ def _sandbox_processes() -> list[int]:
             continue
         if (
             entry.name.isdigit()
-            and b"rollout/agent/sandbox.py" in cmdline
+            and b"rollout/agent/sandbox_child.py" in cmdline
             and _alive(int(entry.name))
         ):
             found.append(int(entry.name))
