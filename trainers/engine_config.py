@@ -5,10 +5,19 @@ fields (``FSDPEngineConfig``, ``MegatronEngineConfig``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+# ``dtype`` names -> torch dtypes
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
 class EngineConfig:
+    # The trainer's name in ``rlpost.trainers.registry.ENGINES`` (set by each backend).
+    trainer: ClassVar[str]
+
     model_path: str
     dtype: str = "float32"
     lr: float = 1e-3

@@ -1,4 +1,4 @@
-"""Ray shell around one FSDP engine rank, and the group of all ranks."""
+"""Ray shell around one training engine rank, and the group of all ranks."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from rlpost.trainers.batch import TrajectoryBatch
 
 
 class TrainerWorker:
-    """One rank: owns an ``FSDPEngine`` and forwards calls to it."""
+    """One rank: owns a training engine (``rlpost.trainers.engine``) and forwards calls to it."""
 
     def __init__(self, threads: int):
         torch.set_num_threads(threads)
@@ -47,17 +47,11 @@ class TrainerWorker:
             return f"tcp://{ip}:{s.getsockname()[1]}"
 
     def init_engine(self, kind: str, cfg: Any, rank: int, world_size: int, init_method: str) -> int:
-        """Build this rank's engine: the config's type says which trainer (FSDP2 or
-        Megatron), ``kind`` which role (policy or critic)."""
-        from rlpost.trainers.fsdp import CriticEngine, FSDPEngine
+        """Build this rank's engine: the config names the trainer (``cfg.trainer``:
+        ``fsdp``, ``megatron``), ``kind`` the role (``policy`` or ``critic``)."""
+        from rlpost.trainers.registry import build_engine
 
-        engines: dict[str, Any] = {"policy": FSDPEngine, "critic": CriticEngine}
-        if type(cfg).__name__ == "MegatronEngineConfig":  # no megatron import for FSDP runs
-            from rlpost.trainers.megatron.critic import MegatronCriticEngine
-            from rlpost.trainers.megatron.engine import MegatronEngine
-
-            engines = {"policy": MegatronEngine, "critic": MegatronCriticEngine}
-        self.engine = engines[kind](cfg, rank, world_size, init_method)
+        self.engine = build_engine(cfg.trainer, kind, cfg, rank, world_size, init_method)
         return self.engine.num_params
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:

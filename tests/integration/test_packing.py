@@ -11,9 +11,9 @@ import pytest
 import torch
 from engine_utils import advantages, engine, free_port, full_grads, make_batch, spawn
 from rlpost.algos import PolicyLossConfig
-from rlpost.trainers.fsdp.common import micro_batches, pack, unpack
 from rlpost.trainers.fsdp.engine import RegularizerConfig
 from rlpost.trainers.fsdp.lora import LoraSettings
+from rlpost.trainers.micro_batching import micro_batches, pack, unpack
 
 from rlpost.models.tiny import build_tiny_model
 

@@ -2,30 +2,23 @@
 
 Legend: b = samples, t = tokens, h = hidden size.
 
-Values are aligned like log-probs: ``values_bt[:, t]`` is V(state before token
-t), read from the hidden state at position t-1, so the value of each response
-token's state sits under that token's mask entry.
+Values, updates and checkpoints are ``rlpost.trainers.critic``'s, shared with
+the Megatron critic; this module builds the value model and its backend.
 """
 
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from rlpost.algos import LossNorm, clipped_value_loss
 from rlpost.trainers.batch import TrajectoryBatch
-from rlpost.trainers.fsdp.common import (
-    DTYPES,
-    Updater,
-    init_distributed,
-    micro_batches,
-    run_epochs,
-    shard,
-)
+from rlpost.trainers.critic import CriticUpdates
+from rlpost.trainers.distributed import init_distributed
+from rlpost.trainers.engine_config import DTYPES
+from rlpost.trainers.fsdp.common import FSDPBackend, shard
 from rlpost.trainers.fsdp.engine import FSDPEngineConfig
-from rlpost.trainers.objectives import critic_metrics
+from rlpost.trainers.fsdp.state import FSDPState
+from rlpost.trainers.micro_batching import micro_batches
 
 
 class ValueModel(torch.nn.Module):
@@ -46,7 +39,7 @@ class ValueModel(torch.nn.Module):
         return F.pad(v_bt[:, :-1], (1, 0))
 
 
-class CriticEngine:
+class CriticEngine(CriticUpdates):
     def __init__(self, cfg: FSDPEngineConfig, rank: int, world_size: int, init_method: str):
         from transformers import AutoModel
 
@@ -63,79 +56,19 @@ class CriticEngine:
         model = ValueModel(body, body.config.hidden_size).to(self.device)
         shard(model, body.layers, offload=cfg.param_offload, mixed_precision=cfg.mixed_precision)
         self.model = model
-        # The critic always runs padded; a token budget still shapes its micro-batches.
-        self.updater = Updater(model, cfg.optim(), world_size, self._micro_batches)
         self.num_params = sum(p.numel() for p in model.parameters())
+        backend = FSDPBackend(model, world_size, self._micro_batches, self._values, cfg.optim())
+        state = FSDPState(model, backend.optimizer, backend.scheduler, cfg, rank, world_size, False)
+        super().__init__(backend, lambda v_bt: v_bt, state)
 
     def _micro_batches(self, batch: TrajectoryBatch) -> list[TrajectoryBatch]:
+        # The critic always runs padded; a token budget still shapes its micro-batches.
         return micro_batches(batch, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens)
 
-    @torch.no_grad()
-    def values(self, batch: TrajectoryBatch) -> torch.Tensor:
-        """V (b, t) of this rank's batch, 0 off the response mask."""
-        self.model.eval()
-        out = torch.zeros(batch.input_ids_bt.shape, dtype=torch.float32)
-        start = 0
-        for mb in self._micro_batches(batch):
-            v = self.model(mb.input_ids_bt.to(self.device), mb.attention_mask_bt.to(self.device))
-            out[start : start + len(mb), : v.shape[1]] = v.cpu()
-            start += len(mb)
-        return out * batch.response_mask_bt
-
-    def update_critic(
-        self,
-        batch: TrajectoryBatch,
-        *,
-        value_clip: float,
-        agg: str,
-        epochs: int = 1,
-        mini_batches: int = 1,
-    ) -> dict[str, float]:
-        """Clipped value regression onto ``returns_bt`` (batch.old_values_bt are the
-        values at sampling time). Returns global metrics."""
-        if batch.returns_bt is None or batch.old_values_bt is None:
-            raise ValueError("update_critic needs returns_bt and old_values_bt in the batch")
-
-        def loss_fn(mb: TrajectoryBatch, norm: LossNorm):
-            assert mb.returns_bt is not None and mb.old_values_bt is not None
-            v = self.model(mb.input_ids_bt.to(self.device), mb.attention_mask_bt.to(self.device))
-            return clipped_value_loss(
-                v,
-                mb.old_values_bt.to(self.device),
-                mb.returns_bt.to(self.device),
-                mb.response_mask_bt.to(self.device).float(),
-                clip=value_clip,
-                agg=agg,
-                norm=norm,
-            )
-
-        start = time.perf_counter()
-        out = run_epochs(
-            lambda mini: self.updater.step(mini, loss_fn, 1.0, "critic"),
-            batch,
-            epochs,
-            mini_batches,
-        )
-        out.update(critic_metrics(batch))
-        out["timing/critic_update_s"] = time.perf_counter() - start
-        return out
-
-    def save_checkpoint(self, path: str) -> str:
-        """Sharded model, optimizer, LR schedule and RNG states, atomically. Collective."""
-        from rlpost.trainers.fsdp.state import save_engine
-
-        u = self.updater
-        save_engine(
-            path, self.model, u.optimizer, u.scheduler, self.cfg, self.rank, self.world_size, False
-        )
-        return str(path)
-
-    def load_checkpoint(self, path: str) -> None:
-        from rlpost.trainers.fsdp.state import load_engine
-
-        load_engine(
-            path, self.model, self.updater.optimizer, self.updater.scheduler, self.rank, False
-        )
+    def _values(self, mb: TrajectoryBatch) -> torch.Tensor:
+        """V (b, t): ``values_bt[:, t]`` is V(state before token t), read from the
+        hidden state at position t-1, so each response token's state sits under its mask."""
+        return self.model(mb.input_ids_bt.to(self.device), mb.attention_mask_bt.to(self.device))
 
     def close(self) -> None:
         if dist.is_initialized():

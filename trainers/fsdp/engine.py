@@ -1,44 +1,30 @@
-"""FSDP2 policy engine: log-probs, policy/SFT updates, HF-named weight export.
+"""FSDP2 policy engine: the model, its forward passes, LoRA and HF-named weight export.
 
-Legend: b = samples, t = tokens, v = vocab.
+Legend: b = samples, t = tokens, v = vocab, T = tokens of one packed row.
 
 One engine object lives in each rank's process; ranks join one process group
 (gloo on CPU, NCCL on CUDA, HCCL on Ascend) and shard the model with
-``fully_shard``. Every rank receives its own share of the batch; loss
-normalisers are global counts (all-reduced), so the gradient does not depend
-on how the batch was split over ranks and micro-batches.
+``fully_shard``. Every rank receives its own share of the batch. Log-probs,
+updates and checkpoints are ``rlpost.trainers.policy``'s, shared with the
+Megatron engine; this module supplies the forward pass (``FSDPBackend``), the
+log-probs of its logits and the checkpoint state (``FSDPState``).
 """
 
 from __future__ import annotations
 
 import inspect
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
-from rlpost.algos import (
-    LossNorm,
-    PolicyLossConfig,
-    sft_loss,
-)
 from rlpost.trainers.batch import TrajectoryBatch
-from rlpost.trainers.engine_config import EngineConfig
+from rlpost.trainers.distributed import init_distributed
+from rlpost.trainers.engine_config import DTYPES, EngineConfig
 from rlpost.trainers.files import atomic_directory
-from rlpost.trainers.fsdp.common import (
-    DTYPES,
-    LossFn,
-    OptimConfig,
-    Updater,
-    init_distributed,
-    micro_batches,
-    pack,
-    run_epochs,
-    shard,
-    unpack,
-)
+from rlpost.trainers.fsdp.common import FSDPBackend, OptimConfig, shard
 from rlpost.trainers.fsdp.lora import (
     LoraSettings,
     adapter_config,
@@ -48,6 +34,7 @@ from rlpost.trainers.fsdp.lora import (
     merged_hf_weights,
     save_adapter,
 )
+from rlpost.trainers.fsdp.state import FSDPState
 from rlpost.trainers.hf_format import (
     auto_class,
     load_model,
@@ -59,12 +46,15 @@ from rlpost.trainers.hf_format import (
 )
 from rlpost.trainers.logprobs import token_logprobs as token_logprobs  # re-exported
 from rlpost.trainers.logprobs import token_logprobs_and_entropy
+from rlpost.trainers.micro_batching import micro_batches, pack, unpack
 from rlpost.trainers.objectives import RegularizerConfig as RegularizerConfig  # re-exported
-from rlpost.trainers.objectives import check_policy_batch, policy_objective
+from rlpost.trainers.policy import PolicyUpdates
 
 
 @dataclass(frozen=True)
 class FSDPEngineConfig(EngineConfig):
+    trainer: ClassVar[str] = "fsdp"
+
     lora: LoraSettings = field(default_factory=LoraSettings)  # rank 0: full fine-tuning
     gradient_checkpointing: bool = False  # recompute layer activations in backward
     param_offload: bool = False  # FSDP2 CPUOffloadPolicy: params, grads, optimizer on CPU
@@ -96,7 +86,7 @@ class FSDPEngineConfig(EngineConfig):
         )
 
 
-class FSDPEngine:
+class FSDPEngine(PolicyUpdates):
     def __init__(self, cfg: FSDPEngineConfig, rank: int, world_size: int, init_method: str):
         cfg.check()
         torch.set_num_threads(cfg.threads)
@@ -125,9 +115,6 @@ class FSDPEngine:
             mixed_precision=cfg.mixed_precision,
         )
         self.model = model
-        self.updater = (
-            Updater(model, cfg.optim(), world_size, self._micro_batches) if cfg.trainable else None
-        )
         # What the transformers model's forward takes (under LoRA too, whose wrapper
         # passes image inputs on as keyword arguments).
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -135,12 +122,34 @@ class FSDPEngine:
         self._never_sample = placeholder_token_ids(model.config)
         self.num_params = sum(p.numel() for p in model.parameters())
         self.num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        optim = cfg.optim() if cfg.trainable else None
+        backend = FSDPBackend(model, world_size, self._micro_batches, self._output, optim)
+        # its optimizer and LR schedule (None for a frozen reference policy)
+        self.updater = backend if cfg.trainable else None
+        state = FSDPState(
+            model, backend.optimizer, backend.scheduler, cfg, rank, world_size, cfg.lora.enabled
+        )
+        super().__init__(backend, self._token_stats, state)
 
     def _micro_batches(self, batch: TrajectoryBatch) -> list[TrajectoryBatch]:
         c = self.cfg
         return micro_batches(batch, c.micro_batch_size, c.micro_batch_tokens, c.packing)
 
     # -- forward passes -------------------------------------------------------
+    def _packed(self, mb: TrajectoryBatch) -> bool:
+        """Whether ``mb`` runs as one packed row: ``cfg.packing``, and no images
+        (a VL micro-batch keeps its padded rows)."""
+        return self.cfg.packing and mb.mm_inputs_b is None
+
+    def _output(self, mb: TrajectoryBatch) -> torch.Tensor:
+        """The logits of ``mb``: (b, t, v), or (1, T, v) when packed (one forward pass
+        over the concatenated samples, no padding tokens)."""
+        if not self._packed(mb):
+            return self._logits(mb)
+        ids_1T, pos_1T, _ = pack(mb)
+        ids_1T, pos_1T = ids_1T.to(self.device), pos_1T.to(self.device)
+        return self.model(input_ids=ids_1T, position_ids=pos_1T, use_cache=False).logits
+
     def _logits(self, mb: TrajectoryBatch) -> torch.Tensor:
         """The model's logits (b, t, v) in its dtype: no float32 copy, no temperature
         (``token_logprobs_and_entropy`` applies both a few tokens at a time)."""
@@ -169,32 +178,24 @@ class FSDPEngine:
         return out
 
     def _token_stats(
-        self, mb: TrajectoryBatch, temperature: float, entropy_grad: bool | None
+        self, mb: TrajectoryBatch, logits: torch.Tensor, temperature: float, with_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (b, t) of ``mb``'s tokens and, unless ``entropy_grad`` is None, the
-        entropy (b, t) of each position's predictive distribution (with grad if True).
-
-        Packed (``cfg.packing``): one forward pass over the concatenated samples,
-        no padding tokens; values are scattered back to the padded layout.
-        """
-        with_entropy = entropy_grad is not None
-        if not self.cfg.packing or mb.mm_inputs_b is not None:  # images: padded rows
+        """Log-probs (b, t) of ``mb``'s tokens from ``_output``'s logits and the entropy
+        (b, t) of each position's prediction (zeros unless ``with_entropy``). Packed
+        values are scattered back to the padded layout."""
+        if not self._packed(mb):
             ids = mb.input_ids_bt.to(self.device)
-            stats = token_logprobs_and_entropy(self._logits(mb), ids, temperature, with_entropy)
-        else:
-            ids_1T, pos_1T, lengths = pack(mb)
-            ids_1T, pos_1T = ids_1T.to(self.device), pos_1T.to(self.device)
-            logits = self.model(input_ids=ids_1T, position_ids=pos_1T, use_cache=False).logits
-            stats_1T = token_logprobs_and_entropy(logits, ids_1T, temperature, with_entropy)
-            width = mb.input_ids_bt.shape[1]
-            stats = (unpack(stats_1T[0], lengths, width), unpack(stats_1T[1], lengths, width))
-        logp, entropy = stats
-        if entropy_grad is None:
-            return logp, None
-        return logp, entropy if entropy_grad else entropy.detach()
+            return token_logprobs_and_entropy(logits, ids, temperature, with_entropy)
+        ids_1T, _, lengths = pack(mb)
+        logp_1T, entropy_1T = token_logprobs_and_entropy(
+            logits, ids_1T.to(self.device), temperature, with_entropy
+        )
+        width = mb.input_ids_bt.shape[1]
+        return unpack(logp_1T, lengths, width), unpack(entropy_1T, lengths, width)
 
     @contextmanager
-    def _adapter_off(self, disable: bool) -> Iterator[None]:
+    def adapter_off(self, disable: bool) -> Iterator[None]:
+        """With ``disable``, the LoRA adapter is off while the block runs (the base model)."""
         if not disable:
             yield
             return
@@ -202,29 +203,6 @@ class FSDPEngine:
             raise ValueError("disable_adapter=True needs a LoRA engine (lora.rank > 0)")
         with self.model.disable_adapter():  # type: ignore[operator]
             yield
-
-    @torch.no_grad()
-    def logprobs(
-        self, batch: TrajectoryBatch, temperature: float = 1.0, disable_adapter: bool = False
-    ) -> torch.Tensor:
-        """Log-probs (b, t) of this rank's batch under the current weights (0 off the response).
-
-        ``disable_adapter=True`` (LoRA only) scores with the base model, i.e. the
-        frozen reference policy of a KL term, without a second copy of the model.
-        """
-        self.model.eval()
-        out = torch.zeros(batch.input_ids_bt.shape, dtype=torch.float32)
-        start = 0
-        with self._adapter_off(disable_adapter):
-            for mb in self._micro_batches(batch):
-                logp = self._token_stats(mb, temperature, None)[0].cpu()
-                out[start : start + len(mb), : logp.shape[1]] = logp
-                start += len(mb)
-        return out * batch.response_mask_bt
-
-    def ref_logprobs(self, batch: TrajectoryBatch, temperature: float = 1.0) -> torch.Tensor:
-        """Reference-policy log-probs of a LoRA engine: the base model, adapter disabled."""
-        return self.logprobs(batch, temperature, disable_adapter=True)
 
     @torch.no_grad()
     def greedy_match(self, batch: TrajectoryBatch) -> torch.Tensor:
@@ -253,114 +231,6 @@ class FSDPEngine:
             if isinstance(rate, float) and rate > 0:
                 return True
         return False
-
-    # -- updates --------------------------------------------------------------
-    def _updater(self) -> Updater:
-        if self.updater is None:
-            raise RuntimeError("this engine is a frozen reference policy; it cannot update")
-        return self.updater
-
-    def update_policy(
-        self,
-        batch: TrajectoryBatch,
-        loss_cfg: PolicyLossConfig,
-        *,
-        temperature: float = 1.0,
-        epochs: int = 1,
-        mini_batches: int = 1,
-        norm_const: float = 1.0,
-        reg: RegularizerConfig | None = None,
-        is_cap: float | None = None,
-    ) -> dict[str, float]:
-        """Policy-gradient update on this rank's share; returns global metrics.
-
-        ``is_cap`` set and ``rollout_logp_bt`` in the batch: each token's advantage is
-        scaled by the truncated importance weight min(pi_old / pi_rollout, is_cap).
-        """
-        if batch.old_logp_bt is None:
-            raise ValueError(
-                "update_policy needs old_logp_bt in the batch (update_policy_single_pass "
-                "takes the old log-probs from its own forward)"
-            )
-        loss_fn = self._policy_loss_fn(batch, loss_cfg, temperature, reg, is_cap, None)
-        updater = self._updater()
-        start = time.perf_counter()
-        out = run_epochs(
-            lambda mini: updater.step(mini, loss_fn, norm_const, "actor"),
-            batch,
-            epochs,
-            mini_batches,
-        )
-        out["timing/update_s"] = time.perf_counter() - start
-        return out
-
-    def update_policy_single_pass(
-        self,
-        batch: TrajectoryBatch,
-        loss_cfg: PolicyLossConfig,
-        *,
-        temperature: float = 1.0,
-        norm_const: float = 1.0,
-        reg: RegularizerConfig | None = None,
-        is_cap: float | None = None,
-    ) -> tuple[dict[str, float], torch.Tensor]:
-        """One optimizer step over the whole batch (one epoch, one mini-batch) whose old
-        log-probs are the update's own, detached: the weights have not changed since
-        sampling, so ``update_policy`` after a ``logprobs`` call would compute the
-        same loss and gradient with one forward pass more.
-
-        Returns the metrics and those log-probs (b, t) as ``logprobs`` returns them
-        (0 off the response), e.g. for the rollout parity check. The batch's own
-        ``old_logp_bt`` is ignored.
-        """
-        pieces: list[torch.Tensor] = []
-        loss_fn = self._policy_loss_fn(batch, loss_cfg, temperature, reg, is_cap, pieces)
-        start = time.perf_counter()
-        out = self._updater().step(batch, loss_fn, norm_const, "actor")
-        out["timing/update_s"] = time.perf_counter() - start
-        logp_bt = torch.zeros(batch.input_ids_bt.shape, dtype=torch.float32)
-        row = 0
-        for piece in pieces:  # one per micro-batch, in batch order
-            logp_bt[row : row + len(piece), : piece.shape[1]] = piece
-            row += len(piece)
-        return out, logp_bt * batch.response_mask_bt
-
-    def _policy_loss_fn(
-        self,
-        batch: TrajectoryBatch,
-        loss_cfg: PolicyLossConfig,
-        temperature: float,
-        reg: RegularizerConfig | None,
-        is_cap: float | None,
-        record: list[torch.Tensor] | None,
-    ) -> LossFn:
-        """The micro-batch loss of a policy update. ``record`` is None: the old log-probs
-        come from the batch; a list: they are the forward's own, detached, and each
-        micro-batch's log-probs are appended to it."""
-        reg = reg or RegularizerConfig()
-        check_policy_batch(batch, reg)
-
-        def loss_fn(mb: TrajectoryBatch, norm: LossNorm) -> tuple[torch.Tensor, dict[str, float]]:
-            logp, entropy = self._token_stats(mb, temperature, reg.entropy_coef != 0)
-            assert entropy is not None
-            if record is None:
-                assert mb.old_logp_bt is not None
-                old_logp = mb.old_logp_bt.to(self.device)
-            else:
-                old_logp = logp.detach()
-                record.append(old_logp.cpu())
-            return policy_objective(logp, entropy, old_logp, mb, loss_cfg, reg, norm, is_cap)
-
-        return loss_fn
-
-    def update_sft(self, batch: TrajectoryBatch) -> dict[str, float]:
-        """One supervised step: token-mean NLL of the response tokens."""
-
-        def loss_fn(mb: TrajectoryBatch, norm: LossNorm):
-            logp = self._token_stats(mb, 1.0, None)[0]
-            return sft_loss(logp, mb.response_mask_bt.to(self.device).float(), norm)
-
-        return self._updater().step(batch, loss_fn, 1.0, "sft")
 
     # -- weights --------------------------------------------------------------
     def _full_state(self) -> dict[str, torch.Tensor] | None:
@@ -417,30 +287,6 @@ class FSDPEngine:
         if got is None:
             return None
         return str(save_adapter(out_dir, *got))
-
-    # -- checkpoints ------------------------------------------------------------
-    def save_checkpoint(self, path: str) -> str:
-        """Write sharded model (the adapter only, under LoRA), optimizer, LR schedule and
-        RNG states to ``path``, atomically. Collective: call on every rank."""
-        from rlpost.trainers.fsdp.state import save_engine
-
-        opt = self.updater.optimizer if self.updater else None
-        sched = self.updater.scheduler if self.updater else None
-        frozen_base = self.cfg.lora.enabled
-        save_engine(path, self.model, opt, sched, self.cfg, self.rank, self.world_size, frozen_base)
-        return str(path)
-
-    def load_checkpoint(self, path: str) -> None:
-        """Restore ``save_checkpoint``'s state into this freshly built engine. Collective.
-
-        The engine must be built with the same model path and LoRA settings; the
-        world size may differ (DCP reshards; RNG states then come from rank 0).
-        """
-        from rlpost.trainers.fsdp.state import load_engine
-
-        opt = self.updater.optimizer if self.updater else None
-        sched = self.updater.scheduler if self.updater else None
-        load_engine(path, self.model, opt, sched, self.rank, self.cfg.lora.enabled)
 
     def save_hf(self, out_dir: str, tokenizer_dir: str | None = None) -> str | None:
         """Write the policy as an HF model directory (atomically, rank 0). Collective."""

@@ -4,7 +4,7 @@ megatron-core ``TransformerConfig`` built from the HF model's shape and that spl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +47,8 @@ class MegatronParallel:
 
 @dataclass(frozen=True)
 class MegatronEngineConfig(EngineConfig):
+    trainer: ClassVar[str] = "megatron"
+
     parallel: MegatronParallel = field(default_factory=MegatronParallel)
 
     def check(self, world_size: int) -> None:

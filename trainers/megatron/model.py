@@ -8,11 +8,12 @@ Legend: b = samples, t = tokens, s = sequence (megatron's leading dim), h = hidd
   ``rlpost.trainers.megatron.convert``; on a machine without CUDA ``cpu_shim`` makes it
   run with gloo. A critic's output layer is a scalar value head instead of the
   vocabulary projection.
-- **Steps.** Every forward and backward goes through megatron's
-  forward-backward schedule (1F1B across pipeline stages when ``pp > 1``). Loss
-  normalisers are global counts, as in the FSDP engine; the micro-batch losses
-  are summed, never averaged, and gradients are summed over data-parallel
-  ranks, so the update does not depend on how the batch was split.
+- **Steps.** The model is a backend of the shared update loop
+  (``rlpost.trainers.update``). Every forward and backward goes through
+  megatron's forward-backward schedule (1F1B across pipeline stages when
+  ``pp > 1``); the micro-batch losses are summed, never averaged, and gradients
+  are summed over data-parallel ranks, so with the loop's global normalisers
+  the update does not depend on how the batch was split.
 """
 
 from __future__ import annotations
@@ -23,15 +24,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from rlpost.algos import LossNorm
 from rlpost.trainers.batch import TrajectoryBatch
-from rlpost.trainers.fsdp.common import (
-    SUMMED_METRICS,
-    global_metrics,
-    global_norm,
-    init_distributed,
-    micro_batches,
-)
+from rlpost.trainers.distributed import init_distributed
 from rlpost.trainers.megatron import cpu_shim, sequence_parallel
 from rlpost.trainers.megatron.config import (
     MegatronEngineConfig,
@@ -55,11 +49,7 @@ from rlpost.trainers.megatron.schedule import (
     rows_from_last_stage,
     run_schedule,
 )
-
-# One micro-batch's loss from the model's output: its share of the global loss, and metrics.
-MicroLoss = Callable[
-    [TrajectoryBatch, torch.Tensor, LossNorm], tuple[torch.Tensor, dict[str, float]]
-]
+from rlpost.trainers.micro_batching import micro_batches
 
 
 class ValueHead(torch.nn.Module):
@@ -87,7 +77,7 @@ class ValueHead(torch.nn.Module):
 
 
 class MegatronModel:
-    """Process groups, the model, the optimizer and one globally normalised step.
+    """Process groups, the model and the optimizer: a ``rlpost.trainers.update.Backend``.
 
     ``value_head``: the output layer is a ``ValueHead`` (a critic) rather than
     the vocabulary projection (a policy); the head's weights start at zero.
@@ -291,69 +281,56 @@ class MegatronModel:
             self.chunks, mbs, on_output, c.packing, self.mpu, c.parallel.sequence_parallel
         )
 
-    def step(
-        self,
-        batch: TrajectoryBatch,
-        loss_fn: MicroLoss,
-        norm_const: float,
-        prefix: str,
-        record: list[torch.Tensor] | None = None,
-    ) -> tuple[dict[str, float], torch.Tensor]:
-        """One optimizer step over the data-parallel batch; global metrics on every rank,
-        and this rank's rows of what ``loss_fn`` appended to ``record`` (one (b, t)
-        tensor per micro-batch, on the last stage), zeros if it recorded nothing."""
-        if self.optimizer is None:
-            raise RuntimeError("this engine is a frozen reference policy; it cannot update")
-        self.train()
-        norm = global_norm(batch, norm_const)  # each rank counts its own share once
-        data, mine = dp_batch(batch, self.mpu)
-        for chunk in self.chunks:
-            chunk.zero_grad_buffer()
-        self.optimizer.zero_grad()
-        sums: dict[str, float] = {}
-        loss_sum = [0.0]
+    @property
+    def trainable(self) -> bool:
+        return self.optimizer is not None
 
-        def on_output(mb, output):
-            loss, metrics = loss_fn(mb, output, norm)
-            loss_sum[0] += float(loss.detach())
-            weight = float(mb.response_mask_bt.sum())
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v) * (1.0 if k in SUMMED_METRICS else weight)
-            return loss, None
-
-        mbs = self.micro_batches(data)
-        with torch.enable_grad():
-            self.run(mbs, on_output)
-        recorded = torch.zeros(data.input_ids_bt.shape, dtype=torch.float32)
-        if record is not None:
-            recorded = rows_from_last_stage(
-                mbs, record, data.input_ids_bt.shape, self.mpu, self.cfg.parallel.pp
-            )
-        grad_norm, skipped = self._optimizer_step()
-        lr = self.lr()
-        # Each data-parallel batch's sums live on its last stage, once per tensor- and
-        # context-parallel rank: counted from rank 0 of those only, then summed over the world.
-        keys = all_keys(sorted(sums))
+    @property
+    def reports_metrics(self) -> bool:
+        """Each data-parallel batch's sums live on its last stage, once per tensor- and
+        context-parallel rank: rank 0 of those reports them."""
         mpu = self.mpu
-        reports = (
+        return (
             self.last_stage
             and mpu.get_tensor_model_parallel_rank() == 0
             and mpu.get_context_parallel_rank() == 0
         )
-        out = global_metrics(sums, keys, loss_sum[0], norm, prefix, contributes=reports)
-        out[f"{prefix}/grad_norm"] = grad_norm
-        out[f"{prefix}/lr"] = lr
-        out[f"{prefix}/skipped_updates"] = float(skipped)
-        return out, recorded[mine]
+
+    @cpu_shim.runs_on_cpu
+    def forward(self, batch: TrajectoryBatch, on_output: OnOutput, *, grad: bool) -> torch.Tensor:
+        """The model-parallel group's data-parallel batch through the schedule;
+        ``on_output`` runs on the last stage, and the rows it hands back reach every
+        stage, this rank's rows returned. Collective."""
+        if grad:
+            self.train()
+        else:
+            self.eval()
+        data, mine = dp_batch(batch, self.mpu)
+        mbs = self.micro_batches(data)
+        with torch.set_grad_enabled(grad):
+            results = self.run(mbs, on_output)
+        shape = data.input_ids_bt.shape
+        return rows_from_last_stage(mbs, results, shape, self.mpu, self.cfg.parallel.pp)[mine]
+
+    @cpu_shim.runs_on_cpu
+    def zero_grad(self) -> None:
+        for chunk in self.chunks:
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+
+    def metric_keys(self, keys: list[str]) -> list[str]:
+        return all_keys(keys)  # ranks off the last stage have none
 
     def lr(self) -> float:
         """Linear warm-up, the FSDP engine's schedule: lr * min(1, (step + 1) / (warmup + 1))."""
         warmup = max(self.cfg.lr_warmup_steps, 0)
         return self.cfg.lr * min(1.0, (self.steps + 1) / (warmup + 1))
 
-    def _optimizer_step(self) -> tuple[float, bool]:
+    @cpu_shim.runs_on_cpu
+    def optimizer_step(self) -> tuple[float, float, bool]:
         """Clip and step unless the global gradient norm is NaN or Inf (then skip, on
-        every rank alike: the norm is the same everywhere)."""
+        every rank alike: the norm is the same everywhere). Returns the gradient norm,
+        the LR schedule's value after the step, and whether it skipped."""
         from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 
         opt = self.optimizer
@@ -364,14 +341,14 @@ class MegatronModel:
         grad_norm = float(opt.get_grad_norm())
         if not math.isfinite(grad_norm):
             opt.zero_grad()
-            return grad_norm, True
+            return grad_norm, self.lr(), True
         for sub in getattr(opt, "chained_optimizers", [opt]):
             params = sub.get_parameters()
             if params and self.cfg.max_grad_norm > 0:
                 clip_grad_by_total_norm_fp32(params, self.cfg.max_grad_norm, grad_norm)
         opt.step_with_ready_grads()
         self.steps += 1
-        return grad_norm, False
+        return grad_norm, self.lr(), False
 
     # -- weights ------------------------------------------------------------------------
     @torch.no_grad()

@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from rlpost.trainers.batch import TrajectoryBatch
-from rlpost.trainers.fsdp.common import pack
 from rlpost.trainers.megatron.context_parallel import gather_output, pad_inputs, split_inputs
+from rlpost.trainers.micro_batching import pack
 
 # What the last stage does with one micro-batch's model output: (loss, result). The
 # losses are summed and back-propagated; the results are returned in order.
@@ -141,16 +141,22 @@ def run_schedule(
 
 
 def rows_from_last_stage(
-    mbs: list[TrajectoryBatch], pieces: list[torch.Tensor], shape: torch.Size, mpu: Any, pp: int
+    mbs: list[TrajectoryBatch],
+    pieces: list[torch.Tensor | None],
+    shape: torch.Size,
+    mpu: Any,
+    pp: int,
 ) -> torch.Tensor:
     """The per-micro-batch (rows, width) ``pieces`` of the last stage laid out as one
-    (b, t) tensor of ``shape`` (zeros past each piece's width), on every stage."""
+    (b, t) tensor of ``shape`` (zeros past each piece's width, and for a None piece),
+    on every stage."""
     out = torch.zeros(shape, dtype=torch.float32)
     if mpu.is_pipeline_last_stage():
         row = 0
         for mb, piece in zip(mbs, pieces):
-            piece = piece[: len(mb)]  # an interleaved schedule's padding rows
-            out[row : row + len(mb), : piece.shape[1]] = piece
+            if piece is not None:
+                piece = piece[: len(mb)]  # an interleaved schedule's padding rows
+                out[row : row + len(mb), : piece.shape[1]] = piece
             row += len(mb)
     return from_last_stage(out, mpu, pp)
 
