@@ -62,6 +62,7 @@ class Controller:
         )
         self.malformed_rows = plan.malformed_rows + self.stream.num_malformed
         self.long_prompts = plan.long_prompts
+        self.dropped_chars = plan.dropped_chars
         self.algo = plan.algo
         self.loss_cfg, self.sampling = plan.algo.loss, plan.algo.sampling
         self.kl_ctl = kl_controller(cfg)
@@ -195,6 +196,7 @@ class Controller:
         metrics["data/samples"] = float(len(batch))
         metrics["response/clip_ratio"] = clip_ratio(rollouts.results)
         metrics["data/malformed_rows"] = float(self.malformed_rows)
+        metrics["data/dropped_chars"] = float(self.dropped_chars)
         metrics["data/dropped_long_prompts"] = float(self.long_prompts)
         metrics.update(self.workers.rollout.stats())
         return metrics

@@ -1,7 +1,9 @@
 """The built-in base policy: a tiny random model warmed up by a short SFT run.
 
 The warm-up uses the same trainer and data pipeline as ``algo=sft`` and is
-cached on disk, keyed by everything that changes its result.
+cached on disk, keyed by everything that changes its result and nothing else.
+It trains on a built-in task: the run's own, or for a user's files the one that
+fits the preset (shapes for a vision-language model, arith for a text one).
 """
 
 from __future__ import annotations
@@ -22,14 +24,17 @@ from tqdm import tqdm
 from rlpost.config.groups import Config, ModelConfig, TrainerConfig
 from rlpost.data.rows import PromptStream
 from rlpost.data.samples import sft_batch
-from rlpost.data.tasks import TASKS, build_task
+from rlpost.data.tasks import TASKS, VISION_TASKS, build_task
 from rlpost.models.vl_inputs import ImageInputs
 
 log = logging.getLogger(__name__)
-WARMUP_VERSION = 3
+# Bumped when the warm-up's procedure changes; 4: task arguments that cannot change
+# the training rows (a user's data.val_size, shapes' held-out count) left the key.
+WARMUP_VERSION = 4
 # Built-in vision-language presets: name -> the transformers class built (rlpost.models.vl)
 VL_PRESETS = {"tiny_vl": "Qwen2VLForConditionalGeneration"}
 PROBE_ROWS = 256
+WARMUP_RECORD = "warmup.json"  # how the cached model's warm-up ended
 
 
 def cache_root(cfg: Config) -> Path:
@@ -40,8 +45,26 @@ def cache_root(cfg: Config) -> Path:
 
 
 def warmup_task(cfg: Config) -> str:
-    """The built-in task the base policy imitates: ``data.name``'s, or arith for user files."""
-    return cfg.data.name if cfg.data.name in TASKS else "arith"
+    """The built-in task the base policy imitates: the run's own built-in task when it
+    suits the preset, else shapes for a vision-language preset and arith for a text
+    one (a user's files; a text task under ``tiny_vl``)."""
+    vision = cfg.model.preset in VL_PRESETS
+    if cfg.data.name in TASKS and (cfg.data.name in VISION_TASKS) == vision:
+        return cfg.data.name
+    return "shapes" if vision else "arith"
+
+
+def warmup_task_args(cfg: Config) -> dict[str, Any]:
+    """The warm-up task's arguments, only those its training rows depend on
+    (``SFT_FIELDS``). The run's own task is built as the run builds it, so the
+    warm-up never trains on the run's held-out rows; a task the run does not use is
+    built with its defaults, so ``data.*`` keys meant for the user's files do not
+    change the built-in model."""
+    name = warmup_task(cfg)
+    args: dict[str, Any] = {"seed": cfg.trainer.seed}
+    if name == cfg.data.name:
+        args |= {"max_operand": cfg.data.max_operand, "num_val": cfg.data.val_size}
+    return {k: v for k, v in args.items() if k in TASKS[name].SFT_FIELDS}
 
 
 def warmup_config(cfg: Config) -> Config:
@@ -76,14 +99,13 @@ def warmup_key(cfg: Config) -> str:
         "version": WARMUP_VERSION,
         "device": resolve_device(cfg.trainer.device).kind,
         "task": warmup_task(cfg),
+        "task_args": warmup_task_args(cfg),
         "preset": cfg.model.preset,
         "steps": w.steps,
         "batch_size": w.batch_size,
         "lr": w.lr,
         "target_accuracy": w.target_accuracy,
         "eval_every": w.eval_every,
-        "max_operand": cfg.data.max_operand,
-        "val_size": cfg.data.val_size,
         "seed": cfg.trainer.seed,
     }
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
@@ -94,14 +116,25 @@ def builtin_model(cfg: Config, make_trainer: Callable[[str, float, int], Any]) -
     """Path of the warmed-up tiny model; builds and caches it on first use.
 
     ``make_trainer(model_path, lr, lr_warmup_steps)`` returns a ``TrainerGroup`` on that
-    model, built from ``warmup_config(cfg)``.
+    model, built from ``warmup_config(cfg)``. A warm-up that stops short of
+    ``model.warmup.target_accuracy`` is warned about, again whenever the cached
+    model is reused (its figures are kept in ``warmup.json`` beside it).
     """
     from rlpost.models.tiny import build_tiny_model
     from rlpost.models.vl import build_vl_model
 
+    if cfg.data.name not in TASKS:
+        log.warning(
+            "model.path is not set: this run trains the built-in %s, a toy model of a few "
+            "million parameters warmed up on the built-in %s task, not on your data; pass "
+            "model.path=<a Hugging Face model directory> to train a model of your own",
+            cfg.model.preset, warmup_task(cfg),
+        )  # fmt: skip
     out = cache_root(cfg) / warmup_key(cfg)
     if (out / "config.json").exists():
         log.info("built-in model: %s (cached)", out)
+        if (out / WARMUP_RECORD).exists():
+            warn_if_short(json.loads((out / WARMUP_RECORD).read_text()))
         return str(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     init_dir = out.with_name(out.name + ".init")
@@ -118,12 +151,7 @@ def builtin_model(cfg: Config, make_trainer: Callable[[str, float, int], Any]) -
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(init_dir)
-    task = build_task(
-        warmup_task(cfg),
-        seed=cfg.trainer.seed,
-        max_operand=cfg.data.max_operand,
-        num_val=cfg.data.val_size,
-    )
+    task = build_task(warmup_task(cfg), **warmup_task_args(cfg))
     rows = task.sft_rows()
     stream = PromptStream(rows, seed=cfg.trainer.seed, batch_size=w.batch_size)
     images = ImageInputs(str(init_dir)) if cfg.model.preset in VL_PRESETS else None
@@ -141,6 +169,8 @@ def builtin_model(cfg: Config, make_trainer: Callable[[str, float, int], Any]) -
             bar.set_postfix(nll=f"{metrics['sft/nll']:.3f}", acc=f"{accuracy:.3f}")
             if accuracy >= w.target_accuracy:
                 break
+        if step % w.eval_every:  # the steps ran out between two checks: the final figure
+            accuracy = float(trainer.greedy_match(probe).float().mean())
         bar.close()
         trainer.save_hf(str(out))
     finally:
@@ -150,4 +180,29 @@ def builtin_model(cfg: Config, make_trainer: Callable[[str, float, int], Any]) -
         "built-in model: %s (%d warm-up steps in %.0f s, train accuracy %.3f)",
         out, step, time.perf_counter() - start, accuracy,
     )  # fmt: skip
+    record = {
+        "task": warmup_task(cfg),
+        "steps": step,
+        "max_steps": w.steps,
+        "accuracy": accuracy,
+        "target_accuracy": w.target_accuracy,
+    }
+    (out / WARMUP_RECORD).write_text(json.dumps(record))
+    warn_if_short(record)
     return str(out)
+
+
+def warn_if_short(record: dict[str, Any]) -> bool:
+    """Warn, with the figures, when the warm-up ``record`` ended below its target
+    accuracy; True when it did."""
+    if record["accuracy"] >= record["target_accuracy"]:
+        return False
+    log.warning(
+        "the built-in model's warm-up on the %s task reached train accuracy %.3f of its "
+        "target %.3f after %d steps: the base policy may not answer in the task's form "
+        "yet, and RL from it can score 0 at every step; raise model.warmup.steps (now %d) "
+        "or pass model.path=<a Hugging Face model directory>",
+        record["task"], record["accuracy"], record["target_accuracy"], record["steps"],
+        record["max_steps"],
+    )  # fmt: skip
+    return True

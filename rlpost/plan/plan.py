@@ -16,6 +16,7 @@ from rlpost.config.groups import Config
 from rlpost.config.schema import ConfigError
 from rlpost.data.rows import DataError
 from rlpost.device import DeviceSpec
+from rlpost.models.charset import check_builtin_charset
 from rlpost.plan.algo import AlgoSettings, algo_settings
 from rlpost.plan.checks import (
     check_agent,
@@ -47,6 +48,7 @@ class RunPlan:
     malformed_rows: int
     algo: AlgoSettings
     long_prompts: int = 0  # prompts dropped for data.max_prompt_tokens (fit_prompts)
+    dropped_chars: int = 0  # characters the built-in tokenizer drops (data/dropped_chars)
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -122,4 +124,6 @@ def build_plan(cfg: Config) -> RunPlan:
     if problems:
         raise ConfigError(problems)
     assert device is not None
-    return RunPlan(cfg, device, reward_fn, train_rows, rows[1], rows[2], algo_settings(cfg))
+    plan = RunPlan(cfg, device, reward_fn, train_rows, rows[1], rows[2], algo_settings(cfg))
+    plan.dropped_chars = check_builtin_charset(cfg, train_rows, rows[1])
+    return plan

@@ -9,7 +9,7 @@ from rlpost.data.tasks.arith import ArithTask
 from rlpost.data.tasks.calc import CalcTask
 from rlpost.data.tasks.shapes import ShapesTask
 
-TASKS: dict[str, type] = {"arith": ArithTask, "calc": CalcTask, "shapes": ShapesTask}
+TASKS: dict[str, Any] = {"arith": ArithTask, "calc": CalcTask, "shapes": ShapesTask}
 VISION_TASKS = ("shapes",)  # prompts with images: a vision-language model is needed
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import ClassVar
 
 DATA_SOURCE = "arith"
 # Chat models spell their special tokens "<|...|>" (ours "<|end|>", Qwen's
@@ -40,6 +41,8 @@ class ArithTask:
     seed: int = 0
     max_operand: int = 99
     num_val: int = 200
+    # the fields sft_rows depends on (num_val: held-out pairs are not trained on)
+    SFT_FIELDS: ClassVar[tuple[str, ...]] = ("seed", "max_operand", "num_val")
 
     def __post_init__(self) -> None:
         if self.max_operand < 1:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import ClassVar
 
 # The episode's final answer is scored as the arithmetic task scores its completion:
 # ``correctness`` (the text up to the end token equals the answer) and ``format``
@@ -39,6 +40,8 @@ class CalcTask:
     max_operand: int = 99
     num_val: int = 200
     min_operand: int = 10
+    # the fields sft_rows depends on (num_val: held-out pairs are not trained on)
+    SFT_FIELDS: ClassVar[tuple[str, ...]] = ("seed", "max_operand", "num_val", "min_operand")
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_operand <= self.max_operand:

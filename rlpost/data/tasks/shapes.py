@@ -13,6 +13,7 @@ import base64
 import io
 import random
 from dataclasses import dataclass
+from typing import ClassVar
 
 from rlpost.data.tasks.arith import correctness as _exact_answer
 
@@ -51,6 +52,8 @@ class ShapesTask:
     num_val: int = 200
     num_train: int = 2000
     side: int = 56
+    # the fields sft_rows depends on: held-out drawings come from a stream of their own
+    SFT_FIELDS: ClassVar[tuple[str, ...]] = ("seed", "num_train", "side")
 
     def _rows(self, count: int, stream: int) -> list[dict]:
         rng = random.Random(self.seed * 1_000_003 + stream)
