@@ -22,7 +22,7 @@ def score(completion: str, row: dict) -> dict[str, float]:
 
     - ``correctness``: 1.0 when the stripped completion equals ``row["answer"]``.
       The name matters: validation reports a reward named ``correctness`` as
-      ``val/accuracy`` (otherwise the weighted total).
+      ``val/accuracy``; without one it reports only ``val/reward_mean``.
     - ``length_penalty``: in [-1, 0], minus the relative length error, so a
       completion of the right length is not penalised. It gives a signal
       before the model gets any answer exactly right.

@@ -54,11 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as exc:  # SIGINT / SIGTERM: checkpointed, workers and Ray stopped
         print(exc.advice(), file=sys.stderr)
         return exc.exit_code
-    last = result.history[-1]
-    first = result.history[0]
+    from rlpost.loop.tracking import val_headline
+
+    key, _ = val_headline(result.history)
+    last, first = result.history[-1], result.history[0]
     print(
-        f"done: val/accuracy {first.get('val/accuracy', float('nan')):.3f} -> "
-        f"{last.get('val/accuracy', float('nan')):.3f}; run dir {result.run_dir}; "
+        f"done: {key} {first.get(key, float('nan')):.3f} -> "
+        f"{last.get(key, float('nan')):.3f}; run dir {result.run_dir}; "
         f"final model {result.final_model}"
     )
     return 0

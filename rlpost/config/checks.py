@@ -35,10 +35,11 @@ def algo_checks(cfg: Config) -> list[str]:
         )
     if a.advantage.estimator == "gdpo" and len(cfg.reward.weights) < 2:
         problems.append("reward.weights: gdpo needs at least two named rewards with weights")
-    if a.overlong.enabled and a.overlong.buffer > cfg.rollout.max_tokens:
-        problems.append(
-            f"algo.overlong.buffer={a.overlong.buffer}: must be <= rollout.max_tokens={cfg.rollout.max_tokens}"
-        )
+    # DAPO's overlong limit is a sample's budget: a whole episode's in agent mode.
+    limit = "agent.max_response_tokens" if cfg.agent.enabled else "rollout.max_tokens"
+    budget = cfg.agent.max_response_tokens if cfg.agent.enabled else cfg.rollout.max_tokens
+    if a.overlong.enabled and a.overlong.buffer > budget:
+        problems.append(f"algo.overlong.buffer={a.overlong.buffer}: must be <= {limit}={budget}")
     return problems
 
 
@@ -70,7 +71,9 @@ def rollout_checks(cfg: Config) -> list[str]:
     if cfg.rollout.max_tokens + cfg.data.max_prompt_tokens > cfg.rollout.max_model_len:
         problems.append(
             f"rollout.max_model_len={cfg.rollout.max_model_len}: must be >= data.max_prompt_tokens"
-            f" + rollout.max_tokens = {cfg.data.max_prompt_tokens + cfg.rollout.max_tokens}"
+            f" + rollout.max_tokens = {cfg.data.max_prompt_tokens + cfg.rollout.max_tokens}; "
+            "raise it within the model's positions (max_position_embeddings; the built-in "
+            "models have 256), or lower data.max_prompt_tokens or rollout.max_tokens"
         )
     return problems
 
@@ -110,6 +113,13 @@ def agent_checks(cfg: Config) -> list[str]:
         problems.append(
             "agent.env and agent.tools are both set: an environment answers the model itself; "
             "drop agent.tools, or drop agent.env to use the tools"
+        )
+    turn, budget = cfg.agent.max_turn_tokens, cfg.agent.max_response_tokens
+    if turn is not None and turn > budget:
+        problems.append(
+            f"agent.max_turn_tokens={turn}: a turn cannot be longer than its episode's "
+            f"agent.max_response_tokens={budget}; lower it, or leave it unset (null) for "
+            "whatever the episode's budget leaves"
         )
     if cfg.agent.enabled and cfg.algo.name == "sft":
         problems.append(

@@ -322,15 +322,19 @@ class Controller:
         return time.perf_counter() - start
 
     def validate(self) -> dict[str, float]:
-        """Greedy completions of the held-out prompts, scored by the reward."""
+        """Greedy completions of the held-out prompts, scored by the reward:
+        ``val/reward_mean`` always, ``val/accuracy`` only where the reward has a
+        correctness signal (a named reward ``correctness``, as the built-in tasks'),
+        never a mean reward under another name."""
         start = time.perf_counter()
         greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=self.sampling.max_tokens)
         results = self.collector.request(self.val_rows, greedy, seed=None).result()
         scores, metrics = self.collector.score(results, self.val_rows, repeat=1)
-        key = "correctness" if "correctness" in scores else "total"
-        return {
-            "val/accuracy": float(scores[key].mean()),
+        out = {
             "val/reward_mean": float(scores["total"].mean()),
             "val/reward_errors": metrics["reward/errors"],
             "timing/val_s": time.perf_counter() - start,
         }
+        if "correctness" in scores:
+            out["val/accuracy"] = float(scores["correctness"].mean())
+        return out

@@ -41,17 +41,16 @@ class Tracker:
         postfix = {}
         if "reward/mean" in row:
             postfix["reward"] = f"{row['reward/mean']:.3f}"
-        last_val = next(
-            (h["val/accuracy"] for h in reversed(self.history) if "val/accuracy" in h), None
-        )
+        key, short = val_headline(self.history)
+        last_val = next((h[key] for h in reversed(self.history) if key in h), None)
         if last_val is not None:
-            postfix["val_acc"] = f"{last_val:.3f}"
+            postfix[short] = f"{last_val:.3f}"
         if "perf/tokens_per_s" in row:
             postfix["tok/s"] = f"{row['perf/tokens_per_s']:.0f}"
         self.bar.set_postfix(postfix)
-        if "console" in self.loggers and "val/accuracy" in row:
+        if "console" in self.loggers and key in row:
             self.bar.write(
-                f"step {step}: val/accuracy={row['val/accuracy']:.3f}"
+                f"step {step}: {key}={row[key]:.3f}"
                 + (f" reward/mean={row['reward/mean']:.3f}" if "reward/mean" in row else "")
             )
 
@@ -79,7 +78,7 @@ class Tracker:
         fig = Figure(figsize=(7, 4))
         FigureCanvasAgg(fig)
         ax = fig.subplots()
-        for key, style in (("reward/mean", "-"), ("val/accuracy", "o-")):
+        for key, style in (("reward/mean", "-"), (val_headline(self.history)[0], "o-")):
             pts = [(h["step"], h[key]) for h in self.history if key in h]
             if pts:
                 ax.plot(*zip(*pts), style, label=key)
@@ -106,3 +105,11 @@ def _plain(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return value
+
+
+def val_headline(history: list[dict[str, float]]) -> tuple[str, str]:
+    """The held-out figure a run is judged by, and its short name: ``val/accuracy``
+    where the reward has a correctness signal, else ``val/reward_mean``."""
+    if any("val/accuracy" in h for h in history):
+        return "val/accuracy", "val_acc"
+    return "val/reward_mean", "val_reward"

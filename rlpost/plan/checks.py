@@ -31,6 +31,46 @@ def check_model_path(cfg: Config) -> None:
         raise ConfigError([f"model.path={path!r}: no HF model (config.json) in that directory"])
 
 
+def model_positions(cfg: Config) -> int | None:
+    """The positions the model has (``max_position_embeddings``, a VL model's text
+    part's), read from its config.json; None for a hub id (not downloaded here)."""
+    if cfg.model.path is None:
+        from rlpost.models.tiny import MAX_POSITIONS
+        from rlpost.models.vl import TEXT
+        from rlpost.models.warmup import VL_PRESETS
+
+        vl = cfg.model.preset in VL_PRESETS
+        return int(TEXT["max_position_embeddings"]) if vl else MAX_POSITIONS
+    config_file = Path(cfg.model.path).expanduser() / "config.json"
+    if not config_file.is_file():
+        return None
+    config = json.loads(config_file.read_text())
+    text = config.get("text_config") or config
+    positions = text.get("max_position_embeddings") or config.get("max_position_embeddings")
+    return int(positions) if positions else None
+
+
+def check_model_length(cfg: Config) -> list[str]:
+    """``rollout.max_model_len`` within the model's positions: an engine asked for
+    more fails after Ray starts, deep inside its own start-up."""
+    positions = model_positions(cfg)
+    r, d = cfg.rollout, cfg.data
+    if positions is None or r.max_model_len <= positions:
+        return []
+    model = (
+        f"model.path={cfg.model.path}"
+        if cfg.model.path
+        else f"the built-in {cfg.model.preset!r} model"
+    )
+    fits = f"data.max_prompt_tokens + rollout.max_tokens = {d.max_prompt_tokens + r.max_tokens}"
+    return [
+        f"rollout.max_model_len={r.max_model_len}: {model} has {positions} positions "
+        f"(max_position_embeddings); set rollout.max_model_len <= {positions} and keep "
+        f"{fits} within it (lower data.max_prompt_tokens or rollout.max_tokens), or use a "
+        "model with more positions"
+    ]
+
+
 def check_megatron_model(cfg: Config) -> list[str]:
     """``trainer=megatron``: the model is one the conversion knows and splits over
     trainer.megatron.tp and pp (read from its config.json, before any worker starts)."""

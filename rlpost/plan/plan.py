@@ -23,6 +23,7 @@ from rlpost.plan.checks import (
     check_device,
     check_lora_adapter,
     check_megatron_model,
+    check_model_length,
     check_model_path,
 )
 from rlpost.plan.engines import rollout_engine_config, trainer_engine_config
@@ -97,6 +98,7 @@ def build_plan(cfg: Config) -> RunPlan:
     problems += found
     try:
         check_model_path(cfg)
+        problems += check_model_length(cfg)
         problems += check_megatron_model(cfg)
         if device is not None:
             problems += check_lora_adapter(cfg, device.kind)

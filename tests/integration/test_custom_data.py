@@ -154,6 +154,16 @@ def test_run_succeeds_and_starts_ray_under_ray_tmpdir(run):
     assert list((run.ray_tmp / "ray").glob("session_*")), run.output[-2000:]
 
 
+def test_a_reward_without_correctness_reports_its_mean_not_an_accuracy(run):
+    # The reward names 'exact' and 'ascii_mean', no 'correctness': the held-out
+    # figure is the mean reward under its own name, never called an accuracy.
+    assert run.proc.returncode == 0, run.output[-4000:]
+    val = [h for h in run.metrics() if "val/reward_mean" in h]
+    assert [h["step"] for h in val] == list(range(STEPS + 1))  # trainer.val_every=1
+    assert not any("val/accuracy" in h for h in run.metrics())
+    assert "done: val/reward_mean" in run.output
+
+
 def test_malformed_rows_and_reward_errors_are_counted(run):
     assert run.proc.returncode == 0, run.output[-4000:]
     history = run.metrics()
@@ -202,5 +212,5 @@ def test_wandb_logs_offline_under_the_run_dir(run):
     (history,) = runs[0].glob("run-*.wandb")
     data = history.read_bytes()
     assert data.startswith(b":W&B")
-    for key in (b"reward/errors", b"reward/ascii_mean", b"val/accuracy"):
+    for key in (b"reward/errors", b"reward/ascii_mean", b"val/reward_mean"):
         assert key in data

@@ -34,3 +34,19 @@ def test_resume_truncates_later_rows(tmp_path):
     tracker.close()
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
+
+
+def test_the_held_out_headline_is_accuracy_only_with_a_correctness_signal(tmp_path, capsys):
+    from rlpost.loop.tracking import val_headline
+
+    assert val_headline([{"val/reward_mean": 0.3}]) == ("val/reward_mean", "val_reward")
+    assert val_headline([{"val/reward_mean": 0.3, "val/accuracy": 0.2}]) == (
+        "val/accuracy",
+        "val_acc",
+    )
+    tracker = Tracker(tmp_path, ["console"], total_steps=2, config={})
+    tracker.bar.fp = io.StringIO()
+    tracker.log(0, {"val/reward_mean": 0.27})
+    assert tracker.bar.postfix == "val_reward=0.270"
+    tracker.close()
+    assert "step 0: val/reward_mean=0.270" in capsys.readouterr().out

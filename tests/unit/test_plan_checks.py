@@ -1,0 +1,60 @@
+"""What the run plan refuses before Ray starts: an engine length past the model's
+positions, a device the machine lacks -- config errors (exit 2) that name what
+works, not a traceback from deep inside a worker."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rlpost.config.compose import compose
+from rlpost.config.schema import ConfigError
+from rlpost.plan.checks import check_model_length, model_positions
+from rlpost.plan.plan import build_plan
+
+
+def test_an_engine_length_past_the_built_in_models_positions_is_refused():
+    # rollout.max_tokens=128 asks for max_model_len >= 64 + 128 = 192: 512 passes the
+    # config check, but the built-in model has 256 positions.
+    cfg = compose(["rollout.max_tokens=128", "rollout.max_model_len=512"])
+    assert model_positions(cfg) == 256
+    with pytest.raises(ConfigError) as err:
+        build_plan(cfg)
+    (problem,) = err.value.problems
+    assert problem.startswith("rollout.max_model_len=512: the built-in 'tiny' model has 256")
+    assert "data.max_prompt_tokens + rollout.max_tokens = 192" in problem
+    assert (
+        check_model_length(compose(["rollout.max_tokens=128", "rollout.max_model_len=256"])) == []
+    )
+
+
+def test_a_model_directorys_positions_come_from_its_config(tmp_path):
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "qwen2_vl", "text_config": {"max_position_embeddings": 128}})
+    )
+    cfg = compose([f"model.path={tmp_path}", "rollout.max_model_len=160"])
+    assert model_positions(cfg) == 128
+    assert "has 128 positions" in check_model_length(cfg)[0]
+    hub = compose(["model.path=Org/some-model", "rollout.max_model_len=4096"])
+    assert model_positions(hub) is None and check_model_length(hub) == []
+
+
+def test_a_device_the_machine_lacks_is_a_config_error_without_a_traceback(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlpost.main", "trainer.device=cuda", "reward.fn=missing.py:f"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    # both problems at once, the device's naming the fix
+    assert (
+        "trainer.device=cuda but no CUDA device is visible; use trainer.device=cpu" in proc.stderr
+    )
+    assert "file 'missing.py' does not exist" in proc.stderr
