@@ -240,11 +240,12 @@ def _gae(cfg: AdvantageConfig, *, scores_b, mask_bt, token_rewards_bt, values_bt
 
 @register_advantage("gdpo")
 def _gdpo(cfg: AdvantageConfig, *, scores_b, group_ids_b, mask_bt, **_):
-    weights = dict(cfg.reward_weights)
+    # A named reward the weights leave out counts with weight 1.0, as in the total.
+    weights = {k: 1.0 for k in scores_b if k != "total"} | dict(cfg.reward_weights)
     if not weights:
         raise ValueError(
-            "estimator 'gdpo' needs reward_weights, e.g. (('accuracy', 1.0), ('format', 0.5)); "
-            f"available rewards: {sorted(k for k in scores_b if k != 'total')}"
+            "estimator 'gdpo' normalises each named reward on its own, and the scores hold "
+            "only a total: return a dict of named rewards"
         )
     return _per_sample(gdpo_advantage(scores_b, group_ids_b, weights, eps=cfg.eps), mask_bt)
 

@@ -33,8 +33,6 @@ def algo_checks(cfg: Config) -> list[str]:
             f"algo.policy_loss.name={a.policy_loss.name!r}: expected one of "
             f"{', '.join(sorted(POLICY_LOSSES))}"
         )
-    if a.advantage.estimator == "gdpo" and len(cfg.reward.weights) < 2:
-        problems.append("reward.weights: gdpo needs at least two named rewards with weights")
     # DAPO's overlong limit is a sample's budget: a whole episode's in agent mode.
     limit = "agent.max_response_tokens" if cfg.agent.enabled else "rollout.max_tokens"
     budget = cfg.agent.max_response_tokens if cfg.agent.enabled else cfg.rollout.max_tokens

@@ -16,6 +16,7 @@ from rlpost.data.images import row_images
 from rlpost.data.rows import PromptStream
 from rlpost.data.samples import encode_prompt
 from rlpost.plan.algo import AlgoSettings
+from rlpost.rewards.loading import RewardError
 from rlpost.rewards.scoring import RewardScorer
 from rlpost.rollout.base import GenerationRequest, GenerationResult, SamplingConfig
 from rlpost.serving.rollout_group import RolloutGroup
@@ -102,6 +103,12 @@ class Collector:
         texts = [c.text for res in results for c in res.completions]
         named, metrics = self.scorer.score(texts, flat_rows)
         scores = {k: torch.tensor(v, dtype=torch.float32) for k, v in named.items()}
+        if self.algo.advantage.estimator == "gdpo" and len(scores) == 1:
+            raise RewardError(
+                f"algo=gdpo normalises each named reward on its own, but reward.fn="
+                f"{self.cfg.reward.fn} returns a single number; return a dict of named "
+                "floats (e.g. {'correctness': ..., 'format': ...}) or use algo=grpo"
+            )
         return scores, metrics
 
     def shape_overlong(

@@ -26,8 +26,11 @@ class AlgoSettings:
     group_multiple: int  # samples per step must split over ranks and mini-batches
 
 
-def algo_settings(cfg: Config) -> AlgoSettings:
+def algo_settings(cfg: Config, reward_weights: dict[str, float] | None = None) -> AlgoSettings:
+    """``reward_weights``: the weights of the named rewards, as the scorer combines
+    them (``reward.weights``, else the reward function's ``default_weights``)."""
     a, r = cfg.algo, cfg.rollout
+    weights = cfg.reward.weights if reward_weights is None else reward_weights
     return AlgoSettings(
         advantage=AdvantageConfig(
             estimator=a.advantage.estimator,
@@ -35,7 +38,7 @@ def algo_settings(cfg: Config) -> AlgoSettings:
             eps=a.advantage.eps,
             gamma=a.advantage.gamma,
             lam=a.advantage.lam,
-            reward_weights=tuple(cfg.reward.weights.items()),
+            reward_weights=tuple(weights.items()),
         ),
         loss=PolicyLossConfig(
             name=a.policy_loss.name,

@@ -126,6 +126,14 @@ def build_plan(cfg: Config) -> RunPlan:
     if problems:
         raise ConfigError(problems)
     assert device is not None
-    plan = RunPlan(cfg, device, reward_fn, train_rows, rows[1], rows[2], algo_settings(cfg))
+    plan = RunPlan(
+        cfg,
+        device,
+        reward_fn,
+        train_rows,
+        rows[1],
+        rows[2],
+        algo_settings(cfg, dict(cfg.reward.weights) or getattr(reward_fn, "default_weights", {})),
+    )
     plan.dropped_chars = check_builtin_charset(cfg, train_rows, rows[1])
     return plan

@@ -324,8 +324,9 @@ class RewardScorer:
         unknown = sorted(set(self.weights) - set(names))
         if names and unknown:
             raise RewardError(
-                f"reward weights name {unknown} but {self.name} returns {names}; "
-                "fix the weights in the reward config"
+                f"reward.weights name {unknown} but {self.name} returns {names}; "
+                f"weigh the names it returns, e.g. reward.weights.{names[0]}=1.0 (unweighted "
+                "names count 1.0)"
             )
         scores: dict[str, list[float]] = {"total": [], **{n: [] for n in names}}
         errors = len(failures)

@@ -140,13 +140,32 @@ def test_compute_advantages_errors_say_what_to_change():
             group_ids_b=[0, 0],
             mask_bt=mask_bt,
         )
-    with pytest.raises(ValueError, match="reward_weights"):
+    with pytest.raises(ValueError, match="only a total: return a dict of named rewards"):
         compute_advantages(
             AdvantageConfig(estimator="gdpo"),
-            scores_b={"acc": torch.ones(2)},
+            scores_b={"total": torch.ones(2)},
             group_ids_b=[0, 0],
             mask_bt=mask_bt,
         )
+
+
+def test_gdpo_weighs_a_named_reward_the_weights_leave_out_at_one():
+    # Two groups of two; 'fmt' is not in the weights, so it counts 1.0 as in the total.
+    scores = {
+        "acc": torch.tensor([1.0, 0.0, 0.0, 1.0]),
+        "fmt": torch.tensor([1.0, 1.0, 0.0, 1.0]),
+        "total": torch.zeros(4),
+    }
+    mask_bt, groups = torch.ones(4, 2), [0, 0, 1, 1]
+
+    def adv(weights):
+        cfg = AdvantageConfig(estimator="gdpo", reward_weights=weights)
+        return compute_advantages(cfg, scores_b=scores, group_ids_b=groups, mask_bt=mask_bt)[0]
+
+    both_at_one = adv((("acc", 1.0), ("fmt", 1.0)))
+    torch.testing.assert_close(adv(()), both_at_one)
+    torch.testing.assert_close(adv((("acc", 1.0),)), both_at_one)
+    assert not torch.allclose(adv((("fmt", 0.5),)), both_at_one)  # a given weight counts
 
 
 def test_register_advantage():
