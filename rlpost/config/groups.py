@@ -192,7 +192,9 @@ class RolloutConfig:
         help="generation engine (hf: transformers generate, the portable reference; sglang: CUDA only)",
     )
     n: int = spec(8, ge=1, help="samples per prompt (the group size)")
-    max_tokens: int = spec(8, ge=1, help="maximum tokens per completion")
+    max_tokens: int = spec(
+        8, ge=1, help="maximum tokens per completion (agent mode: agent.max_turn_tokens per turn)"
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = spec(
         "auto",
         help="rollout engine dtype (auto: model.dtype, or bfloat16 under trainer.mixed_precision=bf16, so both sides compute alike)",
@@ -391,6 +393,11 @@ class AgentConfig:
     max_turns: int = spec(4, ge=1, help="model turns per episode")
     max_response_tokens: int = spec(
         192, ge=1, help="model + environment tokens per episode after the prompt (agent/truncated)"
+    )
+    max_turn_tokens: int | None = spec(
+        None,
+        ge=1,
+        help="tokens per model turn; a turn that reaches it counts in response/clip_ratio (null: what the episode's max_response_tokens leaves; rollout.max_tokens is for single-turn completions)",
     )
     tool_timeout_s: float = spec(10.0, gt=0, help="a tool call running longer is stopped")
 

@@ -20,9 +20,16 @@ def logprob_parity(batch: TrajectoryBatch) -> dict[str, float]:
 
 
 def clip_ratio(results: list[GenerationResult]) -> float:
-    """The fraction of completions cut at the token limit."""
-    finishes = [c.finish_reason for r in results for c in r.completions]
-    return sum(f == "length" for f in finishes) / max(len(finishes), 1)
+    """The fraction of samples cut at a token limit: a completion that reached
+    ``rollout.max_tokens``, or an agent episode with a model turn that reached its
+    limit (``agent.max_turn_tokens``, or what the episode's budget left) -- also
+    one the episode went on after, whose call or answer the model never finished."""
+    cut = [
+        c.finish_reason == "length" or (c.episode is not None and c.episode.turns_cut > 0)
+        for r in results
+        for c in r.completions
+    ]
+    return sum(cut) / max(len(cut), 1)
 
 
 def whole_step(metrics: dict[str, float], start: float) -> dict[str, float]:

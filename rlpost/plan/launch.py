@@ -138,10 +138,14 @@ class Launch:
             plan.reward_fn, dict(rw.weights) or None, spec=rw.fn, num_workers=rw.num_workers,
             timeout_s=rw.timeout_s, max_error_frac=rw.max_error_frac,
         )  # fmt: skip
+        agent = None
+        if cfg.agent.enabled:  # a training row opens the episode its tool check renders
+            example = plan.train_rows[0] if plan.train_rows else None
+            agent = AgentRollout(cfg, self.rollout, tokenizer, example)
         return Controller(
             plan, self.run_dir, Workers(policy, self.rollout, reference, critic), tokenizer,
             self.scorer, self.tracker, rebuild_trainers=lambda: self.build_trainers(model_path),
             stop_requested=self.stop.requested if self.stop is not None else None,
-            agent=AgentRollout(cfg, self.rollout, tokenizer) if cfg.agent.enabled else None,
+            agent=agent,
             image_inputs=ImageInputs(model_path) if is_vision_language(model_path) else None,
         )  # fmt: skip

@@ -10,11 +10,18 @@ of a step are in flight together and replicas batch them.
 
 The episodes of one call run on an asyncio loop in a thread of their own, so
 ``launch`` returns at once (one-step-off generation overlaps training).
+
+A model turn may use ``agent.max_turn_tokens`` tokens, by default whatever the
+episode's ``agent.max_response_tokens`` leaves (as a whole response is limited in
+verl's and TRL's multi-turn rollouts); ``rollout.max_tokens``, the limit of a
+single-turn completion, does not apply to a turn.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -25,9 +32,11 @@ from rlpost.config.groups import Config
 from rlpost.loop.result import RunError
 from rlpost.rewards.scoring import RewardScorer
 from rlpost.rollout.agent import AgentLoopConfig, Episode, episode_metrics, load_env, run_episodes
-from rlpost.rollout.agent.env import EnvFactory, ToolEnv
+from rlpost.rollout.agent.env import EnvFactory, ToolEnv, prompt_messages
 from rlpost.rollout.agent.tools import load_tools
 from rlpost.rollout.base import Completion, GenerationRequest, GenerationResult, SamplingConfig
+
+log = logging.getLogger(__name__)
 
 
 def env_factory(cfg: Config) -> EnvFactory:
@@ -69,9 +78,13 @@ class PendingEpisodes:
 
 class AgentRollout:
     """Runs ``agent``-mode episodes on a rollout group (anything with an async
-    ``agenerate(GenerationRequest)``)."""
+    ``agenerate(GenerationRequest)``).
 
-    def __init__(self, cfg: Config, group: Any, tokenizer: Any):
+    ``example``, a training row, opens the episode rendered at start-up to check
+    that the chat template shows the model its tools (``warn_if_tools_unseen``).
+    """
+
+    def __init__(self, cfg: Config, group: Any, tokenizer: Any, example: dict | None = None):
         a = cfg.agent
         self.group, self.tokenizer = group, tokenizer
         self.make_env = env_factory(cfg)
@@ -81,13 +94,17 @@ class AgentRollout:
             max_model_len=cfg.rollout.max_model_len,
             parser=a.parser,
         )
+        self.turn_tokens = a.max_turn_tokens or a.max_response_tokens
         self._calls = 0
+        warn_if_tools_unseen(cfg, tokenizer, self.make_env(), example)
 
     def launch(self, rows: list[dict], sampling: SamplingConfig) -> PendingEpisodes:
-        """Start ``sampling.n`` episodes per row; returns at once."""
+        """Start ``sampling.n`` episodes per row; returns at once. A turn's token
+        limit is ``agent.max_turn_tokens``, whatever ``sampling.max_tokens`` says."""
         self._calls += 1
         prefix = f"s{self._calls}"
         n = sampling.n
+        sampling = dataclasses.replace(sampling, max_tokens=self.turn_tokens)
 
         async def generate(prompt_ids: list[int], s: SamplingConfig, session_id: str):
             result = await self.group.agenerate(GenerationRequest(prompt_ids, s, session_id))
@@ -100,6 +117,86 @@ class AgentRollout:
             )  # fmt: skip
 
         return PendingEpisodes(episodes, n)
+
+
+def tools_unseen_warning(
+    tokenizer: Any, tools: list[dict], messages: list[dict], *, model: str, taught: str | None
+) -> str | None:
+    """What to tell the user when the chat template ignores ``tools=``: ``messages``
+    render the same with and without the tool schemas ``tools``, so the model is never
+    shown them. None when the template renders them.
+
+    The text says whether the prompt text itself names the tools (then the model
+    may still learn of them) and ``taught``, what else taught the model the call
+    format, when something did (the built-in model's warm-up).
+    """
+
+    def render(schemas: list[dict] | None) -> str:
+        return str(
+            tokenizer.apply_chat_template(
+                messages, tools=schemas, tokenize=False, add_generation_prompt=True
+            )
+        )
+
+    plain = render(None)
+    if render(tools) != plain:
+        return None
+    names = [str(t.get("function", t).get("name")) for t in tools]
+    named = [x for x in names if x in plain]
+    listed = ", ".join(names)
+    if named == names:
+        prompt = f"the prompt text itself names {listed}"
+    elif named:
+        unnamed = ", ".join(x for x in names if x not in named)
+        prompt = f"the prompt text names {', '.join(named)} but not {unnamed}"
+    else:
+        prompt = f"nor does the prompt text name {'it' if len(names) == 1 else 'them'}"
+    taught = taught or "nothing else shows the model the tools or how to call them"
+    return (
+        f"agent mode: the chat template of {model} ignores tools= (a prompt renders the same "
+        f"with and without the tool schemas), so the model is never shown {listed}; {prompt}; "
+        f"{taught}. To show a model its tools, use a chat template that renders tools= "
+        "(Qwen2.5's and Qwen3's do; it is chat_template in tokenizer_config.json), or warm the "
+        "model up on solved episodes that call them in the agent.parser format (algo=sft on "
+        "rows with 'messages'), or name the tools and the call format in the prompt"
+    )
+
+
+def warn_if_tools_unseen(cfg: Config, tokenizer: Any, env: Any, example: dict | None) -> None:
+    """Log ``tools_unseen_warning`` for the run's tools (an environment's
+    ``tool_schemas``) on the episode that ``example`` opens, once at start-up."""
+    tools = getattr(env, "tool_schemas", None)
+    if not tools:
+        return
+    row = example if example is not None else {"prompt": "Hello"}
+    # A user's environment may do work in reset(); a row's prompt is what it gets.
+    messages = env.reset(row) if isinstance(env, ToolEnv) else prompt_messages(row)
+    model = (
+        f"model.path={cfg.model.path}"
+        if cfg.model.path
+        else f"the built-in {cfg.model.preset!r} model"
+    )
+    warning = tools_unseen_warning(
+        tokenizer, tools, list(messages), model=model, taught=_warmup_teaches(cfg)
+    )
+    if warning:
+        log.warning(warning)
+
+
+def _warmup_teaches(cfg: Config) -> str | None:
+    """What the built-in model's warm-up taught it about calling tools."""
+    if cfg.model.path is not None:
+        return None
+    from rlpost.data.tasks.calc import TOOL
+    from rlpost.models.warmup import warmup_task
+
+    task = warmup_task(cfg)
+    if task == "calc":
+        return (
+            f"its warm-up imitated solved {task} episodes, which call {TOOL}: that is how it "
+            f"knows the call format (nothing to change for agent=calculator)"
+        )
+    return f"its warm-up on the {task} task had no tool calls: it has never seen the call format"
 
 
 def episode_results(episodes: list[Episode], n: int) -> list[GenerationResult]:

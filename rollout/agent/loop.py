@@ -14,12 +14,14 @@ environment says done (``ToolEnv``: the model answered without a tool call),
 after ``max_turns`` model turns, or when its response budget is spent. The
 budget ``max_response_tokens`` counts every token after the prompt, model and
 environment tokens alike, because that is the length the trainer has to fit;
-``max_model_len`` bounds prompt + response. An episode that stops for lack of
-turns or room (not because the environment said done) is ``truncated``. A turn
-cut by the episode's budget ends the episode before the environment sees it;
-messages an environment returns with ``done`` (or after the last allowed turn)
-are not added, since no model turn follows them: ``messages`` is always the chat
-the tokens hold.
+``max_model_len`` bounds prompt + response. Each model turn is also limited to
+``sampling.max_tokens``; a turn that hits its limit (finish reason ``"length"``)
+is *cut* and counted in ``Episode.turns_cut``. An episode that stops for lack of
+turns or room, or that ends on a cut turn (the environment said done to a reply
+the model did not finish), is ``truncated``. A turn cut by the episode's budget
+ends the episode before the environment sees it; messages an environment returns
+with ``done`` (or after the last allowed turn) are not added, since no model turn
+follows them: ``messages`` is always the chat the tokens hold.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ class Turn:
     sampled_ids: list[int]
     logprobs: list[float]
     text: str  # the sampled ids decoded, without the end token
-    finish_reason: str
+    finish_reason: str  # "length": cut at the turn's token limit
     env_ids: list[int] = field(default_factory=list)
 
 
@@ -90,6 +92,11 @@ class Episode:
     session_id: str
     group: int  # the row's index: the n episodes of a row form one group
     turns: list[Turn] = field(default_factory=list)
+
+    @property
+    def turns_cut(self) -> int:
+        """Model turns cut at their token limit, the episode's last one or not."""
+        return sum(t.finish_reason == "length" for t in self.turns)
 
 
 def engine_generate(engine: AsyncRolloutEngine) -> GenerateFn:
@@ -192,6 +199,7 @@ async def _episode(
         new, done, step_reward = await _maybe_await(env.step(message))
         reward = step_reward if step_reward is not None else reward
         if done:
+            truncated = completion.finish_reason == "length"  # its last turn was cut
             break
         if turn == config.max_turns - 1:
             truncated = True
@@ -247,8 +255,8 @@ def assistant_message(parsed: ParsedTurn) -> dict:
 
 
 def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
-    """Batch metrics: means per episode, tool counts summed over the batch,
-    ``agent/truncated`` the fraction of truncated episodes."""
+    """Batch metrics: means per episode, tool counts and cut turns summed over the
+    batch, ``agent/truncated`` the fraction of truncated episodes."""
     count = max(len(episodes), 1)
     return {
         "agent/turns_mean": sum(e.num_turns for e in episodes) / count,
@@ -256,6 +264,7 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         "agent/tool_errors": float(sum(e.tool_errors for e in episodes)),
         "agent/tool_timeouts": float(sum(e.tool_timeouts for e in episodes)),
         "agent/truncated": sum(e.truncated for e in episodes) / count,
+        "agent/turns_cut": float(sum(e.turns_cut for e in episodes)),
         "agent/model_tokens_mean": sum(e.model_tokens for e in episodes) / count,
         "agent/env_tokens_mean": sum(e.env_tokens for e in episodes) / count,
     }

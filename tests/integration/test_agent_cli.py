@@ -53,7 +53,8 @@ def test_custom_environment_on_user_data_trains_multi_turn(model, tmp_path):
     proc = _cli([
         f"model.path={model}", *COMMON, f"data.train_files={train}", f"data.val_files={val}",
         "agent.env=examples/agent/guess_env.py:GuessEnv", "agent.env_kwargs.max_guesses=3",
-        "agent.max_turns=3", "agent.max_response_tokens=64", "trainer.total_steps=2",
+        "agent.max_turns=3", "agent.max_turn_tokens=8", "agent.max_response_tokens=64",
+        "trainer.total_steps=2",
         f"trainer.run_dir={run_dir}",
     ])  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -66,7 +67,8 @@ def test_custom_environment_on_user_data_trains_multi_turn(model, tmp_path):
         assert m["agent/env_rewarded"] == 16  # every episode scored by the environment
         # trainer vs rollout log-probs on the sampled tokens of multi-turn sequences
         assert m["rollout/logprob_abs_diff_max"] < 1e-3
-    assert "val/accuracy" in _metrics(run_dir)[-1]
+    # the environment's reward has no correctness signal: val/reward_mean, no val/accuracy
+    assert "val/reward_mean" in _metrics(run_dir)[-1]
 
 
 def test_custom_tool_with_column_style_reward(model, tmp_path):
@@ -85,6 +87,30 @@ def test_custom_tool_with_column_style_reward(model, tmp_path):
     # the random model writes no tool call: one turn each, scored by reward.fn
     assert m["agent/turns_mean"] == 1.0 and m["agent/env_rewarded"] == 0
     assert m["reward/errors"] == 0 and m["agent/tool_calls"] == 0
+    # rollout.max_tokens=8 is for single completions: a turn may use what the episode's
+    # budget leaves (up to max_model_len 160 - the prompt), room for a tool call
+    assert m["agent/model_tokens_mean"] > 8
+
+
+def test_turns_cut_at_agent_max_turn_tokens_count_as_clipped(model, tmp_path):
+    rows = [{"prompt": f"{a}*7=", "answer": str(a * 7)} for a in range(10, 22)]
+    train = _jsonl(tmp_path / "calc.jsonl", rows)
+    val = _jsonl(tmp_path / "calc_val.jsonl", rows[:8])
+    run_dir = tmp_path / "run"
+    proc = _cli([
+        f"model.path={model}", *COMMON, f"data.train_files={train}", f"data.val_files={val}",
+        "agent.tools=[multiply]", "agent.max_turn_tokens=4", "trainer.total_steps=1",
+        f"trainer.run_dir={run_dir}",
+    ])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (m,) = [m for m in _metrics(run_dir) if m["step"] == 1]
+    # 4 tokens hold no call: the random model's turns are cut (an end token within
+    # 4 of ~100 near-uniform choices is rare), each ends its episode unfinished
+    assert m["agent/model_tokens_mean"] <= 4 * m["agent/turns_mean"]
+    assert m["agent/turns_cut"] >= 8 and m["agent/tool_calls"] == 0
+    assert m["response/clip_ratio"] >= 0.5 and m["agent/truncated"] >= 0.5
+    # and the run says its chat template never shows the model the multiply tool
+    assert "ignores tools=" in proc.stderr and "never shown multiply" in proc.stderr
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,10 @@
 """What an episode counts and how it is scored: malformed calls, failing tools and
 timeouts reach ``agent/tool_errors`` and ``agent/tool_timeouts``, a cut episode
-``agent/truncated``; an environment's reward wins over ``reward.fn``, which gets
-the messages when it asks for them; gdpo refuses environment rewards.
+``agent/truncated``; a turn cut at its token limit counts in ``response/clip_ratio``
+and ``agent/turns_cut`` (and ``agent/truncated`` when it ends the episode), and that
+limit is ``agent.max_turn_tokens``, not ``rollout.max_tokens``; an environment's
+reward wins over ``reward.fn``, which gets the messages when it asks for them; gdpo
+refuses environment rewards.
 
 The model turns come from ``ScriptedModel``, a stand-in for the rollout engine
 that answers each turn with fixed text: what is tested is the loop above the
@@ -11,18 +14,21 @@ engine (the engine itself is tested in tests/integration/test_agent_loop.py).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import pytest
 from rlpost.rollout.agent.env import ToolEnv
 from rlpost.rollout.agent.loop import AgentLoopConfig, episode_metrics, run_episodes
 from rlpost.rollout.agent.tool_pool import ToolWorkerPool
-from rlpost.rollout.base import Completion, SamplingConfig
+from rlpost.rollout.base import Completion, GenerationResult, SamplingConfig
 
+from rlpost.config.compose import compose
 from rlpost.loop.result import RunError
+from rlpost.loop.step_metrics import clip_ratio
 from rlpost.models.archs import build_tokenizer
 from rlpost.rewards.scoring import RewardScorer
-from rlpost.serving.agent_episodes import episode_results, score_episodes
+from rlpost.serving.agent_episodes import AgentRollout, episode_results, score_episodes
 
 TOOLS_PY = '''
 import time
@@ -68,12 +74,12 @@ def pool():
     pool.close()
 
 
-def _episodes(tokenizer, turns, make_env, config, rows=({"prompt": "go"},), n=1):
+def _episodes(tokenizer, turns, make_env, config, rows=({"prompt": "go"},), n=1, sampling=SAMPLING):
     model = ScriptedModel(tokenizer, turns)
     return asyncio.run(
         run_episodes(
             list(rows), n, generate=model, tokenizer=tokenizer, make_env=make_env,
-            sampling=SAMPLING, config=config, session_prefix="c",
+            sampling=sampling, config=config, session_prefix="c",
         )
     )  # fmt: skip
 
@@ -115,6 +121,83 @@ def test_an_episode_cut_by_its_token_budget_is_truncated(tokenizer, pool):
     (ep,) = _episodes(tokenizer, [turn] * 8, make_env, config)
     assert ep.truncated and len(ep.response_ids) <= budget
     assert episode_metrics([ep, full])["agent/truncated"] == 1.0  # full: max_turns reached
+
+
+CALL = '<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool_call>'
+
+
+def test_a_turn_cut_at_its_limit_counts_in_clip_ratio(tokenizer, pool):
+    make_env = lambda: ToolEnv(["multiply"], 5.0, pool)  # noqa: E731
+    config = AgentLoopConfig(max_turns=3, max_response_tokens=4000, max_model_len=8000)
+    call_ids = len(tokenizer.encode(CALL, add_special_tokens=False))
+    # 16 tokens per turn: the call (65 tokens) is cut inside its JSON, '<tool_call>{"name"',
+    # the model hears "unclosed <tool_call>" and answers "42" (2 tokens + end) within it.
+    short = dataclasses.replace(SAMPLING, max_tokens=16)
+    assert call_ids == 65
+    (cut,) = _episodes(tokenizer, [CALL, "42"], make_env, config, sampling=short)
+    assert [t.finish_reason for t in cut.turns] == ["length", "stop"]
+    assert cut.turns_cut == 1 and cut.tool_errors == 1 and not cut.truncated
+    # the episode went on and ended well: "stop" to DAPO's filter, yet clipped
+    (result,) = episode_results([cut], 1)
+    assert result.completions[0].finish_reason == "stop"
+    assert clip_ratio([result]) == 1.0
+    # the same episode with room for the call: no cut turn
+    (whole,) = _episodes(tokenizer, [CALL, "42"], make_env, config)
+    assert whole.turns_cut == 0 and whole.tool_calls == 1
+    results = episode_results([cut, whole], 2)
+    assert clip_ratio(results) == 0.5  # 1 of 2 episodes had a cut turn
+    m = episode_metrics([cut, whole])
+    assert m["agent/turns_cut"] == 1.0 and m["agent/truncated"] == 0.0
+
+
+def test_an_episode_that_ends_on_a_cut_turn_is_truncated(tokenizer, pool):
+    make_env = lambda: ToolEnv(["multiply"], 5.0, pool)  # noqa: E731
+    config = AgentLoopConfig(max_turns=3, max_response_tokens=4000, max_model_len=8000)
+    answer = "the product of six and seven is forty-two"
+    # no tool call in the cut text: ToolEnv takes it as the final answer, done
+    short = dataclasses.replace(SAMPLING, max_tokens=4)
+    (ep,) = _episodes(tokenizer, [answer], make_env, config, sampling=short)
+    assert ep.num_turns == 1 and ep.turns[0].finish_reason == "length" and ep.truncated
+    (result,) = episode_results([ep], 1)
+    assert result.completions[0].finish_reason == "length" and clip_ratio([result]) == 1.0
+    assert episode_metrics([ep])["agent/truncated"] == 1.0
+
+
+class RecordingGroup:
+    """A rollout group that answers every request with ``CALL`` then "42", cut to
+    the request's ``max_tokens``, and records those limits."""
+
+    def __init__(self, tokenizer):
+        self.model = ScriptedModel(tokenizer, [CALL, "42"])
+        self.max_tokens: list[int] = []
+
+    async def agenerate(self, request):
+        self.max_tokens.append(request.sampling.max_tokens)
+        c = await self.model(request.prompt_ids, request.sampling, request.session_id)
+        return GenerationResult(request.prompt_ids, [c])
+
+
+@pytest.mark.parametrize(
+    "overrides, first_turn",
+    [
+        ([], 192),  # agent.max_response_tokens: what the episode's budget leaves
+        (["agent.max_turn_tokens=80"], 80),
+        (["agent.max_turn_tokens=8"], 8),  # cuts the call to "<tool_call": no call, done
+    ],
+)
+def test_a_turn_is_limited_by_agent_max_turn_tokens_not_rollout_max_tokens(
+    tokenizer, overrides, first_turn
+):
+    cfg = compose(["trainer.device=cpu", "algo=grpo", "agent.tools=[multiply]", *overrides])
+    assert cfg.rollout.max_tokens == 8  # the single-turn default, too short for a call
+    group = RecordingGroup(tokenizer)
+    agent = AgentRollout(cfg, group, tokenizer)
+    sampling = dataclasses.replace(SAMPLING, n=1, max_tokens=cfg.rollout.max_tokens)
+    (result,) = agent.launch([{"prompt": "6*7="}], sampling).result()
+    ep = result.completions[0].episode
+    assert group.max_tokens[0] == first_turn
+    assert ep.turns_cut == (first_turn == 8) and ep.tool_calls == (first_turn > 8)
+    assert clip_ratio([result]) == float(first_turn == 8)
 
 
 class RewardsOddTurns:

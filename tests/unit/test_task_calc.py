@@ -102,7 +102,7 @@ def test_agent_calculator_config_sets_the_task():
     assert (cfg.data.name, cfg.reward.fn) == ("calc", "calc")
     assert load_reward_fn(cfg.reward.fn) is reward
     # one model turn holds the whole call and its end token
-    assert cfg.rollout.max_tokens >= len(tool_call_text(99, 99)) + 1
+    assert cfg.agent.max_turn_tokens >= len(tool_call_text(99, 99)) + 1
     # user prompt (9 tokens with the template) + call + tool reply + answer fit the budget
     assert cfg.agent.max_response_tokens >= 71 + len("<|tool|>9801") + 2 + 5
     train, val, bad = load_data(cfg)
