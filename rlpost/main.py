@@ -63,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{last.get(key, float('nan')):.3f}; run dir {result.run_dir}; "
         f"final model {result.final_model}"
     )
+    from rlpost.trainers.vl_compat import load_hint
+
+    hint = load_hint(result.final_model) if result.final_model else None
+    if hint:  # a VL processor that plain transformers builds only with torchvision
+        print(hint)
     return 0
 
 

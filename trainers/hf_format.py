@@ -230,3 +230,19 @@ class CheckpointLayout:
         for name, n in written.items():
             done[id(self.params[name])] = done.get(id(self.params[name]), 0) + n
         return sorted(n for n, p in self.params.items() if done.get(id(p), 0) < p.numel())
+
+
+def model_from_checkpoint_weights(
+    config: Any, weights: list[tuple[str, torch.Tensor]], dtype: torch.dtype = torch.float32
+) -> Any:
+    """A causal LM built from ``config`` with ``weights`` (checkpoint-format names, as
+    ``to_checkpoint_format`` gives them) copied in; a parameter they leave unwritten
+    is a RuntimeError naming it (a tied head counts as written with the embedding)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    layout = CheckpointLayout(model)  # checkpoint names -> the model's own parameters
+    missing = layout.unwritten(layout.load(weights))
+    if missing:
+        raise RuntimeError(f"no weights for {missing[:5]}")
+    return model

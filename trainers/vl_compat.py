@@ -22,6 +22,13 @@ hold only CUDA builds of it, which fail beside torch's CPU build),
 Call it before transformers or vLLM import a VL class (rlpost does, in every
 process that builds a VL processor or engine). Where torchvision imports it
 does nothing. Images work; videos do not.
+
+A model directory rlpost writes (``run_dir/final``, ``python -m rlpost.export``)
+loads in plain transformers without the layer when its processor has no video
+processor (LLaVA, Gemma 3: the image processor falls back to its PIL twin by
+itself). A processor that declares one (Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
+InternVL) is built by ``AutoProcessor`` only with torchvision, whatever its
+files say; ``load_hint`` is the line rlpost prints then.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import importlib.util
 import re
 import sys
 import types
+from pathlib import Path
 from typing import Any
 
 _IMAGE_MODULE = re.compile(r"^transformers\.models\.(\w+)\.image_processing_(?!pil_)(\w+)$")
@@ -175,3 +183,27 @@ def install(vllm: bool = False) -> bool:
         _patch_vllm()
         _vllm_patched = True
     return True
+
+
+def declares_video(model_dir: str | Path) -> bool:
+    """Whether the processor saved in ``model_dir`` has a video processor (which
+    transformers builds only with torchvision)."""
+    import json
+
+    d = Path(model_dir)
+    config = d / "processor_config.json"
+    declared = config.exists() and "video_processor" in json.loads(config.read_text())
+    return declared or (d / "video_preprocessor_config.json").exists()
+
+
+def load_hint(model_dir: str | Path) -> str | None:
+    """What to call before ``AutoProcessor.from_pretrained(model_dir)`` in a process
+    without torchvision, or None when plain transformers loads it here."""
+    if not declares_video(model_dir) or torchvision_available():
+        return None
+    return (
+        f"note: torchvision is not installed, so AutoProcessor.from_pretrained('{model_dir}') "
+        "raises 'requires torchvision' (the processor declares a video processor); call "
+        "`from rlpost.trainers.vl_compat import install; install()` before it (images work, "
+        "video does not). The model, its tokenizer and AutoImageProcessor load without it."
+    )

@@ -12,6 +12,7 @@ import torch
 from engine_utils import advantages, engine, free_port, hf_logprobs, make_batch, spawn
 from rlpost.algos import PolicyLossConfig
 from rlpost.trainers.fsdp.lora import LoraSettings
+from rlpost.trainers.vl_compat import torchvision_available
 
 from rlpost.loop.checkpoint import CheckpointManager
 from rlpost.models.tiny import build_tiny_model
@@ -66,10 +67,54 @@ def test_export_loads_in_transformers_and_matches_the_trainer(variant, model_dir
     assert AutoTokenizer.from_pretrained(out).eos_token == "<|end|>"
 
 
-def test_export_cli_names_a_missing_checkpoint(tmp_path):
-    cmd = [sys.executable, "-m", "rlpost.export", str(tmp_path / "nope"), str(tmp_path / "o")]
+def _export_cli(checkpoint: Path, out: Path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "rlpost.export", str(checkpoint), str(out)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_export_cli_says_a_missing_path_does_not_exist(tmp_path):
+    proc = _export_cli(tmp_path / "nope", tmp_path / "o")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"error: {tmp_path / 'nope'} does not exist"
+
+
+@pytest.mark.parametrize("given", ["run", "run/checkpoints"])
+def test_export_cli_lists_a_run_directorys_checkpoints_to_pass(given, tmp_path):
+    """A run directory, or its checkpoints/ folder, is not exported: the error lists the
+    complete checkpoints (an interrupted save's .partial is not one) and names the
+    latest, and points at final/ (the run's HF model)."""
+    root = tmp_path / "run" / "checkpoints"
+    for name in ("step_000002", "step_000004"):
+        (root / name).mkdir(parents=True)
+        (root / name / "COMPLETE").write_text(name[-1])
+    (root / "step_000006.partial").mkdir()
+    (tmp_path / "run" / "final").mkdir()
+    proc = _export_cli(tmp_path / given, tmp_path / "o")
+    assert proc.returncode == 2 and not (tmp_path / "o").exists()
+    what = "a run directory" if given == "run" else "a run's checkpoints folder"
+    assert proc.stderr.splitlines() == [
+        f"error: {tmp_path / given} is {what}, not a checkpoint; pass one of its checkpoints "
+        "(oldest first):",
+        f"  {root / 'step_000002'}",
+        f"  {root / 'step_000004'}",
+        f"the latest: python -m rlpost.export {root / 'step_000004'} OUT_DIR",
+        f"({tmp_path / 'run' / 'final'} is the run's last policy, already an HF model directory)",
+    ]
+
+
+def test_export_cli_says_a_run_without_checkpoints_has_none(tmp_path):
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    proc = _export_cli(tmp_path / "run", tmp_path / "o")
+    assert proc.returncode == 2
+    assert "is a run directory, not a checkpoint; it has no complete checkpoint" in proc.stderr
+
+
+def test_export_help_says_what_a_vl_processor_needs_without_torchvision():
+    cmd = [sys.executable, "-m", "rlpost.export", "--help"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "no engine checkpoint" in proc.stderr
+    assert proc.returncode == 0
+    assert "from rlpost.trainers.vl_compat import install; install()" in proc.stdout
+    assert "Megatron" in proc.stdout
 
 
 def test_exported_lora_model_generates_in_vllm_like_transformers(model_dir, tmp_path):
@@ -140,3 +185,31 @@ def test_an_exported_llava_names_its_vision_tower_as_vllm_loads_it(tmp_path):
     assert before.keys() == after.keys()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert AutoProcessor.from_pretrained(out).image_token == "<image>"
+    # plain transformers (no rlpost, no torchvision layer) loads the exported processor
+    plain = "import sys, transformers; transformers.AutoProcessor.from_pretrained(sys.argv[1])"
+    loaded = subprocess.run([sys.executable, "-c", plain, str(out)], capture_output=True, text=True)
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert "note:" not in proc.stderr  # nothing to call first
+
+
+@pytest.mark.skipif(torchvision_available(), reason="transformers builds it with torchvision")
+def test_an_exported_qwen2_vl_says_what_its_processor_needs_without_torchvision(tmp_path):
+    """Qwen2-VL's processor declares a video processor, which transformers builds only
+    with torchvision: the export says which call makes AutoProcessor load it."""
+    from rlpost.models.vl import build_vl_model
+
+    source = build_vl_model("Qwen2VLForConditionalGeneration", tmp_path / "vl", seed=0)
+    run_dir = tmp_path / "run"
+    spawn(_save_vl_checkpoint, (str(source), free_port(), str(run_dir)))
+    step = CheckpointManager(run_dir, 1).latest()
+    out = tmp_path / "hf"
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlpost.export", str(step), str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(out)
+    note = proc.stderr.strip().splitlines()[-1]
+    assert note.startswith("note: torchvision is not installed")
+    assert "`from rlpost.trainers.vl_compat import install; install()`" in note
+    assert f"AutoProcessor.from_pretrained('{out}')" in note

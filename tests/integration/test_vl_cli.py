@@ -16,6 +16,7 @@ import torch
 pytest.importorskip("vllm")
 
 from cli_utils import ENV, metrics  # noqa: E402
+from rlpost.trainers.vl_compat import torchvision_available  # noqa: E402
 
 from rlpost.models.vl import IMAGE_SIDE, build_vl_model  # noqa: E402
 
@@ -60,6 +61,11 @@ def test_grpo_on_image_prompts_trains_the_language_model_only(tmp_path):
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=ENV)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    if not torchvision_available():  # the run's last line says what AutoProcessor needs
+        last = proc.stdout.strip().splitlines()[-1]
+        assert last.startswith("note: torchvision is not installed")
+        assert f"AutoProcessor.from_pretrained('{run_dir / 'final'}')" in last
+        assert "`from rlpost.trainers.vl_compat import install; install()`" in last
     steps = [r for r in metrics(run_dir) if r["step"] > 0]
     assert len(steps) == 2
     # step 2 samples after a sync of every weight, vision tower included

@@ -3,10 +3,12 @@ processors refuse to be built, and a VL processor saves and loads without one.""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from importlib import import_module
 
 import pytest
-from rlpost.trainers.vl_compat import install, torchvision_available
+from rlpost.trainers.vl_compat import install, load_hint, torchvision_available
 
 pytestmark = pytest.mark.skipif(torchvision_available(), reason="the layer is off with torchvision")
 
@@ -64,3 +66,48 @@ def test_lora_and_freezing_leave_the_vision_tower_alone(tmp_path):
     adapted = apply_lora(model, LoraSettings(rank=4), str(path))  # target_modules: all-linear
     trainable = [n for n, p in adapted.named_parameters() if p.requires_grad]
     assert trainable and all(".language_model." in n for n in trainable)
+
+
+# A fresh interpreter that never imports rlpost: plain transformers, as a user loads
+# a model directory rlpost wrote. ``prelude`` runs first.
+LOAD = (
+    "import sys\n{prelude}\nfrom transformers import AutoProcessor\n"
+    "p = AutoProcessor.from_pretrained(sys.argv[1])\n"
+    "print(type(p).__name__, 'rlpost' in sys.modules)\n"
+)
+
+
+def _load(path, prelude: str = "") -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-c", LOAD.format(prelude=prelude), str(path)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def test_an_image_only_vl_processor_loads_in_plain_transformers(tmp_path):
+    """LLaVA's processor has no video processor: its image processor falls back to the
+    PIL twin by itself, so the saved directory loads without the layer and no hint is
+    given."""
+    from rlpost.models.vl import build_vl_model
+
+    path = build_vl_model("LlavaForConditionalGeneration", tmp_path / "vl", seed=0)
+    proc = _load(path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["LlavaProcessor", "False"]
+    assert load_hint(path) is None
+
+
+def test_a_vl_processor_with_video_needs_the_call_the_hint_names(tmp_path):
+    """Qwen2-VL's processor declares a video processor, which transformers builds only
+    with torchvision whatever the files say: plain AutoProcessor fails, the hint names
+    the call, and with that call first it loads."""
+    from rlpost.models.vl import build_vl_model
+
+    path = build_vl_model("Qwen2VLForConditionalGeneration", tmp_path / "vl", seed=0)
+    plain = _load(path)
+    assert plain.returncode != 0 and "requires `torchvision`" in plain.stderr
+    hint = load_hint(path)
+    assert hint is not None and f"AutoProcessor.from_pretrained('{path}')" in hint
+    call = "from rlpost.trainers.vl_compat import install; install()"
+    assert f"`{call}`" in hint
+    proc = _load(path, prelude=call)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["Qwen2VLProcessor", "True"]

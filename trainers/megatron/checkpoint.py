@@ -3,9 +3,14 @@ count, inside the layout of ``rlpost.trainers.checkpointing``; they load back in
 the same parallel layout.
 
     D/engine.json     engine config and world size
-    D/rank{r}.pt      rank r's parameters (model-wide Megatron names), the Adam
-                      state of the parameters its optimizer steps (with the
-                      distributed optimizer: its shard), steps, RNG state
+    D/rank{r}.pt      rank r's parameters (model-wide Megatron names, its
+                      tensor-parallel slice of each; under pipeline parallelism
+                      its stage's layers only), the Adam state of the parameters
+                      its optimizer steps (with the distributed optimizer: its
+                      shard), steps, RNG state
+
+``full_weights`` reads the whole model back from the rank files with no
+process group (``python -m rlpost.export``).
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rlpost.trainers.files import safe_torch_load
 from rlpost.trainers.megatron import cpu_shim
+from rlpost.trainers.megatron.convert import tp_merge
 from rlpost.trainers.megatron.model import MegatronModel
 
 
@@ -67,3 +74,23 @@ def _adams(m: MegatronModel) -> list[torch.optim.Optimizer]:
     layout without gathering it anywhere."""
     opt = m.optimizer
     return [sub.optimizer for sub in getattr(opt, "chained_optimizers", [opt])]
+
+
+def full_weights(path: str | Path, meta: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The model's full Megatron tensors (model-wide names, every tensor whole, as
+    ``MegatronModel.gathered_state`` gives them) from checkpoint ``path`` with
+    ``engine.json`` ``meta``, read rank file by rank file, with no process group.
+
+    Tensor-parallel slices are merged (``convert.tp_merge``); pipeline stages and
+    expert-parallel ranks hold disjoint names, data- and context-parallel ranks
+    copies. A rank's tensor-parallel rank is ``rank % tp``: megatron's rank order
+    (``tp-cp-ep-dp-pp``, what ``MegatronModel`` initialises) puts the tp ranks of
+    one group next to each other.
+    """
+    tp = meta["config"]["parallel"]["tp"]
+    shards: dict[str, dict[int, torch.Tensor]] = {}
+    for rank in range(meta["world_size"]):
+        own = safe_torch_load(Path(path) / f"rank{rank}.pt")["model"]  # Adam state dropped
+        for name, tensor in own.items():
+            shards.setdefault(name, {}).setdefault(rank % tp, tensor)
+    return {name: tp_merge(name, [by_tp[r] for r in range(tp)]) for name, by_tp in shards.items()}

@@ -114,16 +114,11 @@ class MegatronEngine(PolicyUpdates):
         weights = self.named_weights()
         if self.rank != 0:
             return None
-        from rlpost.trainers.hf_format import CheckpointLayout
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from rlpost.trainers.hf_format import model_from_checkpoint_weights
+        from transformers import AutoTokenizer
 
         assert weights is not None
-        model = AutoModelForCausalLM.from_config(self.m.hf_config, dtype=torch.float32)
-        # checkpoint names -> the model's own parameters (e.g. MoE experts fused in one tensor)
-        layout = CheckpointLayout(model)
-        missing = layout.unwritten(layout.load(weights))
-        if missing:
-            raise RuntimeError(f"save_hf: no weights for {missing[:5]}")
+        model = model_from_checkpoint_weights(self.m.hf_config, weights)
         with atomic_directory(out_dir) as tmp:
             model.save_pretrained(tmp)
             AutoTokenizer.from_pretrained(tokenizer_dir or self.cfg.model_path).save_pretrained(tmp)
