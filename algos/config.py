@@ -21,7 +21,7 @@ class AdvantageConfig:
     norm_by_std: bool = True  # False -> Dr.GRPO (A = s - mean_g), Liu et al. 2025
     eps: float = 1e-6
     gamma: float = 1.0  # gae / reinforce_pp discount
-    lam: float = 1.0  # gae lambda
+    lam: float = 0.95  # gae lambda
     reward_weights: tuple[tuple[str, float], ...] = ()  # gdpo: (reward name, weight) pairs
 
     def __post_init__(self) -> None:

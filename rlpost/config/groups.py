@@ -11,9 +11,7 @@ from rlpost.config.schema import spec
 GROUPS = ("algo", "model", "rollout", "trainer", "data", "reward", "agent")
 
 
-ALGO_PRESETS = (
-    "grpo", "dapo", "ppo", "gspo", "gdpo", "rloo", "reinforce_pp", "dr_grpo", "sft", "custom",
-)  # fmt: skip
+ALGO_PRESETS = ("grpo", "dapo", "ppo", "gspo", "gdpo", "rloo", "reinforce_pp", "dr_grpo", "sft")
 AGGREGATIONS = (
     "token-mean",
     "seq-mean-token-sum",
@@ -356,7 +354,7 @@ class DataConfig:
     )
     train_files: list[str] = spec([], help="JSONL or Parquet files with a 'prompt' column")
     val_files: list[str] = spec([], help="held-out JSONL or Parquet files")
-    prompts_per_step: int = spec(16, ge=1, help="prompts per RL step (batch = this x rollout.n)")
+    prompts_per_step: int = spec(32, ge=1, help="prompts per RL step (batch = this x rollout.n)")
     val_size: int = spec(200, ge=1, help="held-out prompts scored at each validation")
     max_operand: int = spec(
         99, ge=1, help="built-in tasks: operands go up to max_operand (arith from 0, calc from 10)"

@@ -11,7 +11,7 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from engine_utils import free_port, full_state, make_batch
-from rlpost.algos import LossNorm, PolicyLossConfig, kl_penalty
+from rlpost.algos import LossNorm, PolicyLossConfig, aggregate, kl_penalty
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.fsdp.critic import CriticEngine
 from rlpost.trainers.fsdp.engine import FSDPEngine, FSDPEngineConfig, RegularizerConfig
@@ -158,4 +158,13 @@ def test_kl_reward_penalty_by_hand():
     torch.testing.assert_close(
         token_r, torch.tensor([[0.0, -0.05, 1.0 + 0.1], [0.0, -0.05 + 0.0, 0.0]])
     )
-    assert LossNorm(global_tokens=3.0, global_samples=2.0).global_tokens == 3.0
+    # The KL loss term, token-mean over the GLOBAL batch: abs gives |d| = 0.5, 1.0 and
+    # 0.5 on the 3 response tokens, sum 2.0.
+    kl_bt = kl_penalty(logp, ref, "abs")
+    # This batch is the whole batch (3 tokens): 2.0 / 3.
+    whole = aggregate(kl_bt, mask, "token-mean", LossNorm(global_tokens=3.0, global_samples=2.0))
+    assert float(whole) == pytest.approx(2.0 / 3.0)
+    # As one of two micro-batches of a 6-token global batch it contributes 2.0 / 6, not
+    # its own token mean 2.0 / 3: the divisor is the global count.
+    half = aggregate(kl_bt, mask, "token-mean", LossNorm(global_tokens=6.0, global_samples=4.0))
+    assert float(half) == pytest.approx(2.0 / 6.0)

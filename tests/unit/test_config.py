@@ -20,20 +20,33 @@ def _problems(overrides: list[str]) -> tuple[list[str], str]:
     return info.value.problems, str(info.value)
 
 
-def test_defaults_come_from_the_yaml_presets():
+def test_yaml_values_override_the_schema_and_absent_keys_take_its_default(tmp_path, monkeypatch):
+    import shutil
+
+    from rlpost.config.compose import compose_dict, config_dir
+    from rlpost.config.groups import DataConfig, RewardConfig
+
+    # The shipped presets: a key in the YAML wins over the schema, a key absent from
+    # every YAML of the composition comes from the schema.
+    raw = compose_dict([])
+    assert "prompts_per_step" not in raw["data"] and "weights" in raw["reward"]
     cfg = compose([])
-    # configs/trainer/fsdp.yaml, rollout/vllm.yaml, algo/grpo.yaml, data/arith.yaml
-    assert cfg.trainer.total_steps == 200
-    assert cfg.trainer.logger == ["console", "jsonl"]
-    assert cfg.trainer.betas == [0.9, 0.99]
-    assert cfg.rollout.n == 8
-    assert cfg.rollout.temperature == 1.0
-    assert cfg.algo.name == "grpo"
-    assert cfg.algo.policy_loss.clip_low == 0.2
-    assert cfg.algo.advantage.eps == 1e-6
-    assert cfg.data.name == "arith"
-    assert cfg.model.path is None
-    assert cfg.reward.weights == {"correctness": 1.0, "format": 0.0}
+    assert RewardConfig().weights == {}  # schema: the function's own weights
+    assert cfg.reward.weights == {"correctness": 1.0, "format": 0.0}  # reward/arith.yaml
+    assert cfg.data.prompts_per_step == DataConfig().prompts_per_step == 32
+    # A preset that sets a key to something else than the schema: dapo's clip_high.
+    assert compose(["algo=dapo"]).algo.policy_loss.clip_high == 0.28
+    assert compose([]).algo.policy_loss.clip_high == 0.2  # grpo.yaml leaves it to the schema
+    # The same key from both sources: a copy of configs/ whose default data preset
+    # sets prompts_per_step to 5 (schema: 32) and leaves val_size to the schema (200).
+    shutil.copytree(config_dir(), tmp_path / "configs")
+    (tmp_path / "configs/data/arith.yaml").write_text("prompts_per_step: 5\n")
+    monkeypatch.setenv("RLPOST_CONFIG_DIR", str(tmp_path / "configs"))
+    cfg = compose([])
+    assert cfg.data.prompts_per_step == 5
+    assert cfg.data.val_size == DataConfig().val_size == 200
+    # ... and a command-line value wins over both.
+    assert compose(["data.prompts_per_step=3"]).data.prompts_per_step == 3
 
 
 def test_dotted_overrides_apply_with_their_types():
