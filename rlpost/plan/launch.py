@@ -61,9 +61,9 @@ class Launch:
             self.rollout.close()
         self.placement.remove()
         if self.started_ray:
-            import ray
+            from rlpost.workers.placement import disconnect
 
-            ray.shutdown()
+            disconnect()
         if self.stop is not None:
             self.stop.restore()
 

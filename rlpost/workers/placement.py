@@ -19,9 +19,12 @@ fail instead of falling back (``strict_spread``: one bundle per node).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,14 +70,13 @@ def start(cfg: Config, device_opts: dict[str, Any]) -> tuple[bool, Placement]:
     disconnects at the end) and the placement. On failure it disconnects
     what it connected.
     """
-    import ray
 
     started = connect(cfg)
     try:
         return started, Placement(cfg, device_opts)
     except BaseException:
         if started:
-            ray.shutdown()
+            disconnect()
         raise
 
 
@@ -108,15 +110,82 @@ def connect(cfg: Config) -> bool:
         ray.init(address=address, log_to_driver=True)
         return True
     cpus = sum(b.get("CPU", 0.0) for role in bundles(cfg, {}).values() for b in role)
-    ray.init(
-        # "local" starts a new Ray even when `ray start` runs on this machine.
-        address="local",
-        num_cpus=max(os.cpu_count() or 1, int(cpus + 0.999)),
-        include_dashboard=False,
-        log_to_driver=True,
-        logging_level=logging.WARNING,
-    )
+    # A SIGTERM to the whole process group (what `timeout`, batch schedulers and
+    # container runtimes send) must reach only this driver, which then checkpoints
+    # and stops cleanly: Ray's processes (GCS, raylet and the workers the raylet
+    # starts) are started with SIGTERM blocked, and keep it blocked for life.
+    # ``disconnect`` stops them with SIGKILL.
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        ray.init(
+            # "local" starts a new Ray even when `ray start` runs on this machine.
+            address="local",
+            num_cpus=max(os.cpu_count() or 1, int(cpus + 0.999)),
+            include_dashboard=False,
+            log_to_driver=True,
+            logging_level=logging.WARNING,
+        )
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
     return True
+
+
+def disconnect() -> None:
+    """``ray.shutdown()`` after ``connect`` returned True. A private Ray's processes
+    ignore SIGTERM (``connect``), so its usual stop -- SIGTERM, a second's grace
+    for each process, then SIGKILL -- would wait out every grace: they get SIGKILL
+    at once (nothing of a private Ray outlives the run)."""
+    import ray
+    from ray._private import worker as ray_worker
+
+    node = getattr(ray_worker, "_global_node", None)
+    ray_pids: list[int] = []
+    if node is not None and hasattr(node, "kill_all_processes"):
+        started = [i.process.pid for infos in node.all_processes.values() for i in infos]
+        ray_pids = [*started, *(d for pid in started for d in _descendants(pid))]
+        kill = node.kill_all_processes
+
+        def kill_at_once(
+            check_alive: bool = False, allow_graceful: bool = False, wait: bool = False
+        ) -> None:
+            kill(check_alive=check_alive, allow_graceful=False, wait=wait)
+
+        node.kill_all_processes = kill_at_once
+    ray.shutdown()
+    # The raylet's workers and agents would notice its death and exit by themselves,
+    # some while later: end them now, so that nothing of the run outlives it.
+    for pid in ray_pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while any(_running(pid) for pid in ray_pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (Linux ``/proc``; none elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        out.append(child)
+        todo += children.get(child, [])
+    return out
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting to be reaped."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 def bundles(cfg: Config, device_opts: dict[str, Any]) -> dict[str, list[dict[str, float]]]:
@@ -142,6 +211,17 @@ def bundles(cfg: Config, device_opts: dict[str, Any]) -> dict[str, list[dict[str
     return out
 
 
+def _alive_nodes() -> list[dict[str, float]]:
+    """Each alive Ray node's total resources (without the ``node:<ip>`` markers)."""
+    import ray
+
+    return [
+        {k: float(v) for k, v in n["Resources"].items() if not k.startswith("node:")}
+        for n in ray.nodes()
+        if n["Alive"]
+    ]
+
+
 @dataclass
 class _Slot:
     group: Any  # ray.util.placement_group.PlacementGroup
@@ -159,6 +239,7 @@ class Placement:
         self.mode = t.placement
         self.strategy = t.placement_strategy.upper()
         self.requested = bundles(cfg, device_opts)
+        self._check_fits(cfg)
         self.slots: dict[str, _Slot] = {}
         self.groups: list[Any] = []
         if self.mode == "colocated":
@@ -176,28 +257,66 @@ class Placement:
                 self.slots[role] = _Slot(pg, 0, len(role_bundles))
         self._wait(t.placement_timeout_s)
 
+    def _check_fits(self, cfg: Config) -> None:
+        """Fail at once when the bundles can never fit the cluster's nodes (Ray would
+        keep the groups pending until the timeout), with what was asked and what
+        the cluster has, and only the changes that would help."""
+        from rlpost.workers.placement_fit import asked_for, remedies, unfit
+
+        nodes = _alive_nodes()
+        reasons = unfit(self.requested, self.mode, self.strategy.lower(), nodes)
+        if not reasons:
+            return
+        raise PlacementError(
+            [
+                f"trainer.placement={self.mode}, trainer.placement_strategy="
+                f"{self.strategy.lower()}: the cluster cannot hold the bundles this run asks "
+                f"for: {asked_for(self.requested)}",
+                self._cluster_line(nodes),
+                *reasons,
+                *remedies(cfg, self.requested, nodes),
+            ]
+        )
+
+    def _cluster_line(self, nodes: list[dict[str, float]]) -> str:
+        """``the cluster: 1 alive node; total CPU 2; available now CPU 2`` (only the
+        resources the bundles name, and CPU and GPU)."""
+        import ray
+
+        from rlpost.workers.placement_fit import resources_text
+
+        names = {"CPU", "GPU"} | {k for bs in self.requested.values() for b in bs for k in b}
+
+        def only(r: dict[str, float]) -> dict[str, float]:
+            return {k: float(r.get(k, 0.0)) for k in sorted(names) if k in r or k == "CPU"}
+
+        return (
+            f"the cluster (ray.cluster_resources): {len(nodes)} alive node"
+            f"{'s' if len(nodes) != 1 else ''}; total {resources_text(only(ray.cluster_resources()))}; "
+            f"available now {resources_text(only(ray.available_resources()))}"
+        )
+
     def _wait(self, timeout_s: float) -> None:
         import ray
+
+        from rlpost.workers.placement_fit import asked_for
 
         ready = ray.wait([pg.ready() for pg in self.groups], num_returns=len(self.groups),
                          timeout=timeout_s)[0]  # fmt: skip
         if len(ready) == len(self.groups):
             return
         self.remove()
-        nodes = [
-            {k: v for k, v in n["Resources"].items() if not k.startswith("node:")}
-            for n in ray.nodes()
-            if n["Alive"]
-        ]
+        # The bundles fit the cluster's totals (``_check_fits``): what they need is held.
         raise PlacementError(
             [
                 f"trainer.placement={self.mode}, trainer.placement_strategy="
-                f"{self.strategy.lower()}: the cluster did not fit these bundles within "
-                f"trainer.placement_timeout_s={timeout_s:g}: {self.requested}",
-                f"alive nodes: {nodes}",
-                "lower trainer.world_size, trainer.num_cpus_per_worker or rollout.num_cpus, "
-                "add nodes, or use trainer.placement_strategy=pack (strict_spread needs a node "
-                "per bundle, strict_pack one node for all of a group)",
+                f"{self.strategy.lower()}: the cluster has room for these bundles but did "
+                f"not free it within trainer.placement_timeout_s={timeout_s:g}: "
+                f"{asked_for(self.requested)}",
+                self._cluster_line(_alive_nodes()),
+                "other jobs or actors hold the rest: wait for them or stop them, raise "
+                "trainer.placement_timeout_s, or lower trainer.num_cpus_per_worker or "
+                "rollout.num_cpus",
             ]
         )
 

@@ -1,7 +1,8 @@
 """The driver stopped from outside, through the real CLI on the micro model.
 
 - SIGINT (Ctrl-C, sent to the whole process group; the reward workers are not
-  in it, and ignore it) or SIGTERM: it checkpoints the last finished step, stops
+  in it, and ignore it) or SIGTERM, to the driver or to the whole process group
+  (Ray's own processes keep SIGTERM blocked): it checkpoints the last finished step, stops
   its workers and its Ray, and exits 130 or 143 with a line saying how to
   resume. A second
   SIGINT stops it at once, mid-step, without a checkpoint; one during start-up
@@ -41,8 +42,12 @@ def _ray_of(pid: int) -> dict:
     return procs
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_signal_checkpoints_and_stops_cleanly(model, tmp_path, sig):
+@pytest.mark.parametrize(
+    "sig, group",
+    [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGTERM, True)],
+    ids=["SIGINT", "SIGTERM", "SIGTERM-to-the-group"],
+)
+def test_signal_checkpoints_and_stops_cleanly(model, tmp_path, sig, group):
     run_dir = tmp_path / "run"
     # only the stop checkpoints; its own process group, as a terminal starts it
     proc = start(model, run_dir, 1000, "trainer.save_every=0", session=True)
@@ -50,9 +55,11 @@ def test_signal_checkpoints_and_stops_cleanly(model, tmp_path, sig):
         wait_until(lambda: len(metrics(run_dir)) >= 2, proc, run_dir)  # step 1 is done
         procs = _ray_of(proc.pid)
         sent = time.perf_counter()
-        if sig == signal.SIGINT:  # Ctrl-C: the terminal signals the whole process group
+        # Ctrl-C, `timeout`, batch schedulers and container runtimes signal the whole
+        # process group, Ray's own processes included; `kill PID` the driver alone.
+        if group:
             os.killpg(proc.pid, sig)
-        else:  # `kill PID`
+        else:
             proc.send_signal(sig)
         code = proc.wait(timeout=120)
     finally:
@@ -67,7 +74,8 @@ def test_signal_checkpoints_and_stops_cleanly(model, tmp_path, sig):
     assert checkpoints == [f"step_{last:06d}"]
     assert (run_dir / "checkpoints" / checkpoints[0] / "COMPLETE").exists()
     assert alive(procs, grace_s=0) == []  # gone by the time the driver exited
-    print(f"{sig.name}: stopped after step {last} with a checkpoint in {stop_s:.1f}s")
+    to = "the process group" if group else "the driver"
+    print(f"{sig.name} to {to}: stopped after step {last} with a checkpoint in {stop_s:.1f}s")
 
 
 def test_a_second_sigint_stops_at_once_without_a_checkpoint(model, tmp_path):
