@@ -7,30 +7,63 @@ import sys
 
 USAGE = """usage: python -m rlpost.main [group=option ...] [key=value ...]
 
-Groups: algo (grpo, sft), model (tiny), rollout (vllm), trainer (fsdp),
-data (arith, files), reward (arith, custom).
+Groups and their presets (* the default):
+{groups}
 Examples:
   python -m rlpost.main algo=grpo
   python -m rlpost.main trainer.total_steps=20 rollout.n=4 data.prompts_per_step=8
+  python -m rlpost.main algo=grpo agent=calculator
   python -m rlpost.main model.path=Qwen/Qwen2.5-0.5B-Instruct data=files \\
       data.train_files=[train.jsonl] data.val_files=[val.jsonl] reward=custom reward.fn=my_reward.py:score
-Every key: python -m rlpost.main --help-keys
+Lists are written in brackets without spaces: trainer.logger=[console,jsonl].
+Every key, its type and default: python -m rlpost.main --help-keys
 """
+
+
+def usage() -> str:
+    """``USAGE`` with every group's presets, read from ``configs/``."""
+    import yaml
+
+    from rlpost.config.compose import config_dir
+    from rlpost.config.groups import GROUPS
+
+    root = yaml.safe_load((config_dir() / "config.yaml").read_text())
+    chosen = {k: v for d in root["defaults"] if isinstance(d, dict) for k, v in d.items()}
+    lines = []
+    for group in GROUPS:
+        presets = sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
+        marked = [f"{p}*" if p == chosen.get(group) else p for p in presets]
+        lines.append(f"  {group:8s} {', '.join(marked)}")
+    return USAGE.format(groups="\n".join(lines))
+
+
+def keys_table() -> str:
+    """Every key with its type, the default run's value and its help text."""
+    from rlpost.config.compose import compose, to_dict
+    from rlpost.config.groups import SCHEMAS
+    from rlpost.config.schema import describe
+
+    defaults = to_dict(compose([]))
+    rows = []
+    for name, schema in SCHEMAS.items():
+        for key, tp, text in describe(schema, name):
+            value: object = defaults
+            for part in key.split("."):
+                value = value[part] if isinstance(value, dict) else None
+            rows.append(f"{key:34s} {tp:40s} {value!s:16s} {text}")
+    return "\n".join([f"{'key':34s} {'type':40s} {'default':16s} meaning", *rows])
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
-        print(USAGE)
+        print(usage())
         return 0
     from rlpost.config.compose import compose
-    from rlpost.config.groups import SCHEMAS
-    from rlpost.config.schema import ConfigError, describe
+    from rlpost.config.schema import ConfigError
 
     if "--help-keys" in argv:
-        for name, schema in SCHEMAS.items():
-            for key, tp, text in describe(schema, name):
-                print(f"{key:34s} {tp:40s} {text}")
+        print(keys_table())
         return 0
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from rlpost.data.rows import DataError

@@ -8,6 +8,7 @@ validator instead of Hydra stopping at the first one.
 
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,13 @@ from typing import Any
 from rlpost.config.checks import cross_checks
 from rlpost.config.groups import GROUPS, SCHEMAS, Config
 from rlpost.config.schema import ConfigError, validate
+
+# rollout.block_size under rollout.pd.enabled (vLLM) when not given: the CPU
+# backend's smallest block (a GPU takes 16 too).
+PD_BLOCK_SIZE = 32
+
+
+OPTIONS = ("--help", "--help-keys")  # the CLI's own flags (``rlpost.main``)
 
 
 def config_dir() -> Path:
@@ -74,6 +82,10 @@ def _derive(cfg: Config) -> Config:
         rollout = dataclasses.replace(
             cfg.rollout, replicas=pd.prefill_replicas + pd.decode_replicas
         )
+        if rollout.name == "vllm" and rollout.block_size is None:
+            # vLLM's KV connectors move whole blocks of a prompt: its CPU default
+            # (128) would move nothing for prompts up to 129 tokens.
+            rollout = dataclasses.replace(rollout, block_size=PD_BLOCK_SIZE)
         cfg = dataclasses.replace(cfg, rollout=rollout)
     if cfg.rollout.dtype == "auto":
         bf16 = cfg.trainer.mixed_precision == "bf16"
@@ -89,7 +101,17 @@ def _split_overrides(overrides: list[str]) -> tuple[list[str], list[str], list[s
         key, sep, _ = item.partition("=")
         key = key.lstrip("+~")
         if not sep or not key:
-            bad.append(f"{item!r}: overrides look like key=value (e.g. trainer.total_steps=20)")
+            hint = "overrides look like key=value (e.g. trainer.total_steps=20)"
+            if item.endswith("]") or item.startswith(","):
+                hint += (
+                    "; a list written with spaces ([a, b]) is split by the shell: write key=[a,b]"
+                )
+            elif item.startswith("--"):
+                hint = f"no such option; the options are {', '.join(OPTIONS)}"
+                close = difflib.get_close_matches(item, OPTIONS, n=1)
+                if close:
+                    hint = f"no such option; did you mean {close[0]}?"
+            bad.append(f"{item!r}: {hint}")
         elif "." not in key and key in GROUPS:
             choices.append(item)
         else:

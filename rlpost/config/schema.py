@@ -80,6 +80,12 @@ def _coerce(value: Any, tp: Any, path: str, problems: list[str]) -> Any:
             problems.append(f"{path}={value!r}: expected {_type_name(tp)}")
         return value
     if origin is list:
+        if isinstance(value, str) and "," in value:
+            items = value.strip("[]")
+            problems.append(
+                f"{path}={value!r}: a list is written in brackets without spaces, {path}=[{items}]"
+            )
+            return None
         if isinstance(value, (str, int, float)):
             # One value where a list is taken (``data.train_files=mine.jsonl``) is
             # a list of one.
