@@ -94,6 +94,25 @@ def load_image(ref: Any) -> Any:
     return _decode(ref, ref[:40])
 
 
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff")
+
+
+def missing_image_files(row: dict) -> list[str]:
+    """The row's image references that name a file which is not there (paths
+    already resolved against the data file's folder; base64 and data URIs are
+    not file names)."""
+    missing = []
+    for ref in row.get("images") or []:
+        if isinstance(ref, dict):
+            ref = ref.get("path") if ref.get("bytes") is None else None
+        if not isinstance(ref, str) or ref.startswith("data:") or len(ref) > 4096:
+            continue
+        looks_like_path = "/" in ref or ref.lower().endswith(IMAGE_SUFFIXES)
+        if looks_like_path and not _is_file(ref):
+            missing.append(ref)
+    return missing
+
+
 def row_images(row: dict) -> list[Any] | None:
     """The row's images as PIL images (None for a text-only row)."""
     images = row.get("images")

@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 from rlpost.config.groups import Config
+from rlpost.data.images import missing_image_files
 from rlpost.data.rows import DataError, load_rows, validate_row
 
 log = logging.getLogger(__name__)
@@ -27,23 +28,28 @@ def load_data(cfg: Config) -> tuple[list[dict], list[dict], int]:
         return rows, task.val_rows(), 0
     train: list[dict] = []
     val: list[dict] = []
-    problems = []
+    problems: list[str] = []
+    bad = 0
     for key, paths, out in (
         ("train_files", cfg.data.train_files, train),
         ("val_files", cfg.data.val_files, val),
     ):
         for path in paths:
             try:
-                out.extend(load_rows(path))
+                rows = load_rows(path)
             except DataError as exc:
                 problems.append(f"data.{key}: {exc}")
+                continue
+            if cfg.algo.name == "sft":
+                rows = [sft_row(r) for r in rows]
+            kept, dropped = _usable_rows(rows, f"data.{key}: {path}", problems)
+            out.extend(kept)
+            bad += dropped
     if problems:
         raise DataError("\n  ".join(problems))
-    if cfg.algo.name == "sft":
-        train = [sft_row(r) for r in train]
-        val = [sft_row(r) for r in val]
-    bad = sum(validate_row(r) is not None for r in val)
-    val = [r for r in val if validate_row(r) is None][: cfg.data.val_size]
+    val = val[: cfg.data.val_size]
+    if not train:
+        raise DataError(f"no valid training rows in {cfg.data.train_files} (see the warnings)")
     if not val:
         raise DataError(f"no valid held-out rows in {cfg.data.val_files}")
     if cfg.algo.name == "sft":
@@ -54,6 +60,31 @@ def load_data(cfg: Config) -> tuple[list[dict], list[dict], int]:
                 f"'response' in every training row; rows {missing[:5]} have neither"
             )
     return train, val, bad
+
+
+def _usable_rows(rows: list[dict], source: str, problems: list[str]) -> tuple[list[dict], int]:
+    """The well-formed rows of one file, and how many were not (warned about once,
+    naming the file). An image file that is not there is a problem to fix before
+    the run starts, not a row to drop."""
+    kept, reasons = [], []
+    for i, row in enumerate(rows):
+        reason = validate_row(row)
+        if reason is not None:
+            reasons.append(f"row {i}: {reason}")
+            continue
+        missing = missing_image_files(row)
+        if missing:
+            problems.append(
+                f"{source} row {i}: image file {missing[0]!r} does not exist (a relative "
+                "path is taken from the data file's folder)"
+            )
+        kept.append(row)
+    if reasons:
+        log.warning(
+            "%s: skipped %d malformed of %d rows (data/malformed_rows); first: %s",
+            source, len(reasons), len(rows), "; ".join(reasons[:3]),
+        )  # fmt: skip
+    return kept, len(reasons)
 
 
 def sft_row(row: dict) -> dict:

@@ -58,3 +58,41 @@ def test_a_device_the_machine_lacks_is_a_config_error_without_a_traceback(tmp_pa
         "trainer.device=cuda but no CUDA device is visible; use trainer.device=cpu" in proc.stderr
     )
     assert "file 'missing.py' does not exist" in proc.stderr
+
+
+def _rows_file(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_missing_image_file_is_a_config_error_naming_file_and_row(tmp_path):
+    from PIL import Image
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "red.png")
+    prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "colour?"}]}]
+    rows = [
+        {"prompt": prompt, "images": ["red.png"], "answer": "red"},
+        {"prompt": prompt, "images": ["imgs/missing.png"], "answer": "red"},
+    ]
+    data = _rows_file(tmp_path / "train.jsonl", rows)
+    cfg = compose(["data=files", f"data.train_files=[{data}]", f"data.val_files=[{data}]"])
+    with pytest.raises(ConfigError) as err:
+        build_plan(cfg)
+    text = str(err.value)
+    assert f"data.train_files: {data} row 1: image file 'imgs/missing.png' does not exist" in text
+    assert f"data.val_files: {data} row 1:" in text  # the held-out file is checked too
+
+
+def test_the_malformed_row_warning_names_its_file(tmp_path, caplog):
+    from rlpost.plan.inputs import load_data
+
+    good = {"prompt": "1+1=", "answer": "2"}
+    train = _rows_file(tmp_path / "train.jsonl", [good, {"question": "x"}, good])
+    val = _rows_file(tmp_path / "val.jsonl", [good, good, {"prompt": ""}])
+    cfg = compose(["data=files", f"data.train_files=[{train}]", f"data.val_files=[{val}]"])
+    with caplog.at_level("WARNING"):
+        rows, held_out, dropped = load_data(cfg)
+    assert (len(rows), len(held_out), dropped) == (2, 2, 2)
+    assert f"data.train_files: {train}: skipped 1 malformed of 3 rows" in caplog.text
+    assert f"data.val_files: {val}: skipped 1 malformed of 3 rows" in caplog.text
+    assert "row 1: row has no 'prompt' field" in caplog.text
