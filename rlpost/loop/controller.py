@@ -10,6 +10,7 @@ critic). Sending prompts and scoring samples is the ``Collector``'s
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,6 +34,8 @@ from rlpost.plan.plan import RunPlan
 from rlpost.rewards.scoring import RewardScorer
 from rlpost.rollout.base import GenerationResult, SamplingConfig
 from rlpost.trainers.batch import TrajectoryBatch
+
+log = logging.getLogger(__name__)
 
 
 class Controller:
@@ -161,8 +164,15 @@ class Controller:
         self, step: int, collected: tuple[Rollouts, dict[str, float]], sync: bool = True
     ) -> dict[str, float]:
         rollouts, metrics = collected
-        if not rollouts.rows:
-            return metrics  # every group agreed in every round: nothing to learn from
+        if not rollouts.rows:  # every group agreed in every round: nothing to learn from
+            rounds = metrics.get("dapo/gen_rounds", 1.0)
+            log.warning(
+                "step %d: no update: the rewards of every group agreed in all %d generation "
+                "round(s) (dapo/dropped_groups=%d); raise algo.dynamic_sampling.max_rounds or "
+                "rollout.n, or check that the reward can tell the samples apart",
+                step, rounds, metrics.get("dapo/dropped_groups", 0.0),
+            )  # fmt: skip
+            return metrics
         batch = rollout_batch(rollouts.results, self.tokenizer.pad_token_id)
         batch.scores_b = rollouts.scores
         if self.image_inputs is not None:  # each sample carries its prompt's images

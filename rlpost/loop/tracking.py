@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
+
+log = logging.getLogger(__name__)
 
 
 class Tracker:
@@ -97,7 +100,12 @@ class Tracker:
         if self._jsonl:
             self._jsonl.close()
         if self._wandb is not None:
+            run_dir = getattr(self._wandb, "dir", None)  # .../wandb/<run>/files
+            offline = os.environ.get("WANDB_MODE") == "offline"
             self._wandb.finish()
+            if offline and run_dir:
+                where = Path(run_dir).parent
+                log.info("wandb offline run: %s; upload it with `wandb sync %s`", where, where)
 
 
 def _plain(value: Any) -> Any:

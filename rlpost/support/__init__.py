@@ -1,8 +1,9 @@
 """The support matrix: which architectures rlpost trains, verified, as ``SUPPORT.md``.
 
-    python -m rlpost.support                          # every architecture
+    python -m rlpost.support                          # every architecture -> outputs/support/
     python -m rlpost.support Gemma2ForCausalLM ...    # some rows; the others keep theirs
-    python -m rlpost.support --render                 # SUPPORT.md from results/support/
+    python -m rlpost.support --in-repo                # the checkout's SUPPORT.md and results/support/
+    python -m rlpost.support --render --in-repo       # SUPPORT.md from results/support/
 
 Each architecture is built tiny (``rlpost.models.archs``; vision-language ones by
 ``rlpost.models.vl``, with an image in every prompt: ``vl``) and sent through

@@ -1,4 +1,5 @@
-"""``python -m rlpost.support [ARCH ...] [--render] [--work DIR]``: see ``rlpost.support``."""
+"""``python -m rlpost.support [ARCH ...] [--render] [--in-repo] [--work DIR]``: see
+``rlpost.support``."""
 
 from __future__ import annotations
 
@@ -30,9 +31,13 @@ def main(argv: list[str] | None = None) -> int:
         "--render", action="store_true", help="only rewrite SUPPORT.md from the stored results"
     )
     parser.add_argument(
-        "--results", type=Path, default=RESULTS_DIR, help="where results are stored"
+        "--in-repo",
+        action="store_true",
+        help=f"store results in {RESULTS_DIR} and write {MARKDOWN} (the checkout's tracked "
+        "files) instead of outputs/support/",
     )
-    parser.add_argument("--markdown", type=Path, default=MARKDOWN, help="the file to write")
+    parser.add_argument("--results", type=Path, default=None, help="where results are stored")
+    parser.add_argument("--markdown", type=Path, default=None, help="the file to write")
     parser.add_argument(
         "--work",
         type=Path,
@@ -40,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         help="models and runs go here (kept); default: a temporary directory",
     )
     args = parser.parse_args(argv)
+    local = Path("outputs") / "support"
+    args.results = args.results or (RESULTS_DIR if args.in_repo else local / "results")
+    args.markdown = args.markdown or (MARKDOWN if args.in_repo else local / "SUPPORT.md")
     unknown = [a for a in args.archs if a not in known]
     if unknown:
         parser.error(f"unknown architectures {unknown}; choose from {', '.join(known)}")

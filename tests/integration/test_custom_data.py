@@ -214,3 +214,5 @@ def test_wandb_logs_offline_under_the_run_dir(run):
     assert data.startswith(b":W&B")
     for key in (b"reward/errors", b"reward/ascii_mean", b"val/reward_mean"):
         assert key in data
+    # the console says where the offline run is and how to upload it
+    assert f"wandb offline run: {runs[0]}; upload it with `wandb sync {runs[0]}`" in run.output

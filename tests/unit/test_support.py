@@ -108,3 +108,14 @@ def test_a_run_failing_to_write_its_final_model_keeps_its_step_checks():
     out = judge_run(1, output, rows, weight_change=None)
     assert {k: v.status for k, v in out.items()} == {"vllm": "pass", "sync": "pass", "grpo": "pass"}
     assert "no final model" in out["grpo"].text
+
+
+def test_the_support_command_leaves_the_checkouts_files_alone_by_default(tmp_path, monkeypatch):
+    from rlpost.support.__main__ import main
+    from rlpost.support.report import MARKDOWN
+
+    before = MARKDOWN.read_text()
+    monkeypatch.chdir(tmp_path)
+    assert main(["--render"]) == 0
+    assert (tmp_path / "outputs" / "support" / "SUPPORT.md").is_file()
+    assert MARKDOWN.read_text() == before
