@@ -39,12 +39,20 @@ from typing import Any, TypeVar
 import ray
 
 from rlpost.rollout.base import GenerationRequest, GenerationResult
-from rlpost.rollout.pd import FILE_CONNECTORS, PDEngineConfig, PDRouter, prefill_request
+from rlpost.rollout.pd import (
+    FILE_CONNECTORS,
+    PDEngineConfig,
+    PDRouter,
+    min_transfer_tokens,
+    prefill_request,
+)
 from rlpost.rollout.router import Router
 from rlpost.serving.pending import PendingGeneration
+from rlpost.workers import WORKER_ENV
 from rlpost.workers.rollout_worker import RolloutWorker
 
 log = logging.getLogger(__name__)
+QUIET = {"env_vars": WORKER_ENV}
 T = TypeVar("T")
 # A request in flight: (worker index, ObjectRef) per replica it visits, in order.
 Hops = list[tuple[int, Any]]
@@ -88,7 +96,7 @@ class RolloutGroup:
         vnodes: int = 128,
         max_restarts: int = 3,
     ):
-        cls = ray.remote(num_cpus=num_cpus, **(device_opts or {}))(RolloutWorker)
+        cls = ray.remote(num_cpus=num_cpus, runtime_env=QUIET, **(device_opts or {}))(RolloutWorker)
         where = scheduling or [None] * replicas
         assert len(where) == replicas, "one scheduling strategy per replica"
         # PD mode: set only when engine_cfg is a PDEngineConfig.
@@ -99,7 +107,7 @@ class RolloutGroup:
             # One actor owns every SGLang server and the router (rollout/sglang/pd.py);
             # it needs prefill + decode GPUs at once, outside the placement bundles.
             gpus = engine_cfg.prefill_replicas + engine_cfg.decode_replicas
-            cls = ray.remote(num_cpus=num_cpus, num_gpus=gpus)(RolloutWorker)
+            cls = ray.remote(num_cpus=num_cpus, num_gpus=gpus, runtime_env=QUIET)(RolloutWorker)
             engine, replicas, where = "sglang_pd", 1, [None]
             configs = [engine_cfg]
         elif isinstance(engine_cfg, PDEngineConfig):
@@ -146,6 +154,9 @@ class RolloutGroup:
         # Engine counters at the previous stats(): prefix cache and KV connector
         # (queries, hits, queries, hits).
         self._last_cache: list[tuple[float, ...]] = [(0.0,) * 4] * replicas
+        # PD mode: the longest prompt sent, for the warning when no KV moves (once).
+        self._longest_prompt = 0
+        self._warned_no_transfer = False
 
     def _with_kv_dir(self, pd: PDEngineConfig) -> PDEngineConfig:
         """A file connector without a directory gets a fresh temporary one, removed on close."""
@@ -201,6 +212,7 @@ class RolloutGroup:
         prefill call, then a decode call that Ray starts once the prefill is done
         (it resolves the ``after`` argument first)."""
         *prefill, last = self._pick(lambda: self._route(request.session_id))
+        self._longest_prompt = max(self._longest_prompt, len(request.prompt_ids))
         for worker in (*prefill, last):
             self._begin(worker)
         hops = [(w, self.workers[w].generate_one.remote(prefill_request(request))) for w in prefill]
@@ -406,7 +418,12 @@ class RolloutGroup:
         prompts are computed); PD mode's ``rollout/pd/kv_transfer_rate`` is the
         share of the decode side's uncached prompt tokens whose KV came from the
         connector. Rates are over the tokens since the previous call (so one
-        call per step)."""
+        call per step). ``requests`` is cumulative: every request begun on that
+        replica since the group started (a restarted replica keeps its count, a
+        request sent again after a replica died counts again), so a step's
+        share is the difference between two calls.
+        The first call in PD mode whose decode side computed prompt tokens and
+        loaded none through the connector logs one warning with the reason."""
         engine_stats = self._call_live("stats")  # a replica restarting has none
         out: dict[str, float] = {}
         totals = []  # per pool: (prefix queries, hits, connector queries, hits)
@@ -432,8 +449,39 @@ class RolloutGroup:
         out["rollout/prefix_cache_hit_rate"] = _rate(totals[0][1], totals[0][0])
         if self.pd is not None:
             out["rollout/pd/kv_transfer_rate"] = _rate(totals[-1][3], totals[-1][2])
+            if totals[-1][2] and not totals[-1][3] and not self._warned_no_transfer:
+                self._warned_no_transfer = True
+                log.warning(self._no_transfer_reason(int(totals[-1][2])))
         out["rollout/replica_restarts"] = float(sum(self.restarts))
         return out
+
+    def _no_transfer_reason(self, computed: int) -> str:
+        """Why the decode replicas loaded no KV: prompts shorter than the connector's
+        blocks, or (long enough prompts) the connector itself."""
+        assert self.pd is not None
+        decode = self.pd.decode
+        block = getattr(decode, "block_size", None)
+        spec = decode.kv_transfer
+        head = (
+            f"rollout/pd/kv_transfer_rate is 0: the decode replicas computed {computed} "
+            f"prompt tokens and loaded none through {spec.connector}"
+        )
+        if block is None:
+            return f"{head}; rollout.block_size is vLLM's default, set it (e.g. 32)"
+        need = min_transfer_tokens(block)
+        if self._longest_prompt < need:
+            return (
+                f"{head}: the connector moves whole rollout.block_size={block}-token blocks of "
+                f"a prompt but its last token, so a prompt needs at least {need} tokens, and "
+                f"the longest one sent has {self._longest_prompt}. PD pays off for long "
+                "prompts: for these use rollout.pd.enabled=false"
+            )
+        where = f" (rollout.pd.shared_dir={spec.shared_dir})" if spec.shared_dir else ""
+        return (
+            f"{head}, although prompts of up to {self._longest_prompt} tokens "
+            f"(rollout.block_size={block}) were sent: check that rollout.pd.connector works "
+            f"here and that every replica sees the same KV store{where}"
+        )
 
     def reset_prefix_cache(self) -> None:
         """Empty every replica's prefix cache (e.g. between benchmark runs)."""

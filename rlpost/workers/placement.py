@@ -115,6 +115,11 @@ def connect(cfg: Config) -> bool:
     # and stops cleanly: Ray's processes (GCS, raylet and the workers the raylet
     # starts) are started with SIGTERM blocked, and keep it blocked for life.
     # ``disconnect`` stops them with SIGKILL.
+    # Token authentication guards the private Ray from other users of this machine;
+    # the note that it is on is nothing to act on.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
+        logging.ERROR
+    )
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
         ray.init(

@@ -12,6 +12,9 @@ import ray
 import torch
 
 from rlpost.trainers.batch import TrajectoryBatch
+from rlpost.workers import WORKER_ENV
+
+QUIET = {"env_vars": WORKER_ENV}
 
 
 class TrainerWorker:
@@ -76,7 +79,7 @@ class TrainerGroup:
         kind: str = "policy",
         scheduling: list[Any] | None = None,
     ):
-        cls = ray.remote(num_cpus=num_cpus, **device_opts)(TrainerWorker)
+        cls = ray.remote(num_cpus=num_cpus, runtime_env=QUIET, **device_opts)(TrainerWorker)
         where = scheduling or [None] * world_size
         assert len(where) == world_size, "one scheduling strategy per rank"
         self.workers: list[Any] = [
