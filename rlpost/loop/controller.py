@@ -347,4 +347,22 @@ class Controller:
         }
         if "correctness" in scores:
             out["val/accuracy"] = float(scores["correctness"].mean())
+        if self.cfg.algo.name == "sft" and self.image_inputs is None:
+            out["val/nll"] = self.heldout_nll()
         return out
+
+    def heldout_nll(self) -> float:
+        """SFT: the policy's token-mean negative log-likelihood of the held-out rows'
+        targets (their ``messages``' assistant turns, ``response``, else ``answer``),
+        the training loss's own measure on data it does not train on."""
+        from rlpost.data.samples import sft_batch
+
+        rows = [
+            r if "messages" in r or "response" in r else {**r, "response": str(r["answer"])}
+            for r in self.val_rows
+            if "messages" in r or "response" in r or "answer" in r
+        ]
+        batch = sft_batch(self.tokenizer, rows)
+        logp_bt = self.workers.policy.logprobs(batch, temperature=1.0)
+        mask_bt = batch.response_mask_bt.float()
+        return float(-(logp_bt * mask_bt).sum() / mask_bt.sum().clamp(min=1.0))

@@ -50,3 +50,6 @@ def test_sft_on_multi_turn_chats(tmp_path):
     assert nll[-1] < 0.7 * nll[0], nll
     # validation scored the last assistant turn (the 'answer' taken from the chat)
     assert "val/accuracy" in rows[-1]
+    # and measured the training loss on the held-out chats (a + 9, never trained on):
+    # the chat's form is learned, so it falls too
+    assert rows[0]["step"] == 0 and rows[-1]["val/nll"] < 0.8 * rows[0]["val/nll"], rows
