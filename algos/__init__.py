@@ -1,5 +1,5 @@
 """Pure tensor math for RL post-training: advantages, policy and value losses, KL,
-entropy, loss aggregation and sample filters. Imports torch only."""
+entropy, loss aggregation, sample filters and off-policy corrections. Imports torch only."""
 
 from rlpost.algos.advantages import (
     ADVANTAGE_ESTIMATORS,
@@ -15,7 +15,7 @@ from rlpost.algos.advantages import (
     rloo_advantage,
 )
 from rlpost.algos.aggregation import AGGREGATIONS, aggregate, masked_mean
-from rlpost.algos.config import AdvantageConfig, LossNorm, PolicyLossConfig
+from rlpost.algos.config import AdvantageConfig, LossNorm, OffPolicyConfig, PolicyLossConfig
 from rlpost.algos.entropy import entropy_from_logits
 from rlpost.algos.filters import overlong_penalty, truncated_is_weight, zero_std_groups
 from rlpost.algos.kl import (
@@ -25,6 +25,7 @@ from rlpost.algos.kl import (
     kl_penalty,
     kl_reward_penalty,
 )
+from rlpost.algos.off_policy import OFF_POLICY, build_off_policy, register_off_policy
 from rlpost.algos.policy_loss import (
     POLICY_LOSSES,
     build_policy_loss,
@@ -39,13 +40,16 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGGREGATIONS",
     "KL_KINDS",
+    "OFF_POLICY",
     "POLICY_LOSSES",
     "AdaptiveKLController",
     "AdvantageConfig",
     "FixedKLController",
     "LossNorm",
+    "OffPolicyConfig",
     "PolicyLossConfig",
     "aggregate",
+    "build_off_policy",
     "build_policy_loss",
     "clipped_value_loss",
     "compute_advantages",
@@ -63,6 +67,7 @@ __all__ = [
     "overlong_penalty",
     "ppo_clip_loss",
     "register_advantage",
+    "register_off_policy",
     "register_policy_loss",
     "reinforce_pp_advantage",
     "reinforce_pp_baseline_advantage",

@@ -84,3 +84,34 @@ class LossNorm:
         if not self.norm_const > 0:
             errors.append(f"norm_const={self.norm_const} must be > 0")
         _raise_all("LossNorm", errors)
+
+
+@dataclass(frozen=True)
+class OffPolicyConfig:
+    """Settings for an off-policy correction; ``name`` keys ``OFF_POLICY``.
+
+    ``is_cap``: C of token_is / seq_is (truncation) and decoupled (tokens above it are
+    dropped); ``lo``/``hi``: the ratio interval icepop and mis keep (``lo`` None: 1 / hi);
+    ``delta``: opsm's KL(pi_behav || pi_theta) bound on a negative sample. The default is
+    the token truncated IS the trainer has always applied.
+    """
+
+    name: str = "token_is"
+    is_cap: float = 2.0
+    lo: float | None = None
+    hi: float = 2.0
+    delta: float = 1e-3
+
+    def __post_init__(self) -> None:
+        errors = []
+        if not self.is_cap > 0:
+            errors.append(f"is_cap={self.is_cap} must be > 0")
+        if not self.hi > 0:
+            errors.append(f"hi={self.hi} must be > 0")
+        if self.lo is not None and not 0 < self.lo < self.hi:
+            errors.append(f"lo={self.lo} must be in (0, hi={self.hi})")
+        if self.lo is None and self.hi > 0 and not self.hi > 1:
+            errors.append(f"hi={self.hi} must be > 1 when lo is unset (lo = 1 / hi)")
+        if not self.delta >= 0:
+            errors.append(f"delta={self.delta} must be >= 0")
+        _raise_all("OffPolicyConfig", errors)
