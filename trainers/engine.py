@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import torch
-from rlpost.algos import PolicyLossConfig
+from rlpost.algos import OffPolicyConfig, PolicyLossConfig
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.objectives import RegularizerConfig
 
@@ -49,6 +49,7 @@ class PolicyEngine(Protocol):
         norm_const: float = 1.0,
         reg: RegularizerConfig | None = None,
         is_cap: float | None = None,
+        off_policy: OffPolicyConfig | None = None,
     ) -> dict[str, float]:
         """Policy-gradient update; global metrics. Collective."""
         ...
@@ -62,6 +63,7 @@ class PolicyEngine(Protocol):
         norm_const: float = 1.0,
         reg: RegularizerConfig | None = None,
         is_cap: float | None = None,
+        off_policy: OffPolicyConfig | None = None,
     ) -> tuple[dict[str, float], torch.Tensor]:
         """One step whose old log-probs are its own; metrics and those log-probs (b, t)."""
         ...

@@ -15,12 +15,13 @@ import torch
 from rlpost.algos import (
     POLICY_LOSSES,
     LossNorm,
+    OffPolicyConfig,
     PolicyLossConfig,
     aggregate,
+    build_off_policy,
     explained_variance,
     kl_penalty,
     masked_mean,
-    truncated_is_weight,
 )
 from rlpost.trainers.batch import TrajectoryBatch
 
@@ -50,14 +51,16 @@ def policy_objective(
     reg: RegularizerConfig,
     norm: LossNorm,
     is_cap: float | None = None,
+    off_policy: OffPolicyConfig | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Policy loss of one micro-batch (its share of the global-batch loss) and its metrics.
 
     ``logp_bt`` and ``entropy_bt`` are the current policy's, ``old_logp_bt`` the
     sampling-time policy's (the batch's, or the forward's own detached), all on
-    the device of the loss; the batch's tensors are moved there. With ``is_cap``
-    and rollout log-probs in the batch, each token's advantage is scaled by the
-    truncated importance weight min(pi_old / pi_rollout, is_cap). The entropy
+    the device of the loss; the batch's tensors are moved there. With rollout
+    log-probs in the batch, each token's advantage is scaled by the weight of the
+    ``off_policy`` correction (``rlpost.algos.off_policy``); ``is_cap`` alone is
+    token_is at that cap, min(pi_old / pi_rollout, is_cap). The entropy
     term is ``-entropy_coef * H`` and the KL term ``+kl_coef * KL(pi || ref)``,
     both aggregated like the policy loss (``loss_cfg.agg``).
     """
@@ -66,12 +69,17 @@ def policy_objective(
     mask_bt = mb.response_mask_bt.to(device).float()
     adv_bt = mb.advantages_bt.to(device)
     metrics: dict[str, float] = {}
-    if is_cap is not None and mb.rollout_logp_bt is not None:
-        # Scaling A_t by w_t > 0 scales that token's clipped PPO term by w_t.
-        is_w_bt, metrics = truncated_is_weight(
-            old_logp_bt, mb.rollout_logp_bt.to(device), mask_bt, is_cap
+    if off_policy is None and is_cap is not None:
+        off_policy = OffPolicyConfig("token_is", is_cap=is_cap)
+    if off_policy is not None and mb.rollout_logp_bt is not None:
+        # Scaling A_t by w_t >= 0 scales that token's clipped PPO term by w_t.
+        w_bt, metrics = build_off_policy(off_policy)(
+            logp_bt, old_logp_bt, mb.rollout_logp_bt.to(device), mask_bt, adv_bt, off_policy
         )
-        adv_bt = adv_bt * is_w_bt
+        adv_bt = adv_bt * w_bt
+        if off_policy.name == "token_is":  # the names these figures have always had
+            metrics["rollout/is_weight_mean"] = metrics["off_policy/is_mean"]
+            metrics["rollout/is_capped_frac"] = metrics["off_policy/clipped_frac"]
     loss, pg_metrics = POLICY_LOSSES[loss_cfg.name](
         logp_bt, old_logp_bt, adv_bt, mask_bt, loss_cfg, norm
     )

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Protocol
 
 import torch
-from rlpost.algos import LossNorm, PolicyLossConfig, sft_loss
+from rlpost.algos import LossNorm, OffPolicyConfig, PolicyLossConfig, sft_loss
 from rlpost.trainers import checkpointing
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.checkpointing import CheckpointState
@@ -84,18 +84,22 @@ class PolicyUpdates:
         norm_const: float = 1.0,
         reg: RegularizerConfig | None = None,
         is_cap: float | None = None,
+        off_policy: OffPolicyConfig | None = None,
     ) -> dict[str, float]:
         """Policy-gradient update on this rank's share; returns global metrics.
 
-        ``is_cap`` set and ``rollout_logp_bt`` in the batch: each token's advantage is
-        scaled by the truncated importance weight min(pi_old / pi_rollout, is_cap).
+        With ``rollout_logp_bt`` in the batch, each token's advantage is scaled by the
+        weight of the ``off_policy`` correction; ``is_cap`` alone is token_is at that cap,
+        min(pi_old / pi_rollout, is_cap).
         """
         if batch.old_logp_bt is None:
             raise ValueError(
                 "update_policy needs old_logp_bt in the batch (update_policy_single_pass "
                 "takes the old log-probs from its own forward)"
             )
-        loss_fn = self._policy_loss(batch, loss_cfg, temperature, reg, is_cap, own_old=False)
+        loss_fn = self._policy_loss(
+            batch, loss_cfg, temperature, reg, is_cap, off_policy, own_old=False
+        )
         start = time.perf_counter()
         out = run_epochs(
             lambda mini: step(self.backend, mini, loss_fn, norm_const, "actor")[0],
@@ -115,6 +119,7 @@ class PolicyUpdates:
         norm_const: float = 1.0,
         reg: RegularizerConfig | None = None,
         is_cap: float | None = None,
+        off_policy: OffPolicyConfig | None = None,
     ) -> tuple[dict[str, float], torch.Tensor]:
         """One optimizer step over the whole batch (one epoch, one mini-batch) whose old
         log-probs are the update's own, detached: the weights have not changed since
@@ -125,7 +130,9 @@ class PolicyUpdates:
         (0 off the response), e.g. for the rollout parity check. The batch's own
         ``old_logp_bt`` is ignored.
         """
-        loss_fn = self._policy_loss(batch, loss_cfg, temperature, reg, is_cap, own_old=True)
+        loss_fn = self._policy_loss(
+            batch, loss_cfg, temperature, reg, is_cap, off_policy, own_old=True
+        )
         start = time.perf_counter()
         out, logp_bt = step(self.backend, batch, loss_fn, norm_const, "actor")
         out["timing/update_s"] = time.perf_counter() - start
@@ -138,6 +145,7 @@ class PolicyUpdates:
         temperature: float,
         reg: RegularizerConfig | None,
         is_cap: float | None,
+        off_policy: OffPolicyConfig | None,
         own_old: bool,
     ) -> MicroLoss:
         """The micro-batch loss of a policy update. ``own_old`` False: the old log-probs
@@ -157,7 +165,7 @@ class PolicyUpdates:
                 assert mb.old_logp_bt is not None
                 old_logp = mb.old_logp_bt.to(logp.device)
             loss, metrics = policy_objective(
-                logp, entropy, old_logp, mb, loss_cfg, reg, norm, is_cap
+                logp, entropy, old_logp, mb, loss_cfg, reg, norm, is_cap, off_policy
             )
             return loss, metrics, old_logp if own_old else None
 

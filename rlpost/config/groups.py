@@ -71,6 +71,32 @@ class OverlongSchema:
 
 
 @dataclass(frozen=True)
+class OffPolicySchema:
+    name: str = spec(
+        "token_is",
+        help="correction for tokens the rollout sampled off the trainer's policy: none, token_is, "
+        "seq_is, decoupled, icepop, mis, opsm, or a registered name (docs/algorithms.md)",
+    )
+    is_cap: float = spec(
+        2.0,
+        gt=0,
+        help="C: token_is min(rho_t, C), seq_is min(prod rho_t, C), decoupled drops tokens with rho_t > C "
+        "(verl rollout_is_threshold)",
+    )
+    lo: float | None = spec(
+        None,
+        gt=0,
+        help="icepop, mis: lower ratio kept (verl rollout_rs_threshold_lower; null: 1 / hi)",
+    )
+    hi: float = spec(2.0, gt=0, help="icepop, mis: upper ratio kept (verl rollout_rs_threshold)")
+    delta: float = spec(
+        1e-3,
+        ge=0,
+        help="opsm: a negative-advantage sample whose mean log(pi_rollout / pi) exceeds this is masked",
+    )
+
+
+@dataclass(frozen=True)
 class AlgoConfig:
     name: str = spec(help="preset label", choices=ALGO_PRESETS)
     advantage: AdvantageSchema = field(default_factory=AdvantageSchema)
@@ -81,8 +107,12 @@ class AlgoConfig:
     overlong: OverlongSchema = field(default_factory=OverlongSchema)
     filter_truncated: bool = spec(False, help="DAPO: no loss on completions cut at max_tokens")
     value_clip: float = spec(0.5, gt=0, help="PPO critic: clip of the value update")
+    off_policy: OffPolicySchema = field(default_factory=OffPolicySchema)
     rollout_is_cap: float | None = spec(
-        2.0, help="cap C of the truncated importance weight min(pi_old/pi_rollout, C); null = off"
+        None,
+        gt=0,
+        help="old spelling of algo.off_policy.name=token_is algo.off_policy.is_cap=C (null: unset; "
+        "to turn the correction off, algo.off_policy.name=none)",
     )
     epochs: int = spec(1, ge=1, help="passes over each step's batch")
     mini_batches: int = spec(1, ge=1, help="optimizer steps per pass over the batch")

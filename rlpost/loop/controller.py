@@ -254,7 +254,7 @@ class Controller:
         - dropout in the policy (``model.lora.dropout > 0``, or the model's own): a
           training-mode forward is not the policy that sampled.
 
-        Not forcing it: ``algo.rollout_is_cap`` (the update computes the weight from
+        Not forcing it: ``algo.off_policy`` (the update computes the weight from
         its own log-probs), the KL loss and the entropy bonus (reference and current
         log-probs), GAE (the critic's values), and every advantage estimator (they
         see scores, token rewards and values, never log-probs).
@@ -303,15 +303,15 @@ class Controller:
         )
 
     def update_policy(self, batch: TrajectoryBatch) -> dict[str, float]:
-        """The policy update; the truncated importance weight of ``algo.rollout_is_cap``
-        is applied inside it. Without old log-probs in the batch, they come from the
+        """The policy update; the off-policy correction of ``algo.off_policy`` is
+        applied inside it. Without old log-probs in the batch, they come from the
         update's own forward (``needs_old_logprobs``), and so do the parity metrics."""
         kwargs = dict(
             loss_cfg=self.loss_cfg,
             temperature=self.sampling.temperature,
             norm_const=float(self.collector.response_budget),
             reg=self.algo.reg,
-            is_cap=self.cfg.algo.rollout_is_cap,
+            off_policy=self.algo.off_policy,
         )
         policy = self.workers.policy
         if batch.old_logp_bt is not None:

@@ -10,6 +10,7 @@ from rlpost.algos import (
     AdaptiveKLController,
     AdvantageConfig,
     FixedKLController,
+    OffPolicyConfig,
     PolicyLossConfig,
 )
 from rlpost.config.groups import Config
@@ -24,6 +25,7 @@ class AlgoSettings:
     reg: RegularizerConfig
     sampling: SamplingConfig  # one step's sampling; the seed is set per request
     group_multiple: int  # samples per step must split over ranks and mini-batches
+    off_policy: OffPolicyConfig = OffPolicyConfig()
 
 
 def algo_settings(cfg: Config, reward_weights: dict[str, float] | None = None) -> AlgoSettings:
@@ -58,7 +60,16 @@ def algo_settings(cfg: Config, reward_weights: dict[str, float] | None = None) -
             min_tokens=r.min_tokens,
         ),
         group_multiple=cfg.trainer.world_size * a.mini_batches,
+        off_policy=off_policy_config(cfg),
     )
+
+
+def off_policy_config(cfg: Config) -> OffPolicyConfig:
+    """``algo.off_policy``, with the old ``algo.rollout_is_cap=C`` read as token_is at C
+    (the config check refuses it next to another correction)."""
+    op = cfg.algo.off_policy
+    cap = op.is_cap if cfg.algo.rollout_is_cap is None else cfg.algo.rollout_is_cap
+    return OffPolicyConfig(name=op.name, is_cap=cap, lo=op.lo, hi=op.hi, delta=op.delta)
 
 
 def kl_controller(cfg: Config) -> Any:
