@@ -30,6 +30,17 @@ class Pending:
     rows: list[dict]
     ref: Any  # a PendingGeneration or, in agent mode, PendingEpisodes
     start: float
+    stream_before: dict | None = None  # the prompt stream's state before ``rows`` were drawn
+
+
+class Finished:
+    """Results already in hand (a one_step_off batch restored from a checkpoint)."""
+
+    def __init__(self, results: list[GenerationResult]):
+        self.results = results
+
+    def result(self) -> list[GenerationResult]:
+        return self.results
 
 
 @dataclasses.dataclass
@@ -68,12 +79,17 @@ class Collector:
             return self.cfg.agent.max_response_tokens
         return self.sampling.max_tokens
 
-    def launch(self, step: int) -> Pending:
-        """Start generating one step's prompts; returns at once."""
+    def launch(self, step: int, results: list[GenerationResult] | None = None) -> Pending:
+        """Start generating one step's prompts; returns at once. ``results``: what a
+        checkpoint kept of this step's generation (the same rows are drawn again)."""
+        before = self.stream.state_dict()
         rows = self.stream.next_batch()
-        return Pending(
-            step, rows, self.request(rows, self.sampling, step * 1000), time.perf_counter()
+        ref = (
+            Finished(results)
+            if results is not None
+            else self.request(rows, self.sampling, step * 1000)
         )
+        return Pending(step, rows, ref, time.perf_counter(), before)
 
     def request(self, rows: list[dict], sampling: SamplingConfig, seed: int | None) -> Any:
         """Send ``rows`` to the rollout; returns a reference to the results."""

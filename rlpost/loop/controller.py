@@ -23,11 +23,17 @@ from rlpost.algos import compute_advantages, kl_reward_penalty
 from rlpost.data.images import row_images
 from rlpost.data.rows import PromptStream
 from rlpost.data.samples import rollout_batch
-from rlpost.loop.collect import Collector, Rollouts
+from rlpost.loop.collect import Collector, Pending, Rollouts
 from rlpost.loop.recovery import Recovery
 from rlpost.loop.result import RunResult
 from rlpost.loop.roles import TrainerGroups, Workers
-from rlpost.loop.step_metrics import clip_ratio, logprob_parity, whole_step
+from rlpost.loop.step_metrics import (
+    clip_ratio,
+    logprob_parity,
+    results_from_json,
+    results_to_json,
+    whole_step,
+)
 from rlpost.loop.tracking import Tracker
 from rlpost.plan.algo import kl_controller
 from rlpost.plan.plan import RunPlan
@@ -77,6 +83,23 @@ class Controller:
             rebuild_trainers, stop_requested,
         )  # fmt: skip
         self.dropout = workers.policy.has_dropout()  # the policy's training forward is random
+        self.in_flight: Pending | None = None  # one_step_off: the next step's generation
+        self.recovery.in_flight = self.in_flight_state
+
+    def in_flight_state(self) -> dict[str, Any] | None:
+        """What a checkpoint keeps of the next step's generation in one_step_off mode
+        (waiting for it to finish): its step, its results and the prompt stream's
+        state before its rows were drawn. Agent episodes are not kept: a resumed
+        agent run generates that batch again, with the checkpoint's weights."""
+        pending = self.in_flight
+        if pending is None or self.agent is not None or pending.stream_before is None:
+            return None
+        results = pending.ref.result()
+        return {
+            "step": pending.step,
+            "stream": pending.stream_before,
+            "results": results_to_json(results),
+        }
 
     # -- the loop ---------------------------------------------------------------
     def run(self) -> RunResult:
@@ -139,7 +162,10 @@ class Controller:
         This generator is the only loop that decides when to stop; the rollout
         side is a single request in flight, joined here.
         """
-        pending = self.collector.launch(first)
+        saved = self.recovery.restored_in_flight
+        self.recovery.restored_in_flight = None
+        kept = saved["results"] if saved and saved["step"] == first else None
+        pending = self.collector.launch(first, results_from_json(kept) if kept else None)
         for step in range(first, total + 1):
             wait_start = iteration_start = time.perf_counter()
             rollouts, metrics = self.collector.wait_score_and_fill(pending)
@@ -149,6 +175,7 @@ class Controller:
                 # The replica is idle now: give it the last update before it samples again.
                 metrics["timing/weight_sync_s"] = self.sync_weights()
             next_pending = self.collector.launch(step + 1) if step < total else None
+            self.in_flight = next_pending
             metrics = self.rl_step(step, (rollouts, metrics), sync=False)
             gen_s = metrics["timing/generate_s"]
             metrics["perf/overlap_frac"] = 1.0 - metrics["timing/generate_wait_s"] / max(

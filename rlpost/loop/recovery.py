@@ -60,6 +60,10 @@ class Recovery:
         self.trainer_restarts = 0
         self.bad_steps = 0  # updates skipped in a row (NaN/Inf)
         self.start_state: tuple[Any, ...] = ()
+        # one_step_off: the next step's batch in flight, as a checkpoint keeps it
+        # (``Controller.in_flight_state``), and the one a restore brought back.
+        self.in_flight: Callable[[], dict[str, Any] | None] | None = None
+        self.restored_in_flight: dict[str, Any] | None = None
 
     def check_logprob_gap(self, step: int, metrics: dict[str, float]) -> None:
         """The rollout must sample from the weights being trained. A gap between its
@@ -104,17 +108,23 @@ class Recovery:
     def save_checkpoint(self, step: int) -> None:
         """Engines, data position, KL coefficient and RNG, atomically (run_dir/checkpoints).
 
-        In one_step_off mode the next step's generation runs with the weights of
-        the previous step; a resumed run regenerates it with the same seed from
-        the checkpoint's weights, so exact resume holds for ``sync`` mode.
+        In one_step_off mode the next step's batch is already being generated with
+        the weights from before this step's update, which the checkpoint does not
+        hold: it waits for that batch and keeps it (``in_flight``), and the stream
+        position from before its rows were drawn, so a resumed run trains on the
+        same batch as an uninterrupted one.
         """
         w = self.workers
+        in_flight = self.in_flight() if self.in_flight is not None else None
 
         def write(tmp: Path) -> None:
             w.policy.save_checkpoint(str(tmp / "policy"))
             if w.critic is not None:
                 w.critic.save_checkpoint(str(tmp / "critic"))
-            state = {"step": step, "stream": self.stream.state_dict(), "kl_coef": self.kl_ctl.value}
+            stream = in_flight.pop("stream") if in_flight else self.stream.state_dict()
+            state = {"step": step, "stream": stream, "kl_coef": self.kl_ctl.value}
+            if in_flight:
+                state["in_flight"] = in_flight
             save_driver_state(tmp, state)
 
         start = time.perf_counter()
@@ -137,6 +147,7 @@ class Recovery:
             w.critic.load_checkpoint(str(path / "critic"))
         state = load_driver_state(path)
         self.stream.load_state_dict(state["stream"])
+        self.restored_in_flight = state.get("in_flight")
         self.kl_ctl.value = state["kl_coef"]
         self.sync_weights()
         self.tracker.truncate(state["step"])
@@ -185,6 +196,7 @@ class Recovery:
         coefficient, RNG; rebuilt trainers hold the initial model). Returns 0."""
         stream, kl_coef, python_rng, torch_rng = self.start_state
         self.stream.load_state_dict(stream)
+        self.restored_in_flight = None
         self.kl_ctl.value = kl_coef
         random.setstate(python_rng)
         torch.set_rng_state(torch_rng)

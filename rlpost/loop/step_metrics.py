@@ -1,10 +1,11 @@
-"""Metrics of one step computed from its samples and timings."""
+"""Metrics of one step computed from its samples and timings, and its generations as
+plain JSON (what a checkpoint keeps of a batch in flight)."""
 
 from __future__ import annotations
 
 import time
 
-from rlpost.rollout.base import GenerationResult
+from rlpost.rollout.base import Completion, GenerationResult
 from rlpost.trainers.batch import TrajectoryBatch
 
 
@@ -39,3 +40,30 @@ def whole_step(metrics: dict[str, float], start: float) -> dict[str, float]:
         tokens = metrics["response/length_mean"] * metrics["data/samples"]
         metrics["perf/tokens_per_s"] = tokens / metrics["timing/step_s"]
     return metrics
+
+
+def results_to_json(results: list[GenerationResult]) -> list[dict]:
+    """Single-turn results as JSON (floats round-trip exactly)."""
+    return [
+        {
+            "prompt_ids": r.prompt_ids,
+            "completions": [
+                {
+                    "token_ids": c.token_ids,
+                    "logprobs": c.logprobs,
+                    "text": c.text,
+                    "finish_reason": c.finish_reason,
+                    "mask": c.mask,
+                    "prompt_ids": c.prompt_ids,
+                }
+                for c in r.completions
+            ],
+        }
+        for r in results
+    ]
+
+
+def results_from_json(rows: list[dict]) -> list[GenerationResult]:
+    return [
+        GenerationResult(r["prompt_ids"], [Completion(**c) for c in r["completions"]]) for r in rows
+    ]

@@ -25,3 +25,30 @@ def test_resumed_run_matches_uninterrupted_run(tmp_path):
         assert comparable(a) == comparable(b), a["step"]
     # The policy really moved between steps 2 and 4 (the comparison is not vacuous).
     assert max(r.get("actor/grad_norm", 0.0) for r in straight) > 0
+
+
+def test_a_one_step_off_run_stopped_mid_run_resumes_exactly(tmp_path):
+    # one_step_off trains step k+1 on a batch sampled before step k's update: the
+    # checkpoint of step k keeps that batch, so the resumed run trains on it too.
+    import signal
+
+    from cli_utils import metrics, output, start, wait_until
+
+    model = build_tiny_model("micro", tmp_path / "m", seed=0, init_std=0.3)
+    mode = "trainer.async_mode=one_step_off"
+    straight = run(model, tmp_path / "a", 6, mode)
+    run_dir = tmp_path / "b"
+    proc = start(model, run_dir, 6, mode)
+    try:
+        wait_until(lambda: any(r["step"] == 3 for r in metrics(run_dir)), proc, run_dir)
+        proc.send_signal(signal.SIGTERM)  # checkpoints the step in progress (3 or 4)
+        assert proc.wait(timeout=120) == 143, output(run_dir)[-3000:]
+    finally:
+        proc.kill()
+    stopped = metrics(run_dir)[-1]["step"]
+    assert 3 <= stopped < 6
+    resumed = run(model, run_dir, 6, mode)
+    assert [r["step"] for r in resumed] == list(range(7))
+    for a, b in zip(straight, resumed):
+        assert comparable(a) == comparable(b), a["step"]
+    assert max(r.get("actor/grad_norm", 0.0) for r in straight[stopped + 1 :]) > 0
