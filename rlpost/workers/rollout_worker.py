@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import time
 from collections import deque
@@ -33,6 +34,8 @@ class RolloutWorker:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # vLLM's per-reload INFO/WARNING lines drown the progress bar.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        # In a Ray worker vLLM's records reach the worker's own root handler too.
+        logging.getLogger("vllm").setLevel(logging.ERROR)
         torch.set_num_threads(threads)
         from rlpost.rollout.registry import build_engine
 
