@@ -35,10 +35,10 @@ def prepare(run_dir: Path, batches: list[Batch], setup: Setup) -> dict[str, Any]
     A preset without warm-up (``model=small``) is built straight into
     ``run_dir/model`` as rlpost's ``builtin_model`` would build it (same seed).
     """
-    from rlpost.data.rows import PromptStream
     from transformers import AutoTokenizer
 
     from rlpost.config.compose import compose
+    from rlpost.data.rows import PromptStream
     from rlpost.data.samples import encode_prompt
     from rlpost.data.tasks.arith import ArithTask
     from rlpost.models.tiny import build_tiny_model

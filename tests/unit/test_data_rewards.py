@@ -6,8 +6,8 @@ import json
 import logging
 
 import pytest
-from rlpost.data.rows import DataError, PromptStream, load_rows, prompt_messages, validate_row
 
+from rlpost.data.rows import DataError, PromptStream, load_rows, prompt_messages, validate_row
 from rlpost.data.tasks import arith
 from rlpost.rewards.loading import RewardError, load_reward_fn
 from rlpost.rewards.scoring import RewardScorer

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from rlpost.data.rows import validate_row
-
 from rlpost.data.images import row_images
+from rlpost.data.rows import validate_row
 from rlpost.data.tasks import build_task
 from rlpost.data.tasks.shapes import COLOURS, reward
 

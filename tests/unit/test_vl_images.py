@@ -9,9 +9,9 @@ import json
 
 import pytest
 from PIL import Image
-from rlpost.data.rows import PromptStream, load_rows, validate_row
 
 from rlpost.data.images import load_image, row_images
+from rlpost.data.rows import PromptStream, load_rows, validate_row
 
 PROMPT = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Colour?"}]}]
 
