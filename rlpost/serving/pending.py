@@ -10,21 +10,37 @@ own prefill and decode pair of calls.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 import ray
 
 from rlpost.rollout.base import GenerationRequest, GenerationResult
 
-if TYPE_CHECKING:
-    from rlpost.serving.rollout_group import Hops, RolloutGroup
+T = TypeVar("T")
+# The replicas one request visits, in order (PD: prefill, then decode), each with
+# its pending result.
+Hops = list[tuple[int, Any]]
+
+
+class Replicas(Protocol):
+    """What a batch in flight asks of its group (a ``RolloutGroup``)."""
+
+    pd: Any
+    router: Any
+    workers: list[Any]
+
+    def _pick(self, pick: Callable[[], T]) -> T: ...
+    def _submit(self, request: GenerationRequest) -> Hops: ...
+    def _collect(self, request: GenerationRequest, hops: Hops) -> Any: ...
+    def _on_failure(self, worker: int, exc: Any) -> None: ...
 
 
 class PendingGeneration:
     """Requests in flight on the replicas; ``result()`` waits for all of them."""
 
-    def __init__(self, group: RolloutGroup, requests: list[GenerationRequest]):
+    def __init__(self, group: Replicas, requests: list[GenerationRequest]):
         self.group = group
         self.requests = requests
         self._results: list[GenerationResult] | None = None

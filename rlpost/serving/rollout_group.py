@@ -47,15 +47,13 @@ from rlpost.rollout.pd import (
     prefill_request,
 )
 from rlpost.rollout.router import Router
-from rlpost.serving.pending import PendingGeneration
+from rlpost.serving.pending import Hops, PendingGeneration
 from rlpost.workers import WORKER_ENV
 from rlpost.workers.rollout_worker import RolloutWorker
 
 log = logging.getLogger(__name__)
 QUIET = {"env_vars": WORKER_ENV}
 T = TypeVar("T")
-# A request in flight: (worker index, ObjectRef) per replica it visits, in order.
-Hops = list[tuple[int, Any]]
 
 
 @dataclasses.dataclass(frozen=True)
