@@ -100,6 +100,17 @@ def pd_engine_config(
     )
 
 
+def min_transfer_tokens(block_size: int) -> int:
+    """The shortest prompt whose KV a connector moves at all.
+
+    vLLM's connectors move whole KV blocks of the prompt but its last token (the
+    decode side computes that one itself to sample from it): ``ExampleConnector``
+    moves ``(len - 2) // block_size * block_size`` tokens of a ``len``-token
+    prompt, so a prompt of up to ``block_size + 1`` tokens moves nothing and is
+    computed whole on the decode side."""
+    return block_size + 2
+
+
 def prefill_request(request: GenerationRequest) -> GenerationRequest:
     """The prefill half of ``request``: same prompt ids and session, one greedy token."""
     return GenerationRequest(

@@ -75,6 +75,12 @@ def rollout_checks(cfg: Config) -> list[str]:
             f"rollout.lora_sync=adapter: rollout.name={cfg.rollout.name} serves no LoRA adapters; "
             "use rollout.lora_sync=merged"
         )
+    if cfg.rollout.lora_sync == "adapter" and not cfg.model.lora.rank:
+        problems.append(
+            "rollout.lora_sync=adapter: model.lora.rank=0 trains the full model, so there is "
+            "no adapter to send; set model.lora.rank (e.g. model.lora.rank=8) or drop "
+            "rollout.lora_sync=adapter"
+        )
     pd = cfg.rollout.pd
     if pd.enabled:
         total = pd.prefill_replicas + pd.decode_replicas

@@ -262,7 +262,7 @@ class RolloutConfig:
     block_size: int | None = spec(
         None,
         ge=1,
-        help="KV-cache block in tokens; the prefix cache reuses whole blocks (null: vLLM's default, 128 on CPU)",
+        help="KV-cache block in tokens; the prefix cache reuses whole blocks, a PD connector moves them (null: 32 with pd.enabled on vLLM, else vLLM's default, 128 on CPU)",
     )
     pd: PDConfig = field(default_factory=PDConfig)
 
@@ -329,7 +329,9 @@ class TrainerConfig:
         help="pack: few nodes, spilling onto more when one is not enough; spread: even; strict_*: no fallback",
     )
     placement_timeout_s: float = spec(
-        300.0, gt=0, help="seconds to wait for the cluster to fit the placement groups"
+        300.0,
+        gt=0,
+        help="seconds to wait for resources other jobs hold (a placement larger than the cluster fails at once)",
     )
     lr: float = spec(1e-4, gt=0, help="AdamW learning rate")
     lr_warmup_steps: int = spec(10, ge=0, help="linear learning-rate warm-up steps")

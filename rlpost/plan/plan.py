@@ -4,6 +4,7 @@ here once. Nothing in it starts Ray or loads a model's weights."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,9 +29,11 @@ from rlpost.plan.checks import (
 )
 from rlpost.plan.engines import rollout_engine_config, trainer_engine_config
 from rlpost.plan.inputs import drop_long_prompts, load_data
+from rlpost.plan.pd_prompts import check_pd_prompts
 from rlpost.rewards.loading import RewardError, RewardFn, load_reward_fn
 from rlpost.rewards.scoring import call_plan
 
+log = logging.getLogger(__name__)
 ROLES = ("policy", "reference", "critic")
 
 
@@ -136,4 +139,7 @@ def build_plan(cfg: Config) -> RunPlan:
         algo_settings(cfg, dict(cfg.reward.weights) or getattr(reward_fn, "default_weights", {})),
     )
     plan.dropped_chars = check_builtin_charset(cfg, train_rows, rows[1])
+    short_prompts = check_pd_prompts(cfg, train_rows)
+    if short_prompts:
+        log.warning(short_prompts)
     return plan

@@ -306,3 +306,13 @@ def test_calc_task_without_its_tool_is_an_error():
         "use agent=calculator (or set agent.tools=[multiply])"
     ]
     assert compose(["agent=calculator"]).data.name == "calc"
+
+
+def test_adapter_sync_without_lora_is_an_error_naming_the_rank():
+    # model.lora.rank=0 trains the full model: there is no adapter to send.
+    with pytest.raises(ConfigError) as err:
+        compose(["rollout.lora_sync=adapter"])
+    (problem,) = err.value.problems
+    assert problem.startswith("rollout.lora_sync=adapter: model.lora.rank=0 trains the full model")
+    assert "set model.lora.rank (e.g. model.lora.rank=8)" in problem
+    assert compose(["rollout.lora_sync=adapter", "model.lora.rank=8"]).model.lora.rank == 8
