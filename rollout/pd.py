@@ -111,6 +111,34 @@ def min_transfer_tokens(block_size: int) -> int:
     return block_size + 2
 
 
+def no_transfer_reason(decode: Any, computed: int, longest_prompt: int) -> str:
+    """Why the decode replicas (engine config ``decode``, with ``block_size`` and
+    ``kv_transfer``) loaded no KV for ``computed`` prompt tokens: prompts shorter
+    than the connector's blocks, or (prompts long enough) the connector itself."""
+    block = getattr(decode, "block_size", None)
+    spec = decode.kv_transfer
+    head = (
+        f"rollout/pd/kv_transfer_rate is 0: the decode replicas computed {computed} "
+        f"prompt tokens and loaded none through {spec.connector}"
+    )
+    if block is None:
+        return f"{head}; rollout.block_size is vLLM's default, set it (e.g. 32)"
+    need = min_transfer_tokens(block)
+    if longest_prompt < need:
+        return (
+            f"{head}: the connector moves whole rollout.block_size={block}-token blocks of "
+            f"a prompt but its last token, so a prompt needs at least {need} tokens, and "
+            f"the longest one sent has {longest_prompt}. PD pays off for long "
+            "prompts: for these use rollout.pd.enabled=false"
+        )
+    where = f" (rollout.pd.shared_dir={spec.shared_dir})" if spec.shared_dir else ""
+    return (
+        f"{head}, although prompts of up to {longest_prompt} tokens "
+        f"(rollout.block_size={block}) were sent: check that rollout.pd.connector works "
+        f"here and that every replica sees the same KV store{where}"
+    )
+
+
 def prefill_request(request: GenerationRequest) -> GenerationRequest:
     """The prefill half of ``request``: same prompt ids and session, one greedy token."""
     return GenerationRequest(

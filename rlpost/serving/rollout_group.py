@@ -43,7 +43,7 @@ from rlpost.rollout.pd import (
     FILE_CONNECTORS,
     PDEngineConfig,
     PDRouter,
-    min_transfer_tokens,
+    no_transfer_reason,
     prefill_request,
 )
 from rlpost.rollout.router import Router
@@ -449,37 +449,11 @@ class RolloutGroup:
             out["rollout/pd/kv_transfer_rate"] = _rate(totals[-1][3], totals[-1][2])
             if totals[-1][2] and not totals[-1][3] and not self._warned_no_transfer:
                 self._warned_no_transfer = True
-                log.warning(self._no_transfer_reason(int(totals[-1][2])))
+                log.warning(
+                    no_transfer_reason(self.pd.decode, int(totals[-1][2]), self._longest_prompt)
+                )
         out["rollout/replica_restarts"] = float(sum(self.restarts))
         return out
-
-    def _no_transfer_reason(self, computed: int) -> str:
-        """Why the decode replicas loaded no KV: prompts shorter than the connector's
-        blocks, or (long enough prompts) the connector itself."""
-        assert self.pd is not None
-        decode = self.pd.decode
-        block = getattr(decode, "block_size", None)
-        spec = decode.kv_transfer
-        head = (
-            f"rollout/pd/kv_transfer_rate is 0: the decode replicas computed {computed} "
-            f"prompt tokens and loaded none through {spec.connector}"
-        )
-        if block is None:
-            return f"{head}; rollout.block_size is vLLM's default, set it (e.g. 32)"
-        need = min_transfer_tokens(block)
-        if self._longest_prompt < need:
-            return (
-                f"{head}: the connector moves whole rollout.block_size={block}-token blocks of "
-                f"a prompt but its last token, so a prompt needs at least {need} tokens, and "
-                f"the longest one sent has {self._longest_prompt}. PD pays off for long "
-                "prompts: for these use rollout.pd.enabled=false"
-            )
-        where = f" (rollout.pd.shared_dir={spec.shared_dir})" if spec.shared_dir else ""
-        return (
-            f"{head}, although prompts of up to {self._longest_prompt} tokens "
-            f"(rollout.block_size={block}) were sent: check that rollout.pd.connector works "
-            f"here and that every replica sees the same KV store{where}"
-        )
 
     def reset_prefix_cache(self) -> None:
         """Empty every replica's prefix cache (e.g. between benchmark runs)."""
