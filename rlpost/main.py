@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlpost.data.rows import DataError
     from rlpost.loop.checkpoint import CheckpointError
     from rlpost.loop.faults import Interrupted, StopOnSignal
-    from rlpost.loop.result import RunError
+    from rlpost.result import RunError
     from rlpost.rewards.loading import RewardError
     from rlpost.trainers.files import UnsafeCheckpointError
 

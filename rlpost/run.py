@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rlpost.config.groups import Config
 from rlpost.loop.faults import StopOnSignal
-from rlpost.loop.result import RunResult
 from rlpost.plan.plan import build_plan
+from rlpost.result import RunResult
 
 
 def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
@@ -17,7 +17,7 @@ def train(cfg: Config, stop: StopOnSignal | None = None) -> RunResult:
     raising ``Interrupted`` after the cleanup.
     """
     plan = build_plan(cfg)
-    from rlpost.plan.launch import Launch
+    from rlpost.launch import Launch
 
     with Launch(plan, stop) as launch:
         controller = launch.controller()

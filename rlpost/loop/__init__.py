@@ -1,7 +1,9 @@
-"""The training loop: the controller's named steps (``controller``), fault
-recovery it holds (``recovery``), checkpoints (``checkpoint``), metrics
-(``tracking``), signals (``faults``) and the run's result (``result``).
+"""The training loop: the controller's named steps (``controller``), one step's
+samples sent and scored (``collect``), fault recovery it holds (``recovery``),
+checkpoints (``checkpoint``), metrics (``tracking``, ``step_metrics``), signals
+(``faults``) and the worker groups by role (``roles``).
 
-May import: every ``rlpost`` package except ``rlpost.run``, ``rlpost.main``
-and ``rlpost.support``.
+May import: ``rlpost.config``, ``rlpost.data``, ``rlpost.rewards``,
+``rlpost.serving``, ``rlpost.workers``, ``rlpost.plan`` (the plan it runs) and
+the layers.
 """

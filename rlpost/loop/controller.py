@@ -25,7 +25,6 @@ from rlpost.data.rows import PromptStream
 from rlpost.data.samples import rollout_batch
 from rlpost.loop.collect import Collector, Pending, Rollouts
 from rlpost.loop.recovery import Recovery
-from rlpost.loop.result import RunResult
 from rlpost.loop.roles import TrainerGroups, Workers
 from rlpost.loop.step_metrics import (
     clip_ratio,
@@ -37,6 +36,7 @@ from rlpost.loop.step_metrics import (
 from rlpost.loop.tracking import Tracker
 from rlpost.plan.algo import kl_controller
 from rlpost.plan.plan import RunPlan
+from rlpost.result import RunResult
 from rlpost.rewards.scoring import RewardScorer
 from rlpost.rollout.base import GenerationResult, SamplingConfig
 from rlpost.trainers.batch import TrajectoryBatch

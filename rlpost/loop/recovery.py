@@ -28,9 +28,9 @@ from rlpost.loop.checkpoint import (
     save_driver_state,
 )
 from rlpost.loop.faults import Interrupted
-from rlpost.loop.result import RunError
 from rlpost.loop.roles import TrainerGroups, Workers
 from rlpost.loop.tracking import Tracker
+from rlpost.result import RunError
 
 log = logging.getLogger(__name__)
 

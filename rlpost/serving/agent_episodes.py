@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from rlpost.config.groups import Config
-from rlpost.loop.result import RunError
+from rlpost.result import RunError
 from rlpost.rewards.scoring import RewardScorer
 from rlpost.rollout.agent import AgentLoopConfig, Episode, episode_metrics, load_env, run_episodes
 from rlpost.rollout.agent.env import EnvFactory, ToolEnv, prompt_messages

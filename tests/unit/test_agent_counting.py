@@ -24,9 +24,9 @@ from rlpost.rollout.agent.tool_pool import ToolWorkerPool
 from rlpost.rollout.base import Completion, GenerationResult, SamplingConfig
 
 from rlpost.config.compose import compose
-from rlpost.loop.result import RunError
 from rlpost.loop.step_metrics import clip_ratio
 from rlpost.models.archs import build_tokenizer
+from rlpost.result import RunError
 from rlpost.rewards.scoring import RewardScorer
 from rlpost.serving.agent_episodes import AgentRollout, episode_results, score_episodes
 

@@ -10,7 +10,7 @@ import pytest
 from rlpost.config.compose import compose
 from rlpost.config.schema import ConfigError
 from rlpost.loop.recovery import Recovery
-from rlpost.loop.result import RunError
+from rlpost.result import RunError
 
 
 def check(overrides: list[str], max_gap: float, mean_gap: float) -> None:
