@@ -41,13 +41,24 @@ def model_positions(cfg: Config) -> int | None:
 
         vl = cfg.model.preset in VL_PRESETS
         return int(TEXT["max_position_embeddings"]) if vl else MAX_POSITIONS
+    found = local_config(cfg)
+    if found is None:
+        return None
+    config, text = found
+    positions = text.get("max_position_embeddings") or config.get("max_position_embeddings")
+    return int(positions) if positions else None
+
+
+def local_config(cfg: Config) -> tuple[dict, dict] | None:
+    """``model.path``'s config.json and its language model's part (a VL model's
+    ``text_config``, else the whole); None without a local directory."""
+    if cfg.model.path is None:
+        return None
     config_file = Path(cfg.model.path).expanduser() / "config.json"
     if not config_file.is_file():
         return None
     config = json.loads(config_file.read_text())
-    text = config.get("text_config") or config
-    positions = text.get("max_position_embeddings") or config.get("max_position_embeddings")
-    return int(positions) if positions else None
+    return config, config.get("text_config") or config
 
 
 def check_model_length(cfg: Config) -> list[str]:
@@ -105,13 +116,10 @@ def check_lora_adapter(cfg: Config, device_kind: str) -> list[str]:
     the first request); merged syncs work there."""
     if not (cfg.model.lora.rank and cfg.rollout.lora_sync == "adapter" and cfg.model.path):
         return []
-    config_file = Path(cfg.model.path).expanduser() / "config.json"
-    if cfg.rollout.name != "vllm" or not config_file.exists():
+    found = local_config(cfg)
+    if cfg.rollout.name != "vllm" or device_kind != "cpu" or found is None:
         return []
-    if device_kind != "cpu":
-        return []
-    config = json.loads(config_file.read_text())
-    text = config.get("text_config") or config
+    _, text = found
     keys = ("num_experts", "num_local_experts", "n_routed_experts")
     if not any(text.get(k) for k in keys):
         return []
