@@ -64,10 +64,17 @@ class CheckpointManager:
     def step_dir(self, step: int) -> Path:
         return self.root / f"step_{step:06d}"
 
-    def atomic_write(self, step: int, writer: Callable[[Path], None]) -> Path:
+    def atomic_write(
+        self,
+        step: int,
+        writer: Callable[[Path], None],
+        passthrough: tuple[type[BaseException], ...] = (),
+    ) -> Path:
         """Call ``writer(tmp_dir)`` to fill a temporary directory, then publish it as
         ``step_dir(step)`` and prune old checkpoints. If ``writer`` raises, the
-        temporary directory is removed and nothing else changes.
+        temporary directory is removed and nothing else changes: an exception of a
+        ``passthrough`` type (a worker that died while saving, which the caller
+        recovers from) is re-raised as it is, any other becomes a ``CheckpointError``.
 
         ``writer`` typically calls each engine's ``save_checkpoint(tmp_dir / name)``
         (which is itself atomic) and ``save_driver_state(tmp_dir, ...)``.
@@ -83,7 +90,7 @@ class CheckpointManager:
         except BaseException as exc:
             reason = _write_failure(exc, self.root)  # before the cleanup frees space
             shutil.rmtree(tmp, ignore_errors=True)
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            if isinstance(exc, (KeyboardInterrupt, SystemExit, *passthrough)):
                 raise
             # (torch's CheckpointException derives from BaseException, hence not Exception)
             previous = self.latest()

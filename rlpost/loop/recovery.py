@@ -128,7 +128,8 @@ class Recovery:
             save_driver_state(tmp, state)
 
         start = time.perf_counter()
-        self.ckpt.atomic_write(step, write)
+        # A rank that dies while saving is a rank death (restart_trainers), not a disk fault.
+        self.ckpt.atomic_write(step, write, passthrough=(RayActorError,))
         self.ckpt.prune()
         log.info("checkpoint of step %d written in %.1f s", step, time.perf_counter() - start)
 

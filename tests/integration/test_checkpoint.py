@@ -175,6 +175,26 @@ def test_keep_last_prunes_oldest(tmp_path):
     assert manager.latest() == manager.step_dir(15)
 
 
+def test_a_passthrough_error_is_reraised_as_it_is_and_the_partial_save_removed(tmp_path):
+    """A rank that dies mid-save is the caller's to recover from, not a disk fault."""
+    from rlpost.loop.checkpoint import CheckpointError
+
+    class RankDied(RuntimeError):
+        pass
+
+    def dies(tmp: Path) -> None:
+        (tmp / "half").write_text("x")
+        raise RankDied("the actor is dead")
+
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    manager.atomic_write(1, lambda tmp: (tmp / "x").write_text("x"))
+    with pytest.raises(RankDied):
+        manager.atomic_write(2, dies, passthrough=(RankDied,))
+    with pytest.raises(CheckpointError, match="step 2 could not be written"):
+        manager.atomic_write(2, dies)  # without passthrough it names the disk advice
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000001"]
+
+
 def _disk_full_worker(rank: int, model_dir: str, port: int, run_dir: str, out: str, fsize: int):
     """Checkpoint step 1, then step 2 onto a disk with room for one checkpoint only."""
     from rlpost.loop.checkpoint import CheckpointError
