@@ -50,6 +50,9 @@ class Completion:
     mask: list[int] | None = None
     prompt_ids: list[int] | None = None
     episode: Any = None
+    # The policy version (updates applied) that sampled each token; environment
+    # tokens of an episode get -1. None: the engine does not say.
+    versions: list[int] | None = None
 
 
 @dataclass

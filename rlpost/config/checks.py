@@ -14,7 +14,9 @@ if TYPE_CHECKING:
 def cross_checks(cfg: Config) -> list[str]:
     """Problems that involve more than one key (each group's own fields are checked
     by the schema); every problem is reported, not only the first."""
-    checks = (algo_checks, rollout_checks, data_checks, agent_checks, trainer_checks)
+    checks = (
+        algo_checks, rollout_checks, data_checks, agent_checks, trainer_checks, async_checks
+    )  # fmt: skip
     return [problem for check in checks for problem in check(cfg)]
 
 
@@ -182,6 +184,31 @@ def trainer_checks(cfg: Config) -> list[str]:
         problems.append(
             f"data.prompts_per_step x rollout.n = {samples} must divide by "
             f"trainer.world_size x algo.mini_batches = {cfg.trainer.world_size * cfg.algo.mini_batches}"
+        )
+    return problems
+
+
+def async_checks(cfg: Config) -> list[str]:
+    """``async.*``: what fully asynchronous training needs of the rollout."""
+    a, r = cfg.async_, cfg.rollout
+    problems = []
+    touched = a != type(a)()
+    if touched and cfg.trainer.async_mode != "fully_async":
+        problems.append(
+            f"async.* is set but trainer.async_mode={cfg.trainer.async_mode}: the async group "
+            "configures trainer.async_mode=fully_async; set that, or drop the async.* keys"
+        )
+    if cfg.trainer.async_mode != "fully_async" or not a.partial_rollout:
+        return problems
+    if r.name != "vllm":
+        problems.append(
+            f"async.partial_rollout=true needs rollout.name=vllm (rollout.name={r.name} cannot "
+            "interrupt a request and continue it); set async.partial_rollout=false"
+        )
+    if r.pd.enabled:
+        problems.append(
+            "async.partial_rollout=true with rollout.pd.enabled=true: a request's prefill and "
+            "decode halves must see the same weights; set async.partial_rollout=false"
         )
     return problems
 

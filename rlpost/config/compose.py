@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlpost.config.checks import cross_checks
-from rlpost.config.groups import GROUPS, SCHEMAS, Config
+from rlpost.config.groups import FIELDS, GROUPS, OPTIONAL_GROUPS, SCHEMAS, Config
 from rlpost.config.schema import ConfigError, validate
 
 # rollout.block_size under rollout.pd.enabled (vLLM) when not given: the CPU
@@ -36,10 +36,10 @@ def from_dict(raw: dict[str, Any]) -> Config:
     problems: list[str] = []
     for key in raw:
         if key not in SCHEMAS:
-            problems.append(f"{key}: unknown config group; groups are {', '.join(GROUPS)}")
+            problems.append(f"{key}: unknown config group; groups are {', '.join(SCHEMAS)}")
     groups: dict[str, Any] = {}
     for name, schema in SCHEMAS.items():
-        data = raw.get(name, {} if name == "agent" else None)  # agent: newer than the rest
+        data = raw.get(name, {} if name in OPTIONAL_GROUPS else None)
         if data is None:
             problems.append(f"{name}: missing config group")
             continue
@@ -48,7 +48,7 @@ def from_dict(raw: dict[str, Any]) -> Config:
             continue
         obj, errs = validate(schema, data, name)
         problems.extend(errs)
-        groups[name] = obj
+        groups[FIELDS.get(name, name)] = obj
     if problems:
         raise ConfigError(problems)
     cfg = _with_ranks(Config(**groups))
@@ -159,7 +159,10 @@ def compose(overrides: list[str] | None = None) -> Config:
 def to_dict(cfg: Config) -> dict[str, Any]:
     import dataclasses
 
-    return dataclasses.asdict(cfg)
+    out = dataclasses.asdict(cfg)
+    for group, name in FIELDS.items():
+        out[group] = out.pop(name)
+    return out
 
 
 def keys_markdown() -> str:

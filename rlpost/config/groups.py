@@ -344,8 +344,9 @@ class TrainerConfig:
         ge=1,
         help="torch threads per trainer rank and rollout replica (auto, on the CPU: sync mode shares all cores among the trainer ranks; one_step_off leaves the rollout's num_cpus to it; accelerators: 1)",
     )
-    async_mode: Literal["sync", "one_step_off"] = spec(
-        "sync", help="one_step_off: generate the next batch while training on this one"
+    async_mode: Literal["sync", "one_step_off", "fully_async"] = spec(
+        "sync",
+        help="sync: generate, then train; one_step_off: generate the next batch while training on this one; fully_async: rollouts stream for the whole run within a staleness bound (async.*)",
     )
     save_final: bool = spec(True, help="write the final policy in HF format to run_dir/final")
     critic_lr: float = spec(1e-4, gt=0, help="PPO critic learning rate")
@@ -438,6 +439,27 @@ class AgentConfig:
 
 
 @dataclass(frozen=True)
+class AsyncConfig:
+    """``trainer.async_mode=fully_async``: the producer, its staleness bound and
+    partial rollout (the group is ``async``, a Python keyword, held as ``async_``)."""
+
+    max_staleness: int = spec(
+        1,
+        ge=0,
+        help="most updates the oldest token of a trained sample may lag the trainer (0 reproduces sync); new groups wait rather than break it, samples past it anyway are dropped (async/dropped_stale)",
+    )
+    max_inflight: int = spec(
+        0,
+        ge=0,
+        help="most prompt groups generating at once (0: 2 x data.prompts_per_step); the staleness bound may allow fewer",
+    )
+    partial_rollout: bool = spec(
+        True,
+        help="after an update, stop requests in flight and continue them under the new weights (false: they finish under the old ones first)",
+    )
+
+
+@dataclass(frozen=True)
 class Config:
     algo: AlgoConfig
     model: ModelConfig
@@ -446,6 +468,7 @@ class Config:
     data: DataConfig
     reward: RewardConfig
     agent: AgentConfig = field(default_factory=AgentConfig)
+    async_: AsyncConfig = field(default_factory=AsyncConfig)
 
 
 SCHEMAS: dict[str, type] = {
@@ -456,4 +479,9 @@ SCHEMAS: dict[str, type] = {
     "data": DataConfig,
     "reward": RewardConfig,
     "agent": AgentConfig,
+    "async": AsyncConfig,
 }
+# Groups whose Config field is named differently (a Python keyword).
+FIELDS = {"async": "async_"}
+# Groups that may be left out of a config (newer than the rest; they have defaults).
+OPTIONAL_GROUPS = ("agent", "async")

@@ -15,6 +15,7 @@ from rlpost.config.groups import Config
 from rlpost.data.images import row_images
 from rlpost.data.rows import PromptStream
 from rlpost.data.samples import encode_prompt
+from rlpost.loop.streaming import Group, GroupProducer
 from rlpost.plan.algo import AlgoSettings
 from rlpost.rewards.loading import RewardError
 from rlpost.rewards.scoring import RewardScorer
@@ -186,6 +187,83 @@ class Collector:
         rows = [row for row, _, _ in kept[:keep]]
         return Rollouts(rows, [res for _, res, _ in kept[:keep]], merged), metrics
 
+    # -- fully_async: groups one at a time, as they finish ----------------------
+    def submit_group(self, row: dict, batch: int) -> Any:
+        """Start one prompt group of stream batch ``batch``, seeded as ``sync`` seeds
+        that batch's step."""
+        return self.request([row], self.sampling, batch * 1000)
+
+    def take(
+        self, producer: GroupProducer, version: int
+    ) -> tuple[Rollouts, dict[str, float], list[Group]]:
+        """The next step's groups for the trainer at policy ``version``: the first
+        ``data.prompts_per_step`` to finish within ``async.max_staleness`` (older
+        ones dropped and counted), scored; with dynamic sampling, groups whose
+        rewards all agree are dropped too and more are taken, up to
+        ``max_rounds`` x a batch of groups looked at. In admission order."""
+        ds = self.cfg.algo.dynamic_sampling
+        n, want = self.sampling.n, self.cfg.data.prompts_per_step
+        bound = producer.max_staleness
+        kept: list[Group] = []
+        kept_scores: list[dict[str, torch.Tensor]] = []
+        parts: list[tuple[int, dict[str, float]]] = []  # (samples, score metrics) per call
+        stale = looked = zero_std = 0
+        while len(kept) < want and not (ds.enabled and kept and looked >= ds.max_rounds * want):
+            finished = producer.wait(version)
+            fresh: list[Group] = []
+            for i, g in enumerate(finished):
+                if len(kept) + len(fresh) == want:
+                    producer.requeue(finished[i:])
+                    break
+                g.results = g.handle.result()
+                if producer.staleness(g, version, sampled_versions(g.results)) > bound:
+                    producer.discard(g)
+                    stale += 1
+                    continue
+                fresh.append(g)
+            if not fresh or not ds.enabled:
+                kept += fresh
+                continue
+            scores, metrics = self._score_groups(fresh)
+            parts.append((len(fresh) * n, metrics))
+            for j, g in enumerate(fresh):
+                looked += 1
+                group = {k: v[j * n : (j + 1) * n] for k, v in scores.items()}
+                if bool((group["total"] == group["total"][0]).all()):
+                    producer.discard(g)
+                    zero_std += 1
+                    continue
+                kept.append(g)
+                kept_scores.append(group)
+        order = sorted(range(len(kept)), key=lambda i: kept[i].index)
+        order = order[: self.trainable_groups(len(kept))]
+        for i in sorted(set(range(len(kept))) - set(order)):
+            producer.discard(kept[i])  # more than the ranks can split evenly
+        if ds.enabled:
+            chosen = [kept_scores[i] for i in order]
+            merged = {k: torch.cat([s[k] for s in chosen]) for k in chosen[0]} if chosen else {}
+            metrics = _combine(parts)
+        kept = [kept[i] for i in order]
+        results = [g.results[0] for g in kept]
+        rows = [g.row for g in kept]
+        if not ds.enabled:
+            merged, metrics = self._score_groups(kept) if kept else ({}, {})
+        metrics["async/dropped_stale"] = float(stale)
+        if ds.enabled:
+            metrics["dapo/dropped_groups"] = float(zero_std)
+            metrics["dapo/kept_groups"] = float(len(kept))
+        metrics["timing/generate_s"] = max((g.end - g.start for g in kept), default=0.0)
+        return Rollouts(rows, results, merged), metrics, kept
+
+    def _score_groups(
+        self, groups: list[Group]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        results = [g.results[0] for g in groups]
+        scores, metrics = self.score(results, [g.row for g in groups], self.sampling.n)
+        if self.cfg.algo.overlong.enabled:
+            metrics.update(self.shape_overlong(results, scores))
+        return scores, metrics
+
     def trainable_groups(self, available: int) -> int:
         """The most of ``available`` groups, up to ``data.prompts_per_step``, whose
         samples split evenly over the ranks and mini-batches."""
@@ -193,3 +271,31 @@ class Collector:
         while keep and (keep * self.sampling.n) % self.algo.group_multiple:
             keep -= 1
         return keep
+
+
+# Score metrics that count (summed over scoring calls); the rest are means.
+_COUNTS = ("errors", "timeouts", "tool_calls", "tool_errors", "turns_cut", "env_rewarded")
+
+
+def _combine(parts: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
+    """The score metrics of several scoring calls as one: counts summed, means
+    weighted by each call's samples."""
+    total = sum(n for n, _ in parts) or 1
+    out: dict[str, float] = {}
+    for n, metrics in parts:
+        for k, v in metrics.items():
+            w = 1.0 if k.rsplit("/", 1)[-1] in _COUNTS else n / total
+            out[k] = out.get(k, 0.0) + w * v
+    return out
+
+
+def sampled_versions(results: list[GenerationResult]) -> list[int]:
+    """The policy version of every sampled token (an episode's environment tokens
+    left out; -1 where an engine did not say)."""
+    out: list[int] = []
+    for res in results:
+        for c in res.completions:
+            versions = c.versions if c.versions is not None else [-1] * len(c.token_ids)
+            mask = c.mask if c.mask is not None else [1] * len(versions)
+            out += [v for v, m in zip(versions, mask) if m]
+    return out

@@ -23,7 +23,7 @@ from rlpost.algos import compute_advantages, kl_reward_penalty
 from rlpost.data.images import row_images
 from rlpost.data.rows import PromptStream
 from rlpost.data.samples import rollout_batch
-from rlpost.loop.collect import Collector, Pending, Rollouts
+from rlpost.loop.collect import Collector, Pending, Rollouts, sampled_versions
 from rlpost.loop.recovery import Recovery
 from rlpost.loop.roles import TrainerGroups, Workers
 from rlpost.loop.step_metrics import (
@@ -33,6 +33,7 @@ from rlpost.loop.step_metrics import (
     results_to_json,
     whole_step,
 )
+from rlpost.loop.streaming import GroupProducer
 from rlpost.loop.tracking import Tracker
 from rlpost.plan.algo import kl_controller
 from rlpost.plan.plan import RunPlan
@@ -84,13 +85,19 @@ class Controller:
         )  # fmt: skip
         self.dropout = workers.policy.has_dropout()  # the policy's training forward is random
         self.in_flight: Pending | None = None  # one_step_off: the next step's generation
+        self.producer: GroupProducer | None = None  # fully_async: the groups streaming
         self.recovery.in_flight = self.in_flight_state
+        self.version = 0  # the policy version: steps whose update is done
+        self.dropped_stale = 0  # fully_async: samples past async.max_staleness, so far
 
     def in_flight_state(self) -> dict[str, Any] | None:
         """What a checkpoint keeps of the next step's generation in one_step_off mode
         (waiting for it to finish): its step, its results and the prompt stream's
         state before its rows were drawn. Agent episodes are not kept: a resumed
         agent run generates that batch again, with the checkpoint's weights."""
+        if self.producer is not None:  # fully_async: the buffer is not kept
+            unsaved = len(self.producer.inflight) + len(self.producer.ready)
+            return {"stream": self.stream.state_dict(), "unsaved_groups": unsaved}
         pending = self.in_flight
         if pending is None or self.agent is not None or pending.stream_before is None:
             return None
@@ -120,16 +127,29 @@ class Controller:
 
     def train_steps(self, first: int) -> None:
         """Steps ``first`` .. ``total_steps``: train, validate, log, checkpoint."""
-        t, rec = self.cfg.trainer, self.recovery
-        one_step_off = t.async_mode == "one_step_off" and self.cfg.algo.name != "sft"
+        t = self.cfg.trainer
+        mode = "sync" if self.cfg.algo.name == "sft" else t.async_mode
+        self.version = first - 1
         steps: Iterator[dict[str, float]]
         todo = range(first, t.total_steps + 1)
         if self.cfg.algo.name == "sft":
             steps = (self.sft_step(step) for step in todo)
-        elif one_step_off:
+        elif mode == "one_step_off":
             steps = self.one_step_off_steps(first, t.total_steps)
+        elif mode == "fully_async":
+            steps = self.fully_async_steps(first, t.total_steps)
         else:
             steps = self.sync_steps(todo)
+        try:
+            self.log_steps(todo, steps, one_step_off=mode == "one_step_off")
+        finally:
+            close = getattr(steps, "close", None)
+            if close is not None:
+                close()  # a generator's own cleanup (fully_async: the producer stops)
+
+    def log_steps(self, todo: range, steps: Iterator[dict[str, float]], one_step_off: bool) -> None:
+        """Each step's metrics: validated, logged, checked; checkpoints and stops."""
+        t, rec = self.cfg.trainer, self.recovery
         for step, metrics in zip(todo, steps):
             if (t.val_every and step % t.val_every == 0) or step == t.total_steps:
                 if one_step_off and step < t.total_steps:
@@ -140,7 +160,8 @@ class Controller:
             metrics["trainer/restarts"] = float(rec.trainer_restarts)
             self.tracker.log(step, metrics)
             rec.count_bad_step(step, metrics)
-            if not one_step_off:  # there the batch comes from the weights before the last update
+            if metrics.get("async/staleness_max", 0.0) == 0.0:
+                # (a batch from older weights differs from the trainer's on purpose)
                 rec.check_logprob_gap(step, metrics)
             saved = bool(t.save_every) and (step % t.save_every == 0 or step == t.total_steps)
             if saved:
@@ -170,7 +191,6 @@ class Controller:
             wait_start = iteration_start = time.perf_counter()
             rollouts, metrics = self.collector.wait_score_and_fill(pending)
             metrics["timing/generate_wait_s"] = time.perf_counter() - wait_start
-            metrics["rollout/staleness"] = float(step > 1)
             if step > 1:
                 # The replica is idle now: give it the last update before it samples again.
                 metrics["timing/weight_sync_s"] = self.sync_weights()
@@ -186,6 +206,53 @@ class Controller:
             metrics = whole_step(metrics, iteration_start)
             pending = next_pending  # type: ignore[assignment]
             yield metrics
+
+    def fully_async_steps(self, first: int, total: int) -> Iterator[dict[str, float]]:
+        """Rollouts stream for the whole run (``rlpost.loop.streaming``): up to
+        ``async.max_inflight`` prompt groups generate while the trainer trains, each
+        step takes the first ``data.prompts_per_step`` groups to finish within
+        ``async.max_staleness``, and after each update the new weights reach the
+        replicas at once (``async.partial_rollout``: interrupting the requests in
+        flight, which continue under them). This generator is the only loop that
+        decides when to stop; closing it stops the producer."""
+        a, per_step = self.cfg.async_, self.cfg.data.prompts_per_step
+        saved = self.recovery.restored_in_flight
+        self.recovery.restored_in_flight = None
+        if saved and saved.get("unsaved_groups"):
+            log.warning(
+                "fully_async: %d prompt group(s) were generating or buffered at the "
+                "checkpoint, which does not keep them: their prompts are skipped",
+                saved["unsaved_groups"],
+            )
+        producer = GroupProducer(
+            self.stream.next_batch, self.collector.submit_group, per_step,
+            max_inflight=a.max_inflight or 2 * per_step, max_staleness=a.max_staleness,
+            first_batch=first,
+        )  # fmt: skip
+        self.producer = producer
+        try:
+            producer.fill(self.version)
+            for step in range(first, total + 1):
+                start = time.perf_counter()
+                rollouts, metrics, _ = self.collector.take(producer, self.version)
+                metrics["async/trainer_wait_s"] = time.perf_counter() - start
+                producer.fill(self.version)  # what the take freed, before the update
+                self.dropped_stale += int(metrics.pop("async/dropped_stale"))
+                metrics = self.rl_step(step, (rollouts, metrics), sync=False)
+                if self.updates_policy(step):
+                    metrics["timing/weight_sync_s"] = self.sync_weights(interrupt=a.partial_rollout)
+                producer.fill(self.version)
+                metrics["async/dropped_stale"] = float(self.dropped_stale)
+                metrics["async/buffer_groups"] = float(len(producer.ready))
+                metrics["async/inflight_groups"] = float(len(producer.inflight))
+                if "rollout/idle_frac" in metrics:
+                    metrics["async/rollout_idle_frac"] = metrics["rollout/idle_frac"]
+                yield whole_step(metrics, start)
+        finally:
+            left = producer.close()
+            self.producer = None
+            if left:
+                log.info("fully_async: stopped with %d prompt group(s) not trained", left)
 
     def rl_step(
         self, step: int, collected: tuple[Rollouts, dict[str, float]], sync: bool = True
@@ -223,10 +290,12 @@ class Controller:
                     mini_batches=self.cfg.algo.mini_batches,
                 )
             )
+        metrics.update(staleness_metrics(rollouts.results, self.version))
         if self.updates_policy(step):
             metrics.update(self.update_policy(batch))
-            if sync:
-                metrics["timing/weight_sync_s"] = self.sync_weights()
+        self.version = step
+        if sync and self.updates_policy(step):
+            metrics["timing/weight_sync_s"] = self.sync_weights()
         tokens = float(batch.response_mask_bt.sum())
         metrics["perf/gen_tokens_per_s"] = tokens / max(metrics["timing/generate_s"], 1e-9)
         metrics["response/length_mean"] = tokens / len(batch)
@@ -244,6 +313,7 @@ class Controller:
         start = time.perf_counter()
         batch = sft_batch(self.tokenizer, self.stream.next_batch())
         metrics = self.workers.policy.update_sft(batch)
+        self.version = step
         metrics["timing/weight_sync_s"] = self.sync_weights()
         metrics["timing/step_s"] = time.perf_counter() - start
         metrics["perf/tokens_per_s"] = (
@@ -350,12 +420,17 @@ class Controller:
         metrics.update(logprob_parity(batch))
         return metrics
 
-    def sync_weights(self) -> float:
+    def sync_weights(self, version: int | None = None, interrupt: bool = False) -> float:
+        """The policy's weights to every replica, as policy ``version`` (default: the
+        steps done); ``interrupt``: requests in flight continue under them."""
         start = time.perf_counter()
+        if version is not None:
+            self.version = version
+        rollout = self.workers.rollout
         if self.cfg.model.lora.rank and self.cfg.rollout.lora_sync == "adapter":
-            self.workers.rollout.load_lora_adapter(self.workers.policy.adapter_ref())
+            rollout.load_lora_adapter(self.workers.policy.adapter_ref(), self.version, interrupt)
         else:
-            self.workers.rollout.load_weights(self.workers.policy.weights_ref())
+            rollout.load_weights(self.workers.policy.weights_ref(), self.version, interrupt)
         return time.perf_counter() - start
 
     def validate(self) -> dict[str, float]:
@@ -393,3 +468,20 @@ class Controller:
         logp_bt = self.workers.policy.logprobs(batch, temperature=1.0)
         mask_bt = batch.response_mask_bt.float()
         return float(-(logp_bt * mask_bt).sum() / mask_bt.sum().clamp(min=1.0))
+
+
+def staleness_metrics(results: list[GenerationResult], version: int) -> dict[str, float]:
+    """How many updates behind the trainer (at ``version``) each sampled token is,
+    and the share of samples whose tokens span more than one version (partial
+    rollouts). ``rollout/staleness`` is the mean, as earlier releases reported it."""
+    lags = [version - v for v in sampled_versions(results) if v >= 0]
+    spans = [
+        len({v for v in (c.versions or []) if v >= 0}) > 1 for r in results for c in r.completions
+    ]
+    mean = sum(lags) / len(lags) if lags else 0.0
+    return {
+        "async/staleness_mean": mean,
+        "async/staleness_max": float(max(lags, default=0)),
+        "async/partial_frac": sum(spans) / len(spans) if spans else 0.0,
+        "rollout/staleness": mean,
+    }

@@ -44,7 +44,7 @@ class Recovery:
         stream: PromptStream,
         kl_ctl: Any,
         tracker: Tracker,
-        sync_weights: Callable[[], float],
+        sync_weights: Callable[..., float],
         rebuild_trainers: Callable[[], TrainerGroups] | None = None,
         stop_requested: Callable[[], int | None] | None = None,
     ):
@@ -150,7 +150,7 @@ class Recovery:
         self.stream.load_state_dict(state["stream"])
         self.restored_in_flight = state.get("in_flight")
         self.kl_ctl.value = state["kl_coef"]
-        self.sync_weights()
+        self.sync_weights(version=int(state["step"]))
         self.tracker.truncate(state["step"])
         log.info("resumed from %s (step %d)", path, state["step"])
         return int(state["step"])
@@ -201,7 +201,7 @@ class Recovery:
         self.kl_ctl.value = kl_coef
         random.setstate(python_rng)
         torch.set_rng_state(torch_rng)
-        self.sync_weights()
+        self.sync_weights(version=0)
         self.tracker.truncate(0)
         return 0
 

@@ -55,6 +55,7 @@ def results_to_json(results: list[GenerationResult]) -> list[dict]:
                     "finish_reason": c.finish_reason,
                     "mask": c.mask,
                     "prompt_ids": c.prompt_ids,
+                    "versions": c.versions,
                 }
                 for c in r.completions
             ],

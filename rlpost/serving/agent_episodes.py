@@ -213,6 +213,7 @@ def episode_results(episodes: list[Episode], n: int) -> list[GenerationResult]:
                 mask=e.response_mask,
                 prompt_ids=e.prompt_ids,
                 episode=e,
+                versions=e.versions or None,
             )
             for e in group
         ]

@@ -35,6 +35,7 @@ class Replicas(Protocol):
     def _submit(self, request: GenerationRequest) -> Hops: ...
     def _collect(self, request: GenerationRequest, hops: Hops) -> Any: ...
     def _on_failure(self, worker: int, exc: Any) -> None: ...
+    def _end(self, worker: int) -> None: ...
 
 
 class PendingGeneration:
@@ -68,6 +69,20 @@ class PendingGeneration:
         refs = [hops[-1][1] for hops in self._hops] + [ref for _, _, ref in self._batches]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
         return len(ready) == len(refs)
+
+    def cancel(self) -> None:
+        """Give up on the requests (a run's end): the replicas stop them."""
+        if self._results is not None:
+            return
+        for replica, idx, ref in self._batches:
+            ray.cancel(ref)
+            for _ in idx:
+                self.group.router.end(replica)
+        for hops in self._hops:
+            for worker, ref in hops:
+                ray.cancel(ref)
+                self.group._end(worker)
+        self._results = []
 
     def result(self) -> list[GenerationResult]:
         """Results in input order. A request whose replica died is retried on another."""

@@ -131,6 +131,8 @@ class RolloutGroup:
         self._weights: Any = None
         self._adapter: Any = None
         self._version = 0
+        # The policy version every replica serves (``load_weights``).
+        self.policy_version = 0
         # Replica -> (its start-and-resync call, the load version it syncs to, start time).
         self._restarting: dict[int, tuple[Any, int, float]] = {}
         self.restarts = [0] * len(self.workers)
@@ -152,6 +154,9 @@ class RolloutGroup:
         # Engine counters at the previous stats(): prefix cache and KV connector
         # (queries, hits, queries, hits).
         self._last_cache: list[tuple[float, ...]] = [(0.0,) * 4] * replicas
+        # Each replica's engine seconds busy at the previous stats() (rollout/idle_frac).
+        self._last_busy: dict[int, float] = {}
+        self._last_stats_t = time.perf_counter()
         # PD mode: the longest prompt sent, for the warning when no KV moves (once).
         self._longest_prompt = 0
         self._warned_no_transfer = False
@@ -247,19 +252,26 @@ class RolloutGroup:
 
     # -- weights, health, stats --------------------------------------------
 
-    def load_weights(self, weights: Any) -> float:
+    def load_weights(
+        self, weights: Any, version: int | None = None, interrupt: bool = False
+    ) -> float:
         """Load new weights into every replica; returns the wall seconds.
 
         ``weights``: an ObjectRef to a list of ``(hf_name, tensor)`` (e.g.
         ``TrainerGroup.weights_ref()``), or the list itself, which is put in
         the object store once. Each replica fetches the one stored copy, waits
-        for its requests in flight to finish, loads, and resumes.
+        for its requests in flight to finish, loads, and resumes. ``version``:
+        the policy version they are (the trainer's update count; default one
+        more than the last), stamped on every token sampled with them.
+        ``interrupt`` (partial rollout): requests in flight stop where they are
+        and continue under the new weights instead of finishing first.
         """
         start = time.perf_counter()
         ref = weights if isinstance(weights, ray.ObjectRef) else ray.put(weights)
         self._drain()
         self._weights, self._version = ref, self._version + 1
-        self._call_live("load_weights", ref)
+        self.policy_version = self.policy_version + 1 if version is None else version
+        self._call_live("load_weights", ref, self.policy_version, interrupt and self.pd is None)
         return time.perf_counter() - start
 
     def _drain(self) -> None:
@@ -273,17 +285,23 @@ class RolloutGroup:
             ray.wait(self._in_flight, num_returns=len(self._in_flight), fetch_local=False)
             self._in_flight = []
 
-    def load_lora_adapter(self, adapter: Any) -> float:
+    def load_lora_adapter(
+        self, adapter: Any, version: int | None = None, interrupt: bool = False
+    ) -> float:
         """Serve later requests with this LoRA adapter (``rollout.lora_sync=adapter``).
 
         ``adapter``: an ObjectRef to ``(tensors, peft_config)`` as the trainer's
         ``adapter_weights()`` returns them; every replica fetches the one copy.
+        ``version`` and ``interrupt``: as ``load_weights``.
         """
         start = time.perf_counter()
         ref = adapter if isinstance(adapter, ray.ObjectRef) else ray.put(adapter)
         self._drain()
         self._adapter, self._version = ref, self._version + 1
-        self._call_live("load_lora_adapter", ref)
+        self.policy_version = self.policy_version + 1 if version is None else version
+        self._call_live(
+            "load_lora_adapter", ref, self.policy_version, interrupt and self.pd is None
+        )
         return time.perf_counter() - start
 
     # -- restarts ------------------------------------------------------------
@@ -326,10 +344,11 @@ class RolloutGroup:
         )
         self.restarts[worker] += 1
         self._last_cache[worker] = (0.0,) * 4
+        self._last_busy.pop(worker, None)
         self._resync(worker, start)
 
     def _resync(self, worker: int, start: float) -> None:
-        sync = self.workers[worker].resync.remote(self._weights, self._adapter)
+        sync = self.workers[worker].resync.remote(self._weights, self._adapter, self.policy_version)
         self._restarting[worker] = (sync, self._version, start)
 
     def _poll_restarts(self, wait: bool = False) -> None:
@@ -424,6 +443,15 @@ class RolloutGroup:
         loaded none through the connector logs one warning with the reason."""
         engine_stats = self._call_live("stats")  # a replica restarting has none
         out: dict[str, float] = {}
+        clock = time.perf_counter()
+        busy = {i: s["busy_s"] for i, s in engine_stats.items() if "busy_s" in s}
+        if busy and clock > self._last_stats_t:
+            # Share of the replicas' time since the last call with nothing to step.
+            worked = sum(max(0.0, b - self._last_busy.get(i, 0.0)) for i, b in busy.items())
+            idle = 1.0 - worked / ((clock - self._last_stats_t) * len(busy))
+            out["rollout/idle_frac"] = min(1.0, max(0.0, idle))
+            self._last_busy.update(busy)
+        self._last_stats_t = clock
         totals = []  # per pool: (prefix queries, hits, connector queries, hits)
         for pool in self.pools:
             total = [0.0] * 4

@@ -41,7 +41,7 @@ def cpu_threads(cfg: Config, device_kind: str, role: str = "trainer") -> int:
 
     ``auto`` on the CPU: in ``sync`` mode generation and the update take turns,
     so the processes of the role that is computing share every core this
-    process may use; in ``one_step_off`` mode both compute at once: each
+    process may use; in ``one_step_off`` and ``fully_async`` both compute at once: each
     replica keeps its ``rollout.num_cpus`` and the trainer ranks share the
     rest. On an accelerator the host threads do little: one.
     """
@@ -51,7 +51,7 @@ def cpu_threads(cfg: Config, device_kind: str, role: str = "trainer") -> int:
     if device_kind != "cpu":
         return 1
     cores = len(os.sched_getaffinity(0))
-    overlap = t.async_mode == "one_step_off"
+    overlap = t.async_mode in ("one_step_off", "fully_async")
     if role == "rollout":
         return max(1, int(r.num_cpus) if overlap else cores // r.replicas)
     if overlap:

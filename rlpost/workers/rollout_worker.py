@@ -40,6 +40,9 @@ class RolloutWorker:
         from rlpost.rollout.registry import build_engine
 
         self.engine = build_engine(engine, engine_cfg)
+        # The policy version of the loaded weights, for engines that do not stamp
+        # their tokens themselves (vLLM does, exactly, through interruptions).
+        self.version = 0
         self._served: deque[tuple[str | None, str]] = deque(maxlen=self.SERVED_LOG)
 
     def ready(self) -> bool:
@@ -49,20 +52,25 @@ class RolloutWorker:
         """This replica's process id (fault-injection tests kill it)."""
         return os.getpid()
 
-    async def resync(self, weights: Any, adapter: Any) -> None:
+    async def resync(self, weights: Any, adapter: Any, version: int = 0) -> None:
         """Catch a restarted replica up: the group's last weights, then its last
-        LoRA adapter (either None when none was ever sent)."""
+        LoRA adapter (either None when none was ever sent), as policy ``version``."""
         if weights is not None:
-            await self.engine.aload_weights(weights)
+            await self.load_weights(weights, version)
         if adapter is not None:
-            await self.load_lora_adapter(adapter)
+            await self.load_lora_adapter(adapter, version)
 
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         return list(await asyncio.gather(*(self.generate_one(r) for r in requests)))
 
     async def generate_one(self, request: GenerationRequest) -> GenerationResult:
         self._served.append((request.session_id, prompt_hash(request.prompt_ids)))
-        return await self.engine.agenerate(request)
+        version = self.version
+        result = await self.engine.agenerate(request)
+        for c in result.completions:
+            if c.versions is None:  # an engine that drains before a load
+                c.versions = [version] * len(c.token_ids)
+        return result
 
     async def generate_after(self, request: GenerationRequest, prefilled: Any) -> GenerationResult:
         """PD's decode half: ``prefilled`` is the prefill call's ObjectRef, which Ray
@@ -70,22 +78,42 @@ class RolloutWorker:
         del prefilled  # only the ordering matters
         return await self.generate_one(request)
 
-    async def load_weights(self, named_tensors: list) -> float:
-        """Seconds until the new weights are in, including waiting for requests in flight."""
+    async def load_weights(
+        self, named_tensors: list, version: int | None = None, interrupt: bool = False
+    ) -> float:
+        """Seconds until the new weights (policy ``version``) are in, including
+        waiting for requests in flight; ``interrupt``: stop those where they are
+        and continue them under the new weights (engines that can, i.e. vLLM)."""
         start = time.perf_counter()
-        await self.engine.aload_weights(named_tensors)
+        version = self.version + 1 if version is None else version
+        if self._interruptible():
+            await self.engine.aload_weights(named_tensors, version=version, interrupt=interrupt)
+        else:
+            await self.engine.aload_weights(named_tensors)
+        self.version = version
         return time.perf_counter() - start
 
-    async def load_lora_adapter(self, adapter: Any) -> float:
-        """Seconds to swap in a new LoRA adapter, after the requests in flight finish."""
+    async def load_lora_adapter(
+        self, adapter: Any, version: int | None = None, interrupt: bool = False
+    ) -> float:
+        """Seconds to swap in a new LoRA adapter, after the requests in flight finish
+        (``interrupt``: as ``load_weights``)."""
         start = time.perf_counter()
         load = getattr(self.engine, "aload_lora_adapter", None)
         if load is None:
             raise ValueError(
                 "rollout.lora_sync=adapter needs an engine with LoRA (rollout.name=vllm)"
             )
-        await load(adapter)
+        version = self.version + 1 if version is None else version
+        if self._interruptible():
+            await load(adapter, version=version, interrupt=interrupt)
+        else:
+            await load(adapter)
+        self.version = version
         return time.perf_counter() - start
+
+    def _interruptible(self) -> bool:
+        return hasattr(self.engine, "version")
 
     async def sleep(self) -> None:
         """Free the engine's GPU memory for colocated training (engines with ``asleep``)."""

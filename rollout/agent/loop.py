@@ -92,6 +92,9 @@ class Episode:
     session_id: str
     group: int  # the row's index: the n episodes of a row form one group
     turns: list[Turn] = field(default_factory=list)
+    # The policy version that sampled each response token (-1: environment tokens,
+    # or an engine that did not say).
+    versions: list[int] = field(default_factory=list)
 
     @property
     def turns_cut(self) -> int:
@@ -163,6 +166,7 @@ async def _episode(
     response: list[int] = []
     mask: list[int] = []
     logps: list[float] = []
+    versions: list[int] = []
     turns: list[Turn] = []
     reward: float | None = None
     calls = parse_errors = 0
@@ -185,6 +189,7 @@ async def _episode(
         response += sampled
         mask += [1] * len(sampled)
         logps += list(completion.logprobs)
+        versions += list(completion.versions or [-1] * len(sampled))
         ended = completion.finish_reason == "stop" and bool(sampled)
         text = chat.decode(sampled[:-1] if ended else sampled)
         turns.append(Turn(sampled, list(completion.logprobs), text, completion.finish_reason))
@@ -218,6 +223,7 @@ async def _episode(
         response += delta
         mask += [0] * len(delta)
         logps += [0.0] * len(delta)
+        versions += [-1] * len(delta)
     outcomes = getattr(env, "outcomes", None) or []
     assistant = [m for m in messages if m.get("role") == "assistant"]
     return Episode(
@@ -238,6 +244,7 @@ async def _episode(
         session_id=session_id,
         group=group,
         turns=turns,
+        versions=versions,
     )
 
 

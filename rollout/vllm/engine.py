@@ -20,11 +20,11 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-from rlpost.rollout.base import Completion, GenerationRequest, GenerationResult
+from rlpost.rollout.base import Completion, GenerationRequest, GenerationResult, SamplingConfig
 from rlpost.rollout.pd import KVTransferSpec, clear_kv_store
 
 
@@ -200,6 +200,10 @@ class VLLMEngine:
         self._open.set()
         self._requests = 0
         self._weight_loads = 0
+        self._interrupted = 0
+        self._busy_s = 0.0  # seconds the async path had requests to step
+        # The policy version of the loaded weights, stamped on every sampled token.
+        self.version = 0
         self.start_s = time.perf_counter() - start
 
     # -- sync path ---------------------------------------------------------
@@ -238,34 +242,129 @@ class VLLMEngine:
     # -- async path --------------------------------------------------------
 
     async def agenerate(self, request: GenerationRequest) -> GenerationResult:
-        """Generate one request, sharing forward passes with all others in flight."""
-        await self._open.wait()
-        rid = self._add(request)
-        future = asyncio.get_running_loop().create_future()
-        self._waiting[rid] = future
-        if self._stepper is None or self._stepper.done():
-            self._stepper = asyncio.create_task(self._step_loop())
-        return _result(request, await future, self.tokenizer)
+        """Generate one request, sharing forward passes with all others in flight.
 
-    async def aload_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Pause new requests, let those in flight finish, load, resume."""
-        await self._paused(lambda: self.load_weights(named_tensors))
+        ``n`` samples go in as ``n`` requests of one sample, seeded ``seed + i``
+        as vLLM seeds its own children (the same samples), so that each can be
+        interrupted and continued on its own (``aload_weights(interrupt=True)``).
+        """
+        s = request.sampling
+        if s.n == 1:
+            return await self._agenerate_one(request)
+        parts = await asyncio.gather(
+            *(self._agenerate_one(replace(request, sampling=_child(s, i))) for i in range(s.n))
+        )
+        completions = [c for part in parts for c in part.completions]
+        return GenerationResult(prompt_ids=parts[0].prompt_ids, completions=completions)
 
-    async def aload_lora_adapter(self, adapter: Any) -> None:
-        """Pause new requests, let those in flight finish, swap the adapter, resume."""
-        await self._paused(lambda: self.load_lora_adapter(adapter))
+    async def _agenerate_one(self, request: GenerationRequest) -> GenerationResult:
+        """One sample; interrupted by a weight load, it continues from its prompt and
+        the tokens so far under the new weights (which recompute that prefix), so
+        each token is sampled by one known version (``Completion.versions``)."""
+        ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        while True:
+            await self._open.wait()
+            part = _continuation(request, ids, segment=len(set(versions)))
+            version = self.version
+            rid = self._add(part)
+            future = asyncio.get_running_loop().create_future()
+            self._waiting[rid] = future
+            if self._stepper is None or self._stepper.done():
+                self._stepper = asyncio.create_task(self._step_loop())
+            try:
+                out = await future
+            except asyncio.CancelledError:  # the caller gave up on it (a run's end)
+                if self._waiting.pop(rid, None) is not None:
+                    self.engine.abort_request([rid])
+                raise
+            if isinstance(out, _Interrupted):
+                ids += out.token_ids
+                logprobs += out.logprobs
+                versions += [version] * len(out.token_ids)
+                continue
+            result = _result(part, out, self.tokenizer)
+            if not ids:
+                result.completions[0].versions = [version] * len(result.completions[0].token_ids)
+                return result
+            c = result.completions[0]
+            all_ids = ids + c.token_ids
+            ended = c.finish_reason == "stop"
+            text = self.tokenizer.decode(all_ids, skip_special_tokens=True)
+            full = Completion(
+                token_ids=all_ids,
+                logprobs=logprobs + c.logprobs,
+                text=text,
+                finish_reason="stop" if ended else "length",
+                versions=versions + [version] * len(c.token_ids),
+            )
+            prompt = result.prompt_ids[: len(result.prompt_ids) - len(ids)]
+            return GenerationResult(prompt_ids=prompt, completions=[full])
 
-    async def _paused(self, change: Callable[[], None]) -> None:
+    async def aload_weights(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        version: int | None = None,
+        interrupt: bool = False,
+    ) -> None:
+        """Pause new requests, let those in flight finish (``interrupt``: stop them
+        where they are; each continues under the new weights), load, resume.
+        ``version``: the policy version the new weights are (default: one more)."""
+        await self._paused(
+            lambda: self.load_weights(named_tensors), version=version, interrupt=interrupt
+        )
+
+    async def aload_lora_adapter(
+        self, adapter: Any, version: int | None = None, interrupt: bool = False
+    ) -> None:
+        """Pause new requests, let those in flight finish (or interrupt them), swap
+        the adapter, resume."""
+        await self._paused(
+            lambda: self.load_lora_adapter(adapter), version=version, interrupt=interrupt
+        )
+
+    async def _paused(
+        self, change: Callable[[], None], version: int | None = None, interrupt: bool = False
+    ) -> None:
         """Run ``change`` with no request in flight and none admitted meanwhile."""
         self._open.clear()
         try:
+            if interrupt:
+                self._interrupt_all()
             while self._stepper is not None and not self._stepper.done():
                 await asyncio.shield(self._stepper)
             change()
+            self.version = self.version + 1 if version is None else version
         finally:
             self._open.set()
 
+    def _interrupt_all(self) -> None:
+        """Stop every async request between two engine steps (no forward pass is
+        running: this runs on the loop that steps the engine) and hand each its
+        tokens and log-probs so far."""
+        states = self.engine.output_processor.request_states
+        external = self.engine.output_processor.external_req_ids
+        for rid, future in list(self._waiting.items()):
+            ids: list[int] = []
+            lps: list[float] = []
+            for internal in external.get(rid, []):
+                state = states.get(internal)
+                if state is None or state.detokenizer is None:
+                    continue
+                ids = list(state.detokenizer.output_token_ids)
+                steps = state.logprobs_processor.logprobs if state.logprobs_processor else None
+                lps = [step[t].logprob for step, t in zip(steps or [], ids) if step]
+            lps = lps[: len(ids)]
+            ids = ids[: len(lps)]  # a token without its log-prob is sampled again
+            self.engine.abort_request([rid])
+            del self._waiting[rid]
+            if not future.done():
+                future.set_result(_Interrupted(ids, lps))
+            self._interrupted += 1
+
     async def _step_loop(self) -> None:
+        start = time.perf_counter()
         try:
             while self._waiting:
                 self._step()
@@ -277,6 +376,8 @@ class VLLMEngine:
                     future.set_exception(e)
             self._waiting.clear()
             raise
+        finally:
+            self._busy_s += time.perf_counter() - start
 
     # -- shared ------------------------------------------------------------
 
@@ -371,6 +472,8 @@ class VLLMEngine:
         out = {
             "requests": float(self._requests),
             "weight_loads": float(self._weight_loads),
+            "interrupted": float(self._interrupted),
+            "busy_s": self._busy_s,
             "prefix_cache_queries": float(queries),
             "prefix_cache_hits": float(hits),
             "prefix_cache_hit_rate": hits / queries if queries else 0.0,
@@ -380,6 +483,34 @@ class VLLMEngine:
             out["kv_transfer_queries"] = float(self._cache.kv_queries)
             out["kv_transfer_hits"] = float(self._cache.kv_hits)
         return out
+
+
+@dataclass
+class _Interrupted:
+    """What a request sampled before a weight load stopped it."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+def _child(s: SamplingConfig, i: int) -> SamplingConfig:
+    """Sample ``i`` of ``n`` as a request of its own (vLLM seeds child ``i`` ``seed + i``)."""
+    return replace(s, n=1, seed=None if s.seed is None else s.seed + i)
+
+
+def _continuation(request: GenerationRequest, ids: list[int], segment: int) -> GenerationRequest:
+    """``request`` continued after ``ids``: they join the prompt and count against
+    its token limits; a seeded request draws a fresh stream per segment."""
+    if not ids:
+        return request
+    s = request.sampling
+    sampling = replace(
+        s,
+        max_tokens=s.max_tokens - len(ids),
+        min_tokens=max(0, s.min_tokens - len(ids)),
+        seed=None if s.seed is None else s.seed + 1_000_003 * segment,
+    )
+    return replace(request, prompt_ids=request.prompt_ids + ids, sampling=sampling)
 
 
 def _result(request: GenerationRequest, out: Any, tokenizer: Any) -> GenerationResult:
