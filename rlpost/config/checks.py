@@ -153,6 +153,17 @@ def agent_checks(cfg: Config) -> list[str]:
             f"agent.max_response_tokens={budget}; lower it, or leave it unset (null) for "
             "whatever the episode's budget leaves"
         )
+    lat = cfg.agent.tool_latency_s
+    if lat and (len(lat) != 2 or not 0 <= lat[0] <= lat[1]):
+        problems.append(
+            f"agent.tool_latency_s={lat}: expected [lo, hi] seconds with 0 <= lo <= hi "
+            "(e.g. [0,2]), or [] for none"
+        )
+    elif lat and cfg.agent.env is not None:
+        problems.append(
+            "agent.tool_latency_s delays the calls of agent.tools; an agent.env answers "
+            "itself: drop agent.tool_latency_s or put the delay in the environment"
+        )
     if cfg.agent.enabled and cfg.algo.name == "sft":
         problems.append(
             "agent.tools / agent.env: algo=sft trains on fixed chats (data rows with "

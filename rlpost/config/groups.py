@@ -431,6 +431,10 @@ class AgentConfig:
         help="tokens per model turn; a turn that reaches it counts in response/clip_ratio (null: what the episode's max_response_tokens leaves; rollout.max_tokens is for single-turn completions)",
     )
     tool_timeout_s: float = spec(10.0, gt=0, help="a tool call running longer is stopped")
+    tool_latency_s: list[float] = spec(
+        [],
+        help="[lo, hi]: each turn that calls agent.tools first waits a uniform random time in that range, in seconds (a slow tool or API, for benchmarks); []: none",
+    )
 
     @property
     def enabled(self) -> bool:

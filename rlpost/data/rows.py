@@ -64,12 +64,20 @@ def _read_rows(path: Path) -> list[dict]:
     return rows
 
 
+# Optional per-row limits of a single-turn completion's length, within rollout.*'s.
+LENGTH_COLUMNS = ("max_tokens", "min_tokens")
+
+
 def validate_row(row: Any) -> str | None:
     """Why ``row`` cannot be used as a prompt, or None when it can."""
     if not isinstance(row, dict):
         return f"row has type {type(row).__name__}, expected an object with a 'prompt' field"
     if "prompt" not in row:
         return f"row has no 'prompt' field (fields: {sorted(row)})"
+    for key in LENGTH_COLUMNS:
+        value = row.get(key)
+        if value is not None and (type(value) is not int or value < 0):
+            return f"'{key}' is {value!r}, expected a whole number >= 0 (or leave it out)"
     prompt = row["prompt"]
     if isinstance(prompt, str):
         return check_images(row) if prompt else "'prompt' is an empty string"

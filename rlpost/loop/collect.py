@@ -101,7 +101,7 @@ class Collector:
         requests = [
             GenerationRequest(
                 prompt_ids=encode_prompt(self.tokenizer, row),
-                sampling=sampling,
+                sampling=row_sampling(sampling, row),
                 images=row_images(row),
             )
             for row in rows
@@ -287,6 +287,18 @@ def _combine(parts: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
             w = 1.0 if k.rsplit("/", 1)[-1] in _COUNTS else n / total
             out[k] = out.get(k, 0.0) + w * v
     return out
+
+
+def row_sampling(sampling: SamplingConfig, row: dict) -> SamplingConfig:
+    """A row's own ``max_tokens`` / ``min_tokens`` columns, where it has them: a
+    shorter limit than ``rollout.max_tokens`` (never a longer one) and a
+    ``min_tokens`` capped at the limit."""
+    longest, shortest = row.get("max_tokens"), row.get("min_tokens")
+    if longest is None and shortest is None:
+        return sampling
+    limit = sampling.max_tokens if longest is None else max(1, min(longest, sampling.max_tokens))
+    floor = sampling.min_tokens if shortest is None else shortest
+    return dataclasses.replace(sampling, max_tokens=limit, min_tokens=min(floor, limit))
 
 
 def sampled_versions(results: list[GenerationResult]) -> list[int]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import threading
 from collections.abc import Callable
@@ -46,7 +47,11 @@ def env_factory(cfg: Config) -> EnvFactory:
     if a.env is not None:
         return load_env(a.env, a.env_kwargs)
     tools = load_tools(a.tools)  # loaded once; each episode's ToolEnv shares them
-    return lambda: ToolEnv(tools, timeout_s=a.tool_timeout_s)
+    latency = (a.tool_latency_s[0], a.tool_latency_s[1]) if a.tool_latency_s else None
+    seeds = itertools.count(cfg.trainer.seed * 1_000_003)
+    return lambda: ToolEnv(
+        tools, timeout_s=a.tool_timeout_s, latency_s=latency, seed=next(seeds)
+    )
 
 
 class PendingEpisodes:

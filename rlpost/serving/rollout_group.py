@@ -481,6 +481,10 @@ class RolloutGroup:
                     no_transfer_reason(self.pd.decode, int(totals[-1][2]), self._longest_prompt)
                 )
         out["rollout/replica_restarts"] = float(sum(self.restarts))
+        # Requests a weight load stopped and continued (partial rollout), in all.
+        out["rollout/interrupted_requests"] = sum(
+            s.get("interrupted", 0.0) for s in engine_stats.values()
+        )
         return out
 
     def reset_prefix_cache(self) -> None:

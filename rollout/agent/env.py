@@ -17,7 +17,9 @@ counted into the episode's tool errors and timeouts).
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -78,10 +80,17 @@ class ToolEnv:
         tools: Sequence[str | Tool | Callable[..., Any]] | Mapping[str, Tool],
         timeout_s: float = 30.0,
         pool: ToolWorkerPool | None = None,
+        latency_s: tuple[float, float] | None = None,
+        seed: int = 0,
     ):
+        """``latency_s``: each turn that calls tools first waits a uniform random time
+        in ``[lo, hi]`` seconds (a slow tool or API, for benchmarks), drawn from a
+        generator seeded ``seed``."""
         self.tools = dict(tools) if isinstance(tools, Mapping) else _as_tools(tools)
         self.timeout_s = timeout_s
         self.pool = pool
+        self.latency_s = latency_s
+        self._rng = random.Random(seed)
         self.tool_schemas = [t.schema for t in self.tools.values()]
         self.outcomes: list[ToolOutcome] = []
 
@@ -94,6 +103,8 @@ class ToolEnv:
         errors = message.get("tool_call_errors") or []
         if not calls and not errors:
             return [], True, None
+        if self.latency_s is not None and calls:
+            await asyncio.sleep(self._rng.uniform(*self.latency_s))
         outcomes = await run_tool_calls(calls, self.tools, self.timeout_s, self.pool)
         self.outcomes += outcomes
         replies = [

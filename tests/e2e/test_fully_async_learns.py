@@ -1,0 +1,44 @@
+"""``trainer.async_mode=fully_async`` learns like the synchronous runs: on the
+built-in task, and with multi-turn agent episodes on the calc task, with samples
+one update old (``async.max_staleness=1``, the default)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.cli import run_cli
+
+pytest.importorskip("vllm")
+
+ASYNC = ["algo=grpo", "trainer.async_mode=fully_async", "trainer.val_every=0", "trainer.seed=0"]
+
+
+def _checked(history: list[dict], steps: int) -> tuple[float, float]:
+    val = [(h["step"], h["val/accuracy"]) for h in history if "val/accuracy" in h]
+    assert [s for s, _ in val] == [0, steps]
+    trained = [h for h in history if h["step"] > 0]
+    assert len(trained) == steps
+    assert all(h["async/staleness_max"] <= 1.0 for h in trained)
+    assert max(h["async/staleness_mean"] for h in trained) > 0.5  # it did run ahead
+    assert all(h["async/dropped_stale"] == 0 for h in trained)
+    return val[0][1], val[-1][1]
+
+
+@pytest.mark.slow
+def test_default_task_accuracy_rises(tmp_path, model_cache):
+    steps = 60
+    history = run_cli([*ASYNC, f"trainer.total_steps={steps}"], tmp_path / "run", model_cache)
+    start, end = _checked(history, steps)
+    # Seed 0: 0.330 -> 0.625 when measured; sync's own test asks for 0.25 as well.
+    assert end - start >= 0.25, (start, end)
+
+
+@pytest.mark.slow
+def test_agent_tool_use_accuracy_rises(tmp_path, model_cache):
+    steps = 30
+    args = [*ASYNC, "agent=calculator", f"trainer.total_steps={steps}"]
+    history = run_cli(args, tmp_path / "run", model_cache)
+    start, end = _checked(history, steps)
+    # Seed 0: 0.235 -> 0.605 when measured (sync's test: >= 0.2 in as many steps).
+    assert end - start >= 0.2, (start, end)
+    assert all(h["agent/tool_calls"] >= 0.9 * h["data/samples"] for h in history if h["step"])
