@@ -342,7 +342,7 @@ class TrainerConfig:
     threads: int | Literal["auto"] = spec(
         "auto",
         ge=1,
-        help="torch threads per trainer rank and rollout replica (auto, on the CPU: sync mode shares all cores among the trainer ranks; one_step_off leaves the rollout's num_cpus to it; accelerators: 1)",
+        help="torch threads per trainer rank and rollout replica (auto, on the CPU: the trainer ranks share every core in every mode; replicas share them in sync mode and keep rollout.num_cpus each in one_step_off and fully_async; accelerators: 1)",
     )
     async_mode: Literal["sync", "one_step_off", "fully_async"] = spec(
         "sync",

@@ -39,11 +39,16 @@ def cpu_threads(cfg: Config, device_kind: str, role: str = "trainer") -> int:
     """Torch threads per trainer rank (``role="trainer"``) or rollout replica
     (``"rollout"``), from ``trainer.threads``.
 
-    ``auto`` on the CPU: in ``sync`` mode generation and the update take turns,
-    so the processes of the role that is computing share every core this
-    process may use; in ``one_step_off`` and ``fully_async`` both compute at once: each
-    replica keeps its ``rollout.num_cpus`` and the trainer ranks share the
-    rest. On an accelerator the host threads do little: one.
+    ``auto`` on the CPU: the trainer ranks share every core this process may
+    use, in every mode. A replica gets an equal share of them in ``sync`` mode,
+    where generation and the update take turns; in ``one_step_off`` and
+    ``fully_async``, where both compute at once, it keeps its
+    ``rollout.num_cpus``, and the cores are oversubscribed while both run. On
+    a CPU the update is the longer side (the replica is idle ~90 % of an
+    overlapping step), and a trainer held to the cores the replica does not
+    use was the slower choice: 4.76 s a step against 3.13 s with all cores and
+    3.38 s in sync mode (bench/README.md, "threads when overlapping"). On an
+    accelerator the host threads do little: one.
     """
     t, r = cfg.trainer, cfg.rollout
     if t.threads != "auto":
@@ -54,8 +59,6 @@ def cpu_threads(cfg: Config, device_kind: str, role: str = "trainer") -> int:
     overlap = t.async_mode in ("one_step_off", "fully_async")
     if role == "rollout":
         return max(1, int(r.num_cpus) if overlap else cores // r.replicas)
-    if overlap:
-        cores -= int(r.replicas * r.num_cpus)
     return max(1, cores // t.world_size)
 
 

@@ -22,10 +22,12 @@ def eight_cores(monkeypatch):
         (["trainer.world_size=2"], 4, 8),
         (["trainer.world_size=4"], 2, 8),
         (["rollout.replicas=2"], 8, 4),
-        # one_step_off: each replica keeps rollout.num_cpus, the ranks share the rest
-        (["trainer.async_mode=one_step_off"], 7, 1),
-        (["trainer.async_mode=one_step_off", "rollout.num_cpus=3"], 5, 3),
-        (["trainer.async_mode=one_step_off", "rollout.replicas=2", "trainer.world_size=2"], 3, 1),
+        # overlapping modes: each replica keeps rollout.num_cpus, the ranks still
+        # share every core (oversubscribed while both compute)
+        (["trainer.async_mode=one_step_off"], 8, 1),
+        (["trainer.async_mode=one_step_off", "rollout.num_cpus=3"], 8, 3),
+        (["trainer.async_mode=one_step_off", "rollout.replicas=2", "trainer.world_size=2"], 4, 1),
+        (["trainer.async_mode=fully_async", "rollout.replicas=2"], 8, 1),
         # a number is taken as it is
         (["trainer.threads=3"], 3, 3),
     ],
@@ -38,8 +40,10 @@ def test_auto_threads_on_the_cpu(eight_cores, overrides, trainer, rollout):
 
 def test_auto_threads_never_drop_below_one(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    cfg = compose(["algo=grpo", "trainer.async_mode=one_step_off", "rollout.num_cpus=2"])
+    cfg = compose(["algo=grpo", "trainer.world_size=4"])
     assert cpu_threads(cfg, "cpu") == 1
+    cfg = compose(["algo=grpo", "rollout.replicas=4", "rollout.num_cpus=0.5"])
+    assert cpu_threads(cfg, "cpu", "rollout") == 1
 
 
 def test_auto_threads_on_an_accelerator_are_one(eight_cores):

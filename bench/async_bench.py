@@ -1,0 +1,288 @@
+"""sync, one_step_off and fully_async side by side, on two workloads where synchrony costs.
+
+    python bench/async_bench.py                       # both workloads
+    python bench/async_bench.py --workload long_tail  # or agent_latency
+    python bench/async_bench.py --quick               # a smoke run (3 steps, fewer modes)
+    python bench/async_bench.py --report DIR          # rewrite the results from a finished run
+
+Every mode runs the real CLI (``python -m rlpost.main``) with the same seed,
+prompts, batch and number of steps, so the same number of samples; one after
+another on this machine. The modes: ``sync``, ``one_step_off``, and
+``fully_async`` at ``async.max_staleness`` 1, 2 and 4 with partial rollout on,
+and at 2 with it off. ``sync`` and ``fully_async`` (2) run again with seed 1:
+the difference between the two seeds is the noise the accuracies are read
+against.
+
+The workloads:
+
+- ``long_tail``: single-turn completions on the built-in 30 M-parameter
+  ``model=small`` (random weights), 8 prompts x 4 samples a step. Each prompt's
+  completion length is drawn from a lognormal with median 16 tokens and a 99th
+  percentile 10x that (sigma = ln 10 / 2.326), clipped to [4, 192], and forced
+  with the data row's own ``max_tokens`` and ``min_tokens`` columns (so the
+  group's samples all have it). ``min_tokens`` makes vLLM's log-probs leave the
+  end token out, so the runs set ``rollout.max_logprob_gap=null``. The held-out
+  accuracy of random weights is 0 in every mode: reported, not compared.
+- ``agent_latency``: ``agent=calculator`` (multi-turn episodes that call a
+  multiply tool; 1 to 3 model turns), its tool given a latency uniform in
+  [0, 2] s (``agent.tool_latency_s=[0,2]``), 16 prompts x 4 episodes a step on
+  two replicas (``rollout.replicas=2``).
+
+Measured per run, over steps 2..N (step 1 carries one-off costs; validation
+and checkpoints are outside the steps, ``trainer.val_every=0``):
+
+- samples/s: samples trained / the steps' seconds (``timing/step_s`` summed);
+- generated tokens/s: response tokens trained / the same seconds;
+- trainer idle: the share of those seconds the trainer waited for samples
+  (sync: ``timing/generate_s``; one_step_off: ``timing/generate_wait_s``;
+  fully_async: ``async/trainer_wait_s``);
+- rollout idle: ``rollout/idle_frac``, the replicas' share of time with nothing
+  to generate (from each engine's busy seconds);
+- staleness: ``async/staleness_mean`` (updates, per token) and its maximum;
+  ``async/partial_frac`` and ``async/dropped_stale``;
+- held-out greedy accuracy after the last step (``val/accuracy``).
+
+Writes bench/results/async.md (one table per workload) and
+bench/results/async.json (per workload: ``fully_async_vs_sync_samples_s`` and
+``fully_async_vs_one_step_off_samples_s`` at max_staleness 2 with partial
+rollout, ``accuracy`` per mode, and every run's raw figures). Runs stay in
+bench/.runs/async-<time>/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS_MD = REPO / "bench" / "results" / "async.md"
+RESULTS_JSON = REPO / "bench" / "results" / "async.json"
+
+MODES: dict[str, list[str]] = {
+    "sync": ["trainer.async_mode=sync"],
+    "one_step_off": ["trainer.async_mode=one_step_off"],
+    "fully_async_s1": ["trainer.async_mode=fully_async", "async.max_staleness=1"],
+    "fully_async_s2": ["trainer.async_mode=fully_async", "async.max_staleness=2"],
+    "fully_async_s4": ["trainer.async_mode=fully_async", "async.max_staleness=4"],
+    "fully_async_s2_no_partial": [
+        "trainer.async_mode=fully_async", "async.max_staleness=2", "async.partial_rollout=false",
+    ],
+}  # fmt: skip
+HEADLINE = "fully_async_s2"
+NOISE_MODES = ("sync", HEADLINE)  # run again with seed 1
+QUICK_MODES = ("sync", "one_step_off", HEADLINE)
+
+
+def long_tail_rows(count: int, seed: int, path: Path) -> list[int]:
+    """Arithmetic prompts with a forced completion length each (lognormal, median
+    16, p99 10x the median, clipped to [4, 192]); returns the lengths."""
+    from rlpost.data.tasks.arith import make_row
+
+    rng = random.Random(seed)
+    sigma = math.log(10) / 2.326  # p99 / median = exp(2.326 sigma) = 10
+    lengths = []
+    with path.open("w") as f:
+        for _ in range(count):
+            length = int(min(192, max(4, round(rng.lognormvariate(math.log(16), sigma)))))
+            row = {**make_row(rng.randint(0, 99), rng.randint(0, 99)), "max_tokens": length,
+                   "min_tokens": length}  # fmt: skip
+            f.write(json.dumps(row) + "\n")
+            lengths.append(length)
+    return lengths
+
+
+def workload_args(name: str, run_root: Path, steps: int) -> list[str]:
+    common = [f"trainer.total_steps={steps}", "trainer.val_every=0", "trainer.save_every=0",
+              "trainer.save_final=false"]  # fmt: skip
+    if name == "long_tail":
+        train, val = run_root / "long_tail_train.jsonl", run_root / "long_tail_val.jsonl"
+        if not train.exists():
+            long_tail_rows(2000, 0, train)
+            from rlpost.data.tasks.arith import make_row
+
+            rng = random.Random(1)
+            val.write_text(
+                "".join(
+                    json.dumps(make_row(rng.randint(0, 99), rng.randint(0, 99))) + "\n"
+                    for _ in range(64)
+                )
+            )
+        return [
+            *common, "model=small", "data=files", f"data.train_files=[{train}]",
+            f"data.val_files=[{val}]", "data.val_size=64", "data.prompts_per_step=8", "data.max_prompt_tokens=32",
+            "rollout.n=4", "rollout.max_tokens=192", "rollout.max_model_len=256",
+            "rollout.max_logprob_gap=null", "rollout.max_mean_logprob_gap=null",
+            "reward=arith",
+        ]  # fmt: skip
+    return [
+        *common, "agent=calculator", "agent.tool_latency_s=[0,2]", "rollout.replicas=2",
+        "data.prompts_per_step=16", "rollout.n=4", "data.val_size=100",
+    ]  # fmt: skip
+
+
+def run_mode(workload: str, mode: str, seed: int, run_root: Path, steps: int) -> dict:
+    run_dir = run_root / workload / f"{mode}-seed{seed}"
+    cache = run_root / "model-cache"
+    args = [*workload_args(workload, run_root, steps), *MODES[mode], f"trainer.seed={seed}",
+            f"trainer.run_dir={run_dir}", f"model.cache_dir={cache}"]  # fmt: skip
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    start = time.perf_counter()
+    log = run_dir.with_suffix(".log")
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        proc = subprocess.run([sys.executable, "-m", "rlpost.main", *args], stdout=out,
+                              stderr=subprocess.STDOUT, env=env, cwd=REPO)  # fmt: skip
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{workload} {mode} seed {seed} failed; see {log}")
+    figures = summarise(run_dir)
+    figures["wall_s"] = wall
+    (run_dir / "bench.json").write_text(json.dumps(figures, indent=1))
+    print(f"  {workload:13s} {mode:26s} seed {seed}: {figures['samples_per_s']:.2f} samples/s, "
+          f"accuracy {figures['accuracy']}, {wall:.0f} s", flush=True)  # fmt: skip
+    return figures
+
+
+def summarise(run_dir: Path) -> dict:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["step"] >= 2]
+    seconds = sum(r["timing/step_s"] for r in steps)
+    samples = sum(r["data/samples"] for r in steps)
+    tokens = sum(r["response/length_mean"] * r["data/samples"] for r in steps)
+    wait_key = next(
+        k for k in ("async/trainer_wait_s", "timing/generate_wait_s", "timing/generate_s")
+        if k in steps[0]
+    )  # fmt: skip
+    val = [r["val/accuracy"] for r in rows if "val/accuracy" in r]
+    mean = statistics.fmean
+    return {
+        "steps": len(steps),
+        "seconds": seconds,
+        "samples": samples,
+        "samples_per_s": samples / seconds,
+        "tokens_per_s": tokens / seconds,
+        "step_s": seconds / len(steps),
+        "trainer_idle_frac": sum(r[wait_key] for r in steps) / seconds,
+        "rollout_idle_frac": mean(r.get("rollout/idle_frac", float("nan")) for r in steps),
+        "staleness_mean": mean(r.get("async/staleness_mean", 0.0) for r in steps),
+        "staleness_max": max(r.get("async/staleness_max", 0.0) for r in steps),
+        "partial_frac": mean(r.get("async/partial_frac", 0.0) for r in steps),
+        "dropped_stale": steps[-1].get("async/dropped_stale", 0.0),
+        "interrupted_requests": steps[-1].get("rollout/interrupted_requests", 0.0),
+        "weight_sync_s": mean(r.get("timing/weight_sync_s", 0.0) for r in steps),
+        "accuracy_start": val[0] if val else None,
+        "accuracy": val[-1] if val else None,
+    }
+
+
+def report(results: dict, run_root: Path, command: str) -> None:
+    lines = [
+        "# sync, one_step_off and fully_async",
+        "",
+        f"`{command}` on this machine ({os.cpu_count()} CPU cores, no GPU); runs in "
+        f"`{run_root.relative_to(REPO) if run_root.is_relative_to(REPO) else run_root}`. "
+        "Steps 2..N of each run; seed 0 unless marked. See `bench/async_bench.py` for the method.",
+        "",
+    ]
+    out: dict = {"command": command}
+    for workload, runs in results.items():
+        base = {k.removesuffix("-seed0"): v for k, v in runs.items() if k.endswith("-seed0")}
+        lines += [f"## {workload}", "", "| mode | seed | samples/s | vs sync | tokens/s | step s | "
+                  "trainer idle | rollout idle | staleness mean / max | partial | dropped | "
+                  "accuracy |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        sync = base.get("sync", {}).get("samples_per_s")
+        for key, f in runs.items():
+            mode, _, seed = key.rpartition("-seed")
+            ratio = f"{f['samples_per_s'] / sync:.2f}x" if sync else "-"
+            acc = (
+                "-"
+                if f["accuracy"] is None
+                else f"{f['accuracy_start']:.3f} -> {f['accuracy']:.3f}"
+            )
+            lines.append(
+                f"| {mode} | {seed} | {f['samples_per_s']:.2f} | {ratio} | {f['tokens_per_s']:.0f} "
+                f"| {f['step_s']:.2f} | {f['trainer_idle_frac']:.2f} | {f['rollout_idle_frac']:.2f} "
+                f"| {f['staleness_mean']:.2f} / {f['staleness_max']:.0f} | {f['partial_frac']:.2f} "
+                f"| {f['dropped_stale']:.0f} | {acc} |"
+            )
+        noise = {
+            m: abs(runs[f"{m}-seed0"]["accuracy"] - runs[f"{m}-seed1"]["accuracy"])
+            for m in NOISE_MODES
+            if f"{m}-seed1" in runs and runs[f"{m}-seed0"]["accuracy"] is not None
+        }
+        head = base.get(HEADLINE)
+        entry = {
+            "fully_async_vs_sync_samples_s": head["samples_per_s"] / sync if head and sync else None,
+            "fully_async_vs_one_step_off_samples_s": (
+                head["samples_per_s"] / base["one_step_off"]["samples_per_s"]
+                if head and "one_step_off" in base else None
+            ),
+            "accuracy": {m: f["accuracy"] for m, f in base.items()},
+            "accuracy_seed_noise": noise,
+            "raw": runs,
+        }  # fmt: skip
+        out[workload] = entry
+        lines += [
+            "",
+            f"fully_async (max_staleness 2, partial rollout) over sync: "
+            f"**{entry['fully_async_vs_sync_samples_s'] or float('nan'):.2f}x** samples/s; over "
+            f"one_step_off: **{entry['fully_async_vs_one_step_off_samples_s'] or float('nan'):.2f}x**."
+            + (
+                " Accuracy noise between seeds 0 and 1: "
+                + ", ".join(f"{m} {v:.3f}" for m, v in noise.items())
+                + "."
+                if noise
+                else ""
+            ),
+            "",
+        ]
+    RESULTS_MD.write_text("\n".join(lines))
+    RESULTS_JSON.write_text(json.dumps(out, indent=1) + "\n")
+    print("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    assert __doc__ is not None
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", choices=("both", "long_tail", "agent_latency"), default="both")
+    p.add_argument("--steps", type=int, default=12, help="RL steps per run")
+    p.add_argument("--quick", action="store_true", help="3 steps, sync/one_step_off/fully_async")
+    p.add_argument("--report", type=Path, help="rewrite the results from this run directory")
+    args = p.parse_args(argv)
+    workloads = ["long_tail", "agent_latency"] if args.workload == "both" else [args.workload]
+    command = "python bench/async_bench.py" + " ".join(["", *(argv or sys.argv[1:])]).rstrip()
+    if args.report:
+        results = {
+            w: {d.name: json.loads((d / "bench.json").read_text())
+                for d in sorted((args.report / w).iterdir()) if (d / "bench.json").exists()}
+            for w in workloads if (args.report / w).is_dir()
+        }  # fmt: skip
+        report(results, args.report, command)
+        return 0
+    run_root = REPO / "bench" / ".runs" / time.strftime("async-%Y%m%d-%H%M%S")
+    run_root.mkdir(parents=True)
+    steps = 3 if args.quick else args.steps
+    modes = QUICK_MODES if args.quick else tuple(MODES)
+    results: dict[str, dict] = {}
+    for workload in workloads:
+        runs: dict[str, dict] = {}
+        for mode in modes:
+            runs[f"{mode}-seed0"] = run_mode(workload, mode, 0, run_root, steps)
+        if not args.quick:
+            for mode in NOISE_MODES:
+                runs[f"{mode}-seed1"] = run_mode(workload, mode, 1, run_root, steps)
+        results[workload] = runs
+        report(results, run_root, command)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
