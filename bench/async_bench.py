@@ -16,7 +16,9 @@ against.
 The workloads:
 
 - ``long_tail``: single-turn completions on the built-in 30 M-parameter
-  ``model=small`` (random weights), 8 prompts x 4 samples a step. Each prompt's
+  ``model=small`` (random weights), 16 prompts x 2 samples a step, packed
+  micro-batches (``trainer.packing=true``: the update's work is the tokens
+  sampled, not the batch padded to its longest sample). Each prompt's
   completion length is drawn from a lognormal with median 16 tokens and a 99th
   percentile 10x that (sigma = ln 10 / 2.326), clipped to [4, 192], and forced
   with the data row's own ``max_tokens`` and ``min_tokens`` columns (so the
@@ -77,6 +79,7 @@ MODES: dict[str, list[str]] = {
     ],
 }  # fmt: skip
 HEADLINE = "fully_async_s2"
+WORKLOADS = ("long_tail", "long_tail_tiny", "agent_latency")
 NOISE_MODES = ("sync", HEADLINE)  # run again with seed 1
 QUICK_MODES = ("sync", "one_step_off", HEADLINE)
 
@@ -102,7 +105,7 @@ def long_tail_rows(count: int, seed: int, path: Path) -> list[int]:
 def workload_args(name: str, run_root: Path, steps: int) -> list[str]:
     common = [f"trainer.total_steps={steps}", "trainer.val_every=0", "trainer.save_every=0",
               "trainer.save_final=false"]  # fmt: skip
-    if name == "long_tail":
+    if name.startswith("long_tail"):
         train, val = run_root / "long_tail_train.jsonl", run_root / "long_tail_val.jsonl"
         if not train.exists():
             long_tail_rows(2000, 0, train)
@@ -116,9 +119,9 @@ def workload_args(name: str, run_root: Path, steps: int) -> list[str]:
                 )
             )
         return [
-            *common, "model=small", "data=files", f"data.train_files=[{train}]",
-            f"data.val_files=[{val}]", "data.val_size=64", "data.prompts_per_step=8", "data.max_prompt_tokens=32",
-            "rollout.n=4", "rollout.max_tokens=192", "rollout.max_model_len=256",
+            *common, "model=tiny" if name == "long_tail_tiny" else "model=small", "data=files", f"data.train_files=[{train}]",
+            f"data.val_files=[{val}]", "data.val_size=64", "data.prompts_per_step=16", "data.max_prompt_tokens=32",
+            "rollout.n=2", "trainer.packing=true", "rollout.max_tokens=192", "rollout.max_model_len=256",
             "rollout.max_logprob_gap=null", "rollout.max_mean_logprob_gap=null",
             "reward=arith",
         ]  # fmt: skip
@@ -252,12 +255,14 @@ def report(results: dict, run_root: Path, command: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     assert __doc__ is not None
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workload", choices=("both", "long_tail", "agent_latency"), default="both")
+    p.add_argument(
+        "--workload", choices=("all", "long_tail", "long_tail_tiny", "agent_latency"), default="all"
+    )
     p.add_argument("--steps", type=int, default=12, help="RL steps per run")
     p.add_argument("--quick", action="store_true", help="3 steps, sync/one_step_off/fully_async")
     p.add_argument("--report", type=Path, help="rewrite the results from this run directory")
     args = p.parse_args(argv)
-    workloads = ["long_tail", "agent_latency"] if args.workload == "both" else [args.workload]
+    workloads = list(WORKLOADS) if args.workload == "all" else [args.workload]
     command = "python bench/async_bench.py" + " ".join(["", *(argv or sys.argv[1:])]).rstrip()
     if args.report:
         results = {

@@ -37,8 +37,9 @@ class Launch:
         self.started_ray = False
 
     def __enter__(self) -> Launch:
-        from rlpost.workers.placement import start
+        from rlpost.workers.placement import set_wait_policy, start
 
+        set_wait_policy(self.cfg, self.plan.device.kind)
         self.run_dir = self.plan.make_run_dir()
         self.started_ray, self.placement = start(self.cfg, self.plan.device.ray_resource)
         try:

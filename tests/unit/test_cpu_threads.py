@@ -56,3 +56,20 @@ def test_threads_take_a_positive_number_or_auto():
         compose(["algo=grpo", "trainer.threads=0"])
     with pytest.raises(ConfigError, match="trainer.threads='many'"):
         compose(["algo=grpo", "trainer.threads=many"])
+
+
+def test_overlapping_modes_on_the_cpu_let_idle_openmp_threads_sleep(monkeypatch):
+    from rlpost.workers import WORKER_ENV
+    from rlpost.workers.placement import set_wait_policy
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setitem(WORKER_ENV, "OMP_WAIT_POLICY", "stale")
+    set_wait_policy(compose(["trainer.async_mode=fully_async"]), "cpu")
+    assert WORKER_ENV["OMP_WAIT_POLICY"] == "PASSIVE"
+    set_wait_policy(compose([]), "cpu")  # sync: OpenMP's default
+    assert "OMP_WAIT_POLICY" not in WORKER_ENV
+    set_wait_policy(compose(["trainer.async_mode=one_step_off"]), "cuda")
+    assert "OMP_WAIT_POLICY" not in WORKER_ENV
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the user's own choice wins
+    set_wait_policy(compose(["trainer.async_mode=one_step_off"]), "cpu")
+    assert "OMP_WAIT_POLICY" not in WORKER_ENV
