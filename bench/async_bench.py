@@ -25,6 +25,11 @@ The workloads:
   group's samples all have it). ``min_tokens`` makes vLLM's log-probs leave the
   end token out, so the runs set ``rollout.max_logprob_gap=null``. The held-out
   accuracy of random weights is 0 in every mode: reported, not compared.
+- ``trl_shape``: the realistic shape of bench/compare_trl.py (``model=small``,
+  32 prompts x 8 samples of exactly 100 tokens, micro-batches of 64), where
+  the update takes most of a step: whether an overlapping mode is slower than
+  not overlapping. ``sync``, ``one_step_off`` and ``fully_async`` (1) only,
+  4 steps, one seed.
 - ``agent_latency``: ``agent=calculator`` (multi-turn episodes that call a
   multiply tool; 1 to 3 model turns), its tool given a latency uniform in
   [0, 2] s (``agent.tool_latency_s=[0,2]``), 16 prompts x 4 episodes a step on
@@ -79,7 +84,9 @@ MODES: dict[str, list[str]] = {
     ],
 }  # fmt: skip
 HEADLINE = "fully_async_s2"
-WORKLOADS = ("long_tail", "long_tail_tiny", "agent_latency")
+WORKLOADS = ("long_tail", "long_tail_tiny", "agent_latency", "trl_shape")
+# Workloads that run fewer modes, fewer steps and no second seed (their steps are long).
+SHORT = {"trl_shape": (("sync", "one_step_off", "fully_async_s1"), 4)}
 NOISE_MODES = ("sync", HEADLINE)  # run again with seed 1
 QUICK_MODES = ("sync", "one_step_off", HEADLINE)
 
@@ -124,6 +131,13 @@ def workload_args(name: str, run_root: Path, steps: int) -> list[str]:
             "rollout.n=2", "trainer.packing=true", "rollout.max_tokens=192", "rollout.max_model_len=256",
             "rollout.max_logprob_gap=null", "rollout.max_mean_logprob_gap=null",
             "reward=arith",
+        ]  # fmt: skip
+    if name == "trl_shape":  # bench/compare_trl.py's realistic shape
+        return [
+            *common, "model=small", "data.prompts_per_step=32", "rollout.n=8",
+            "rollout.max_tokens=100", "rollout.min_tokens=100", "rollout.temperature=1.0",
+            "trainer.lr=1e-4", "trainer.lr_warmup_steps=0", "trainer.micro_batch_size=64",
+            "rollout.max_logprob_gap=null", "data.val_size=16",
         ]  # fmt: skip
     return [
         *common, "agent=calculator", "agent.tool_latency_s=[0,2]", "rollout.replicas=2",
@@ -202,7 +216,10 @@ def report(results: dict, run_root: Path, command: str) -> None:
                   "trainer idle | rollout idle | staleness mean / max | partial | dropped | "
                   "accuracy |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         sync = base.get("sync", {}).get("samples_per_s")
-        for key, f in runs.items():
+        order = list(MODES)
+        for key, f in sorted(runs.items(), key=lambda kv: (
+            order.index(kv[0].rpartition("-seed")[0]) if kv[0].rpartition("-seed")[0] in order
+            else len(order), kv[0].rpartition("-seed")[2])):  # fmt: skip
             mode, _, seed = key.rpartition("-seed")
             ratio = f"{f['samples_per_s'] / sync:.2f}x" if sync else "-"
             acc = (
@@ -255,22 +272,26 @@ def report(results: dict, run_root: Path, command: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     assert __doc__ is not None
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--workload", choices=("all", "long_tail", "long_tail_tiny", "agent_latency"), default="all"
-    )
+    p.add_argument("--workload", choices=("all", *WORKLOADS), default="all")
     p.add_argument("--steps", type=int, default=12, help="RL steps per run")
     p.add_argument("--quick", action="store_true", help="3 steps, sync/one_step_off/fully_async")
-    p.add_argument("--report", type=Path, help="rewrite the results from this run directory")
+    p.add_argument(
+        "--report", type=Path, nargs="+",
+        help="rewrite the results from these run directories (a workload from the last that has it)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     workloads = list(WORKLOADS) if args.workload == "all" else [args.workload]
     command = "python bench/async_bench.py" + " ".join(["", *(argv or sys.argv[1:])]).rstrip()
     if args.report:
-        results = {
-            w: {d.name: json.loads((d / "bench.json").read_text())
-                for d in sorted((args.report / w).iterdir()) if (d / "bench.json").exists()}
-            for w in workloads if (args.report / w).is_dir()
-        }  # fmt: skip
-        report(results, args.report, command)
+        results = {}
+        for root in args.report:
+            for w in workloads:
+                if (root / w).is_dir():
+                    results[w] = {
+                        d.name: json.loads((d / "bench.json").read_text())
+                        for d in sorted((root / w).iterdir()) if (d / "bench.json").exists()
+                    }  # fmt: skip
+        report(results, args.report[-1], command)
         return 0
     run_root = REPO / "bench" / ".runs" / time.strftime("async-%Y%m%d-%H%M%S")
     run_root.mkdir(parents=True)
@@ -279,9 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict] = {}
     for workload in workloads:
         runs: dict[str, dict] = {}
-        for mode in modes:
-            runs[f"{mode}-seed0"] = run_mode(workload, mode, 0, run_root, steps)
-        if not args.quick:
+        w_modes, w_steps = SHORT.get(workload, (modes, steps))
+        for mode in w_modes if not args.quick else modes:
+            runs[f"{mode}-seed0"] = run_mode(workload, mode, 0, run_root, w_steps)
+        if not args.quick and workload not in SHORT:
             for mode in NOISE_MODES:
                 runs[f"{mode}-seed1"] = run_mode(workload, mode, 1, run_root, steps)
         results[workload] = runs

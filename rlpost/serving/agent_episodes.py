@@ -59,14 +59,34 @@ class PendingEpisodes:
         self.n = n
         self._episodes: list[Episode] | None = None
         self._error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None
+        self._cancelled = False
         self._thread = threading.Thread(target=self._run, args=(coro_fn,), daemon=True)
         self._thread.start()
 
     def _run(self, coro_fn: Callable[[], Any]) -> None:
+        loop = asyncio.new_event_loop()
         try:
-            self._episodes = asyncio.run(coro_fn())
+            with self._lock:
+                if self._cancelled:
+                    raise asyncio.CancelledError
+                self._loop, self._task = loop, loop.create_task(coro_fn())
+            self._episodes = loop.run_until_complete(self._task)
         except BaseException as exc:  # handed to the caller of result()
             self._error = exc
+        finally:
+            with self._lock:
+                self._loop = None
+            loop.close()
+
+    def cancel(self) -> None:
+        """Stop the episodes (a run's end): their turns in flight are abandoned."""
+        with self._lock:
+            self._cancelled = True
+            if self._loop is not None and self._task is not None:
+                self._loop.call_soon_threadsafe(self._task.cancel)
 
     def done(self) -> bool:
         return not self._thread.is_alive()

@@ -62,3 +62,21 @@ def test_one_update_stale_samples_then_a_resume_that_says_what_it_dropped(model,
     text = output(run_dir)
     assert "resumed from" in text, text[-3000:]
     assert "were generating or buffered at the checkpoint" in text, text[-3000:]
+
+
+def test_dynamic_sampling_and_lora_adapter_sync_stream_too(model, tmp_path):
+    """DAPO's dynamic sampling drops groups whose rewards all agree and takes more
+    from the stream; LoRA adapters reach the replica like weights (interrupting)."""
+    rows = run(model, tmp_path / "dapo", 3, *ASYNC, "algo=dapo",
+               "algo.dynamic_sampling.max_rounds=3")  # fmt: skip
+    trained = [r for r in rows if r["step"] > 0]
+    assert all(r["dapo/kept_groups"] >= 1 for r in trained)
+    # every trained group has rewards that disagree: a nonzero advantage somewhere
+    assert all(r["data/samples"] == 4 * r["dapo/kept_groups"] for r in trained)
+    assert all(r["async/staleness_max"] <= 1.0 for r in trained)
+
+    rows = run(model, tmp_path / "lora", 3, *ASYNC, "model.lora.rank=4",
+               "rollout.lora_sync=adapter", "trainer.lr=2e-3")  # fmt: skip
+    trained = [r for r in rows if r["step"] > 0]
+    assert max(r["async/staleness_mean"] for r in trained) > 0.0
+    assert max(r.get("actor/grad_norm", 0.0) for r in trained) > 0
