@@ -43,7 +43,7 @@ and checkpoints are outside the steps, ``trainer.val_every=0``):
 - trainer idle: the share of those seconds the trainer waited for samples
   (sync: ``timing/generate_s``; one_step_off: ``timing/generate_wait_s``;
   fully_async: ``async/trainer_wait_s``);
-- rollout idle: ``rollout/idle_frac``, the replicas' share of time with nothing
+- rollout idle: ``perf/rollout_idle_frac``, the replicas' share of time with nothing
   to generate (from each engine's busy seconds);
 - staleness: ``async/staleness_mean`` (updates, per token) and its maximum;
   ``async/partial_frac`` and ``async/dropped_stale``;
@@ -188,7 +188,7 @@ def summarise(run_dir: Path) -> dict:
         "tokens_per_s": tokens / seconds,
         "step_s": seconds / len(steps),
         "trainer_idle_frac": sum(r[wait_key] for r in steps) / seconds,
-        "rollout_idle_frac": mean(r.get("rollout/idle_frac", float("nan")) for r in steps),
+        "rollout_idle_frac": mean(r.get("perf/rollout_idle_frac", float("nan")) for r in steps),
         "staleness_mean": mean(r.get("async/staleness_mean", 0.0) for r in steps),
         "staleness_max": max(r.get("async/staleness_max", 0.0) for r in steps),
         "partial_frac": mean(r.get("async/partial_frac", 0.0) for r in steps),

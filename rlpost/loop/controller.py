@@ -245,8 +245,8 @@ class Controller:
                 metrics["async/dropped_stale"] = float(self.dropped_stale)
                 metrics["async/buffer_groups"] = float(len(producer.ready))
                 metrics["async/inflight_groups"] = float(len(producer.inflight))
-                if "rollout/idle_frac" in metrics:
-                    metrics["async/rollout_idle_frac"] = metrics["rollout/idle_frac"]
+                if "perf/rollout_idle_frac" in metrics:
+                    metrics["async/rollout_idle_frac"] = metrics["perf/rollout_idle_frac"]
                 yield whole_step(metrics, start)
         finally:
             left = producer.close()

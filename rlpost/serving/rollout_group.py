@@ -154,7 +154,7 @@ class RolloutGroup:
         # Engine counters at the previous stats(): prefix cache and KV connector
         # (queries, hits, queries, hits).
         self._last_cache: list[tuple[float, ...]] = [(0.0,) * 4] * replicas
-        # Each replica's engine seconds busy at the previous stats() (rollout/idle_frac).
+        # Each replica's engine seconds busy at the previous stats() (perf/rollout_idle_frac).
         self._last_busy: dict[int, float] = {}
         self._last_stats_t = time.perf_counter()
         # PD mode: the longest prompt sent, for the warning when no KV moves (once).
@@ -449,7 +449,7 @@ class RolloutGroup:
             # Share of the replicas' time since the last call with nothing to step.
             worked = sum(max(0.0, b - self._last_busy.get(i, 0.0)) for i, b in busy.items())
             idle = 1.0 - worked / ((clock - self._last_stats_t) * len(busy))
-            out["rollout/idle_frac"] = min(1.0, max(0.0, idle))
+            out["perf/rollout_idle_frac"] = min(1.0, max(0.0, idle))
             self._last_busy.update(busy)
         self._last_stats_t = clock
         totals = []  # per pool: (prefix queries, hits, connector queries, hits)

@@ -29,7 +29,7 @@ def _shared(row: dict) -> dict:
     """What both modes report, without timings and the async-only counters."""
     return {
         k: v for k, v in comparable(row).items()
-        if not k.startswith("async/") and k not in ("rollout/idle_frac",)
+        if not k.startswith("async/")
     }  # fmt: skip
 
 
@@ -80,3 +80,35 @@ def test_dynamic_sampling_and_lora_adapter_sync_stream_too(model, tmp_path):
     trained = [r for r in rows if r["step"] > 0]
     assert max(r["async/staleness_mean"] for r in trained) > 0.0
     assert max(r.get("actor/grad_norm", 0.0) for r in trained) > 0
+
+
+def test_a_killed_replica_is_replaced_and_a_sigint_checkpoints(model, tmp_path):
+    """The faults of any mode, with groups streaming: a replica SIGKILLed mid-run
+    is replaced and its groups' requests sent again (the run finishes every
+    step); a SIGINT checkpoints the last finished step and exits 130."""
+    import os
+    import signal
+
+    from cli_utils import actor_pids, metrics, wait_until
+
+    run_dir = tmp_path / "run"
+    proc = start(model, run_dir, 1000, *ASYNC, "trainer.save_every=0", session=True)
+    try:
+        wait_until(lambda: any(r["step"] == 1 for r in metrics(run_dir)), proc, run_dir)
+        [pid] = actor_pids(proc.pid, "RolloutWorker")
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: metrics(run_dir)[-1].get("rollout/replica_restarts") == 1, proc, run_dir)
+        killed_at = metrics(run_dir)[-1]["step"]
+        wait_until(lambda: metrics(run_dir)[-1]["step"] >= killed_at + 2, proc, run_dir)
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=180)
+    finally:
+        proc.kill()
+    text = output(run_dir)
+    assert code == 130, text[-3000:]
+    assert "rollout replica 0 restarted and synced" in text
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(len(rows)))  # no step lost or repeated
+    last = rows[-1]["step"]
+    assert (run_dir / "checkpoints" / f"step_{last:06d}").is_dir(), text[-3000:]
+    assert all(r["async/staleness_max"] <= 1.0 for r in rows[1:])
