@@ -226,10 +226,12 @@ class Collector:
                 continue
             scores, metrics = self._score_groups(fresh)
             parts.append((len(fresh) * n, metrics))
+            groups_b = torch.arange(len(fresh)).repeat_interleave(n)
+            keep_g = zero_std_groups(scores["total"], groups_b)[::n]
             for j, g in enumerate(fresh):
                 looked += 1
                 group = {k: v[j * n : (j + 1) * n] for k, v in scores.items()}
-                if bool((group["total"] == group["total"][0]).all()):
+                if not bool(keep_g[j]):
                     producer.discard(g)
                     zero_std += 1
                     continue

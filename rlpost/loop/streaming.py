@@ -139,7 +139,6 @@ class GroupProducer:
 
     def discard(self, group: Group) -> None:
         """A finished group that will not be trained: its place is free again."""
-        del group
         self.discarded += 1
 
     def requeue(self, groups: list[Group]) -> None:
