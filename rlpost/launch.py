@@ -5,7 +5,7 @@ again, in one place."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlpost.loop.controller import Controller
 from rlpost.loop.faults import StopOnSignal
@@ -14,6 +14,9 @@ from rlpost.loop.tracking import Tracker
 from rlpost.plan.plan import RunPlan
 from rlpost.rewards.scoring import RewardScorer
 from rlpost.workers.trainer_worker import TrainerGroup
+
+if TYPE_CHECKING:
+    from rlpost.serving.agent_episodes import AgentRollout
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +35,7 @@ class Launch:
         self.trainers: list[TrainerGroup] = []
         self.rollout: Any = None
         self.tracker: Tracker | None = None
+        self.agent: AgentRollout | None = None
         self.scorer: RewardScorer | None = None
         self.placement: Any = None
         self.started_ray = False
@@ -52,6 +56,8 @@ class Launch:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self.agent is not None:
+            self.agent.close()
         if self.scorer is not None:
             self.scorer.close()
         if self.tracker is not None:
@@ -142,7 +148,7 @@ class Launch:
         agent = None
         if cfg.agent.enabled:  # a training row opens the episode its tool check renders
             example = plan.train_rows[0] if plan.train_rows else None
-            agent = AgentRollout(cfg, self.rollout, tokenizer, example)
+            agent = self.agent = AgentRollout(cfg, self.rollout, tokenizer, example)
         return Controller(
             plan, self.run_dir, Workers(policy, self.rollout, reference, critic), tokenizer,
             self.scorer, self.tracker, rebuild_trainers=lambda: self.build_trainers(model_path),

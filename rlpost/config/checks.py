@@ -141,6 +141,11 @@ def data_checks(cfg: Config) -> list[str]:
 def agent_checks(cfg: Config) -> list[str]:
     """Agent mode: tools or an environment, and an RL preset."""
     problems = []
+    if cfg.agent.program is not None and cfg.agent.env is not None:
+        problems.append(
+            f"agent.program and agent.env are both set: the program {cfg.agent.program} runs the "
+            "episodes itself and no environment answers it; drop one of them"
+        )
     if cfg.agent.env is not None and cfg.agent.tools:
         problems.append(
             "agent.env and agent.tools are both set: an environment answers the model itself; "

@@ -436,10 +436,27 @@ class AgentConfig:
         help="[lo, hi]: each turn that calls agent.tools first waits a uniform random time in that range, in seconds (a slow tool or API, for benchmarks); []: none",
     )
 
+    program: str | None = spec(
+        None,
+        help="your own agent, file.py:fn or module:fn: (async) fn(client, row) gets an OpenAI client bound to its episode on rlpost's chat endpoint and returns the reward (a number), or None / the final answer for reward.fn; it runs the episodes instead of the built-in loop",
+    )
+    program_timeout_s: float = spec(
+        300.0,
+        gt=0,
+        help="an agent program's episode running longer ends with reward 0 (agent/program_timeouts)",
+    )
+    max_concurrent_episodes: int = spec(
+        0, ge=0, help="most agent-program episodes running at once (0: every episode of a batch)"
+    )
+    endpoint_host: str = spec(
+        "127.0.0.1", help="address the agent programs' OpenAI-compatible endpoint listens on"
+    )
+    endpoint_port: int = spec(0, ge=0, le=65535, help="its port (0: any free one)")
+
     @property
     def enabled(self) -> bool:
-        """Multi-turn episodes instead of single completions: set by tools or an env."""
-        return bool(self.tools) or self.env is not None
+        """Multi-turn episodes instead of single completions: set by tools, an env or a program."""
+        return bool(self.tools) or self.env is not None or self.program is not None
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,7 @@ def check_lora_adapter(cfg: Config, device_kind: str) -> list[str]:
 
 
 def check_agent(cfg: Config) -> list[str]:
-    """``agent.tools`` / ``agent.env`` load, before any worker starts."""
+    """``agent.tools`` / ``agent.env`` / ``agent.program`` load, before any worker starts."""
     from rlpost.rollout.agent import EnvError, ToolError, get_parser
     from rlpost.rollout.agent.parsers import ParserError
     from rlpost.serving.agent_episodes import env_factory
@@ -147,4 +147,19 @@ def check_agent(cfg: Config) -> list[str]:
         get_parser(cfg.agent.parser)
     except ParserError as exc:
         problems.append(f"agent.parser={cfg.agent.parser}: {exc}")
+    if cfg.agent.program is not None:
+        from rlpost.rollout.agent.program import ProgramError, load_program
+
+        try:
+            load_program(cfg.agent.program)
+        except ProgramError as exc:
+            problems.append(f"agent.program={cfg.agent.program}: {exc}")
+        try:
+            import aiohttp  # noqa: F401
+            import openai  # noqa: F401
+        except ImportError as exc:
+            problems.append(
+                f"agent.program needs the openai and aiohttp packages ({exc}); "
+                "pip install 'rlpost[agents]'"
+            )
     return problems

@@ -33,7 +33,9 @@ from rlpost.config.groups import Config
 from rlpost.result import RunError
 from rlpost.rewards.scoring import RewardScorer
 from rlpost.rollout.agent import AgentLoopConfig, Episode, episode_metrics, load_env, run_episodes
+from rlpost.rollout.agent.endpoint import ChatEndpoint
 from rlpost.rollout.agent.env import EnvFactory, ToolEnv, prompt_messages
+from rlpost.rollout.agent.program import Program, load_program, run_program_episodes
 from rlpost.rollout.agent.tools import load_tools
 from rlpost.rollout.base import Completion, GenerationRequest, GenerationResult, SamplingConfig
 
@@ -109,7 +111,7 @@ class AgentRollout:
 
     def __init__(self, cfg: Config, group: Any, tokenizer: Any, example: dict | None = None):
         a = cfg.agent
-        self.group, self.tokenizer = group, tokenizer
+        self.cfg, self.group, self.tokenizer = cfg, group, tokenizer
         self.make_env = env_factory(cfg)
         self.loop_cfg = AgentLoopConfig(
             max_turns=a.max_turns,
@@ -119,7 +121,34 @@ class AgentRollout:
         )
         self.turn_tokens = a.max_turn_tokens or a.max_response_tokens
         self._calls = 0
+        self.program: Program | None = None
+        self.endpoint: ChatEndpoint | None = None
+        self.limit: threading.BoundedSemaphore | None = None
+        if a.program is not None:
+            self.program = load_program(a.program)
+            self.endpoint = ChatEndpoint(
+                self._generate, tokenizer, parser=a.parser, host=a.endpoint_host,
+                port=a.endpoint_port,
+            ).start()  # fmt: skip
+            if a.max_concurrent_episodes:
+                self.limit = threading.BoundedSemaphore(a.max_concurrent_episodes)
+            log.info("agent.program=%s runs the episodes against %s", a.program, self.endpoint.url)
+            if a.tools:
+                log.info(
+                    "agent.tools=%s: rlpost does not call them (the program calls its own); "
+                    "they only check that the chat template shows the model its tools", list(a.tools),
+                )  # fmt: skip
         warn_if_tools_unseen(cfg, tokenizer, self.make_env(), example)
+
+    async def _generate(
+        self, prompt_ids: list[int], s: SamplingConfig, session_id: str
+    ) -> Completion:
+        result = await self.group.agenerate(GenerationRequest(prompt_ids, s, session_id))
+        return result.completions[0]
+
+    def close(self) -> None:
+        if self.endpoint is not None:
+            self.endpoint.close()
 
     def launch(self, rows: list[dict], sampling: SamplingConfig) -> PendingEpisodes:
         """Start ``sampling.n`` episodes per row; returns at once. A turn's token
@@ -129,14 +158,19 @@ class AgentRollout:
         n = sampling.n
         sampling = dataclasses.replace(sampling, max_tokens=self.turn_tokens)
 
-        async def generate(prompt_ids: list[int], s: SamplingConfig, session_id: str):
-            result = await self.group.agenerate(GenerationRequest(prompt_ids, s, session_id))
-            return result.completions[0]
-
         def episodes() -> Any:
+            if self.program is not None:
+                assert self.endpoint is not None
+                return run_program_episodes(
+                    rows, n, program=self.program, endpoint=self.endpoint,
+                    tokenizer=self.tokenizer, sampling=sampling, config=self.loop_cfg,
+                    session_prefix=prefix, timeout_s=self.cfg.agent.program_timeout_s,
+                    limit=self.limit,
+                )  # fmt: skip
             return run_episodes(
-                rows, n, generate=generate, tokenizer=self.tokenizer, make_env=self.make_env,
-                sampling=sampling, config=self.loop_cfg, session_prefix=prefix,
+                rows, n, generate=self._generate, tokenizer=self.tokenizer,
+                make_env=self.make_env, sampling=sampling, config=self.loop_cfg,
+                session_prefix=prefix,
             )  # fmt: skip
 
         return PendingEpisodes(episodes, n)

@@ -95,6 +95,14 @@ class Episode:
     # The policy version that sampled each response token (-1: environment tokens,
     # or an engine that did not say).
     versions: list[int] = field(default_factory=list)
+    # Agent programs (``program.py``): how the program ended ("ok", "error",
+    # "timeout", "no_calls"; None: the native loop), the prefix breaks of its
+    # trajectory, the sampled tokens of the segments before the last one (not
+    # trained), and requests whose temperature / top_p the endpoint ignored.
+    program: str | None = None
+    prefix_breaks: int = 0
+    dropped_tokens: int = 0
+    sampling_overridden: int = 0
 
     @property
     def turns_cut(self) -> int:
@@ -265,7 +273,7 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     """Batch metrics: means per episode, tool counts and cut turns summed over the
     batch, ``agent/truncated`` the fraction of truncated episodes."""
     count = max(len(episodes), 1)
-    return {
+    out = {
         "agent/turns_mean": sum(e.num_turns for e in episodes) / count,
         "agent/tool_calls": float(sum(e.tool_calls for e in episodes)),
         "agent/tool_errors": float(sum(e.tool_errors for e in episodes)),
@@ -275,6 +283,13 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         "agent/model_tokens_mean": sum(e.model_tokens for e in episodes) / count,
         "agent/env_tokens_mean": sum(e.env_tokens for e in episodes) / count,
     }
+    if any(e.program is not None for e in episodes):  # agent programs' episodes
+        for status, key in (("error", "errors"), ("timeout", "timeouts"), ("no_calls", "no_calls")):
+            out[f"agent/program_{key}"] = float(sum(e.program == status for e in episodes))
+        out["agent/prefix_breaks"] = float(sum(e.prefix_breaks for e in episodes))
+        out["agent/dropped_tokens"] = float(sum(e.dropped_tokens for e in episodes))
+        out["agent/sampling_overridden"] = float(sum(e.sampling_overridden for e in episodes))
+    return out
 
 
 def _seed(base: int, episode: int, turn: int) -> int:

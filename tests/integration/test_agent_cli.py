@@ -52,7 +52,7 @@ def test_custom_environment_on_user_data_trains_multi_turn(model, tmp_path):
     run_dir = tmp_path / "run"
     proc = _cli([
         f"model.path={model}", *COMMON, f"data.train_files={train}", f"data.val_files={val}",
-        "agent.env=examples/agent/guess_env.py:GuessEnv", "agent.env_kwargs.max_guesses=3",
+        "agent.env=examples/agents/guess_env.py:GuessEnv", "agent.env_kwargs.max_guesses=3",
         "agent.max_turns=3", "agent.max_turn_tokens=8", "agent.max_response_tokens=64",
         "trainer.total_steps=2",
         f"trainer.run_dir={run_dir}",
@@ -78,8 +78,8 @@ def test_custom_tool_with_column_style_reward(model, tmp_path):
     run_dir = tmp_path / "run"
     proc = _cli([
         f"model.path={model}", *COMMON, f"data.train_files={train}", f"data.val_files={val}",
-        "reward=custom", "reward.fn=examples/agent/unit_reward.py:score",
-        "agent.tools=examples/agent/unit_tool.py:convert", "trainer.total_steps=1",
+        "reward=custom", "reward.fn=examples/agents/unit_reward.py:score",
+        "agent.tools=examples/agents/unit_tool.py:convert", "trainer.total_steps=1",
         f"trainer.run_dir={run_dir}",
     ])  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -117,12 +117,12 @@ def test_turns_cut_at_agent_max_turn_tokens_count_as_clipped(model, tmp_path):
     "override, expected",
     [
         (
-            "agent.tools=examples/agent/nope.py:convert",
-            "agent.tools=['examples/agent/nope.py:convert']",
+            "agent.tools=examples/agents/nope.py:convert",
+            "agent.tools=['examples/agents/nope.py:convert']",
         ),
-        ("agent.tools=examples/agent/unit_reward.py:score", "score has no docstring"),
-        ("agent.env=examples/agent/unit_tool.py:TO_METRES", "not a class"),
-        ("agent.env=examples/agent/guess_env.py:GuessEnv agent.env_kwargs.colour=1", "env kwargs"),
+        ("agent.tools=examples/agents/unit_reward.py:score", "score has no docstring"),
+        ("agent.env=examples/agents/unit_tool.py:TO_METRES", "not a class"),
+        ("agent.env=examples/agents/guess_env.py:GuessEnv agent.env_kwargs.colour=1", "env kwargs"),
         ("agent.tools=calculator agent.parser=xml", "agent.parser=xml: tool-call parser 'xml'"),
     ],
 )

@@ -54,7 +54,7 @@ def test_agent_episodes_train_in_every_mode(tmp_path):
         "rollout.max_tokens=8", "data.max_prompt_tokens=48", "rollout.max_model_len=160",
         "rollout.kv_cache_gib=0.0625", "trainer.val_every=0", "trainer.total_steps=2",
         "trainer.logger=[jsonl]", "trainer.save_final=false",
-        "agent.env=examples/agent/guess_env.py:GuessEnv", "agent.max_turns=3",
+        "agent.env=examples/agents/guess_env.py:GuessEnv", "agent.max_turns=3",
         "agent.max_turn_tokens=8", "agent.max_response_tokens=48", "algo.overlong.buffer=8",
         "trainer.placement_timeout_s=30",
     ]  # fmt: skip

@@ -46,7 +46,7 @@ def test_train_twice_in_one_process(tmp_path: Path):
     agent = [
         "data=files", f"data.train_files={tmp_path / 'guess.jsonl'}",
         f"data.val_files={tmp_path / 'guess.jsonl'}", "rollout.max_tokens=8",
-        f"agent.env={REPO / 'examples/agent/guess_env.py'}:GuessEnv", "agent.max_turns=3",
+        f"agent.env={REPO / 'examples/agents/guess_env.py'}:GuessEnv", "agent.max_turns=3",
         "agent.max_response_tokens=64",
     ]  # fmt: skip
     results = []

@@ -6,7 +6,7 @@ shows the model (``tools=``); the model calls it in the Hermes format,
 
     python -m rlpost.main algo=grpo data=files data.train_files=units.jsonl \
         data.val_files=units_val.jsonl reward=custom reward.fn=my_reward.py:score \
-        agent.tools=examples/agent/unit_tool.py:convert
+        agent.tools=examples/agents/unit_tool.py:convert
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Train on it with your own data (rows with a "prompt" and a "secret" digit):
 
     python -m rlpost.main algo=grpo data=files \
         data.train_files=guess_train.jsonl data.val_files=guess_val.jsonl \
-        agent.env=examples/agent/guess_env.py:GuessEnv agent.env_kwargs.max_guesses=4
+        agent.env=examples/agents/guess_env.py:GuessEnv agent.env_kwargs.max_guesses=4
 
 rlpost makes one instance per episode with ``agent.env_kwargs``. ``reset`` opens
 the episode; ``step`` gets each assistant message and answers with new messages,

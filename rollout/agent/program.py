@@ -1,0 +1,209 @@
+"""Agent programs: a user's own agent, run unchanged against the chat endpoint.
+
+An agent program is ``fn(client, row)``, ``async def`` (given an
+``openai.AsyncOpenAI``) or plain (given an ``openai.OpenAI``, run in a thread),
+named by ``agent.program=file.py:fn`` or ``module:fn``. The client is bound to
+the episode's session on the endpoint (``endpoint.py``); whatever the program
+does with it is the episode. What it returns:
+
+- a number: the episode's reward;
+- ``None``: ``reward.fn`` scores the last assistant message's text;
+- a string: ``reward.fn`` scores that string as the final answer;
+- a dict with ``"reward"`` (a number) or ``"answer"`` (a string): the same.
+
+A program that raises, returns something else or runs past
+``agent.program_timeout_s`` ends its episode with reward 0, counted in
+``agent/program_errors`` / ``agent/program_timeouts``: never fatal. The episode
+trains on the tokens its calls captured up to then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rlpost.rollout.agent.capture import segments
+from rlpost.rollout.agent.chat import ChatTokens
+from rlpost.rollout.agent.endpoint import ChatEndpoint, Session
+from rlpost.rollout.agent.env import prompt_messages
+from rlpost.rollout.agent.loop import AgentLoopConfig, Episode, Turn
+from rlpost.rollout.agent.specs import SPEC_FORMS, load_object
+from rlpost.rollout.base import SamplingConfig
+
+log = logging.getLogger(__name__)
+# The openai client's HTTP library logs every request at INFO: thousands a step.
+for _name in ("httpx", "httpx2"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
+
+
+class ProgramError(ValueError):
+    """An agent program cannot be loaded or called; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Program:
+    fn: Callable[..., Any]
+    spec: str
+    is_async: bool
+
+
+def load_program(spec: str) -> Program:
+    """The program ``spec`` names, checked now: callable with ``(client, row)``."""
+    if ":" not in spec:
+        raise ProgramError(f"agent program {spec!r} is malformed; use {SPEC_FORMS}")
+    fn = load_object(spec, "agent program", ProgramError)
+    if not callable(fn) or isinstance(fn, type):
+        raise ProgramError(
+            f"agent program {spec!r}: is a {type(fn).__name__}, not a function; point the spec "
+            "at `async def fn(client, row)` (or a plain def)"
+        )
+    try:
+        inspect.signature(fn).bind(None, None)
+    except TypeError:
+        raise ProgramError(
+            f"agent program {spec!r}: {getattr(fn, '__name__', fn)}{inspect.signature(fn)} cannot "
+            "be called as fn(client, row); it takes the episode's OpenAI client and the data row"
+        ) from None
+    return Program(fn, spec, inspect.iscoroutinefunction(fn))
+
+
+def _outcome(value: Any) -> tuple[float | None, str | None]:
+    """(reward, final answer) from what a program returned; raises ``TypeError``."""
+    if value is None:
+        return None, None
+    if isinstance(value, (int, float)):
+        return float(value), None
+    if isinstance(value, str):
+        return None, value
+    if isinstance(value, dict) and ("reward" in value or "answer" in value):
+        reward, answer = value.get("reward"), value.get("answer")
+        if reward is not None and not isinstance(reward, (int, float)):
+            raise TypeError(f"its 'reward' is a {type(reward).__name__}, not a number")
+        if answer is not None and not isinstance(answer, str):
+            raise TypeError(f"its 'answer' is a {type(answer).__name__}, not a string")
+        return (None if reward is None else float(reward)), answer
+    raise TypeError(
+        f"it returned a {type(value).__name__}; return a number (the reward), None or a string "
+        "(reward.fn scores the answer), or {'reward': x} / {'answer': s}"
+    )
+
+
+async def run_program_episodes(
+    rows: Sequence[dict],
+    n: int,
+    *,
+    program: Program,
+    endpoint: ChatEndpoint,
+    tokenizer: Any,
+    sampling: SamplingConfig,
+    config: AgentLoopConfig,
+    session_prefix: str,
+    timeout_s: float,
+    limit: threading.Semaphore | None = None,
+) -> list[Episode]:
+    """``n`` episodes of ``program`` per row, concurrently (at most as many at once as
+    ``limit`` allows across every batch sharing it); row by row, like ``run_episodes``."""
+    chat = ChatTokens(tokenizer)
+
+    async def one(i: int, j: int) -> Episode:
+        if limit is not None:
+            await asyncio.to_thread(limit.acquire)
+        session = endpoint.sessions.open(f"{session_prefix}-{i}-{j}", i * n + j, sampling, config)
+        try:
+            status, reward, answer = await _run(program, endpoint, session, rows[i], timeout_s)
+        finally:  # also when the batch is cancelled: the key is refused from now on
+            endpoint.sessions.close(session.key)
+            if limit is not None:
+                limit.release()
+        return session_episode(session, chat, rows[i], i, status, reward, answer)
+
+    return list(await asyncio.gather(*(one(i, j) for i in range(len(rows)) for j in range(n))))
+
+
+async def _run(
+    program: Program, endpoint: ChatEndpoint, session: Session, row: dict, timeout_s: float
+) -> tuple[str, float | None, str | None]:
+    import openai
+
+    kwargs = dict(base_url=endpoint.url, api_key=session.key, max_retries=0, timeout=timeout_s)
+    row = dict(row)  # the program may change its copy
+    try:
+        if program.is_async:
+            async with openai.AsyncOpenAI(**kwargs) as client:
+                value = await asyncio.wait_for(program.fn(client, row), timeout_s)
+        else:
+            with openai.OpenAI(**kwargs) as sync_client:
+                value = await asyncio.wait_for(
+                    asyncio.to_thread(program.fn, sync_client, row), timeout_s
+                )
+    except asyncio.TimeoutError:
+        log.warning("agent program %s: episode %s ran past %ss; it ends with reward 0",
+                    program.spec, session.session_id, timeout_s)  # fmt: skip
+        return "timeout", 0.0, None
+    except Exception as exc:  # a program's failure is its episode's, counted
+        log.warning("agent program %s: episode %s raised %s: %s; it ends with reward 0",
+                    program.spec, session.session_id, type(exc).__name__, exc)  # fmt: skip
+        return "error", 0.0, None
+    try:
+        reward, answer = _outcome(value)
+    except TypeError as exc:
+        log.warning("agent program %s: %s; the episode ends with reward 0", program.spec, exc)
+        return "error", 0.0, None
+    return "ok", reward, answer
+
+
+def session_episode(
+    session: Session,
+    chat: ChatTokens,
+    row: dict,
+    group: int,
+    status: str,
+    reward: float | None,
+    answer: str | None,
+) -> Episode:
+    """The episode a finished session trains on: its last segment (the one that holds
+    the final answer). Earlier segments, left by prefix breaks, are counted in
+    ``prefix_breaks`` and their sampled tokens in ``dropped_tokens``."""
+    parts = segments(session.calls)
+    if not parts:  # the program never called the model: nothing it sampled to train
+        prompt = chat.prompt_ids(prompt_messages(row))
+        return Episode(
+            prompt_ids=prompt, response_ids=[], response_mask=[], logprobs=[],
+            messages=prompt_messages(row), reward=0.0 if reward is None else reward,
+            final_text=answer or "", num_turns=0, tool_calls=0, tool_errors=0, tool_timeouts=0,
+            truncated=False, model_tokens=0, env_tokens=0, session_id=session.session_id,
+            group=group, program="no_calls" if status == "ok" else status,
+        )  # fmt: skip
+    last = parts[-1]
+    final = session.calls[-1]
+    messages = [*final.request_messages, final.message]
+    turns = [Turn(c.sampled_ids, c.logprobs, c.text, c.finish_reason) for c in last.calls]
+    return Episode(
+        prompt_ids=last.prompt_ids,
+        response_ids=last.response_ids,
+        response_mask=last.mask,
+        logprobs=last.logprobs,
+        messages=messages,
+        reward=reward,
+        final_text=answer if answer is not None else str(final.message.get("content") or ""),
+        num_turns=len(session.calls),
+        tool_calls=sum(c.tool_calls for c in session.calls),
+        tool_errors=sum(c.tool_errors for c in session.calls),
+        tool_timeouts=0,
+        truncated=session.truncated or final.finish_reason == "length",
+        model_tokens=sum(last.mask),
+        env_tokens=len(last.mask) - sum(last.mask),
+        session_id=session.session_id,
+        group=group,
+        turns=turns,
+        versions=last.versions,
+        program=status,
+        prefix_breaks=len(parts) - 1,
+        dropped_tokens=sum(sum(p.mask) for p in parts[:-1]),
+        sampling_overridden=session.sampling_overridden,
+    )
