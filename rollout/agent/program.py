@@ -24,6 +24,7 @@ import inspect
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,24 +110,39 @@ async def run_program_episodes(
     """``n`` episodes of ``program`` per row, concurrently (at most as many at once as
     ``limit`` allows across every batch sharing it); row by row, like ``run_episodes``."""
     chat = ChatTokens(tokenizer)
+    # Plain programs run in threads of their own: the loop's default executor is
+    # small and also resolves the async clients' host names.
+    threads = None if program.is_async else ThreadPoolExecutor(max(len(rows) * n, 1))
 
     async def one(i: int, j: int) -> Episode:
-        if limit is not None:
-            await asyncio.to_thread(limit.acquire)
+        if limit is not None:  # polled: a thread blocked on it would hold an executor's worker
+            while not limit.acquire(blocking=False):
+                await asyncio.sleep(0.005)
         session = endpoint.sessions.open(f"{session_prefix}-{i}-{j}", i * n + j, sampling, config)
         try:
-            status, reward, answer = await _run(program, endpoint, session, rows[i], timeout_s)
+            status, reward, answer = await _run(
+                program, endpoint, session, rows[i], timeout_s, threads
+            )
         finally:  # also when the batch is cancelled: the key is refused from now on
             endpoint.sessions.close(session.key)
             if limit is not None:
                 limit.release()
         return session_episode(session, chat, rows[i], i, status, reward, answer)
 
-    return list(await asyncio.gather(*(one(i, j) for i in range(len(rows)) for j in range(n))))
+    try:
+        return list(await asyncio.gather(*(one(i, j) for i in range(len(rows)) for j in range(n))))
+    finally:
+        if threads is not None:
+            threads.shutdown(wait=False, cancel_futures=True)
 
 
 async def _run(
-    program: Program, endpoint: ChatEndpoint, session: Session, row: dict, timeout_s: float
+    program: Program,
+    endpoint: ChatEndpoint,
+    session: Session,
+    row: dict,
+    timeout_s: float,
+    threads: ThreadPoolExecutor | None,
 ) -> tuple[str, float | None, str | None]:
     import openai
 
@@ -138,9 +154,10 @@ async def _run(
                 value = await asyncio.wait_for(program.fn(client, row), timeout_s)
         else:
             with openai.OpenAI(**kwargs) as sync_client:
-                value = await asyncio.wait_for(
-                    asyncio.to_thread(program.fn, sync_client, row), timeout_s
+                running = asyncio.get_running_loop().run_in_executor(
+                    threads, program.fn, sync_client, row
                 )
+                value = await asyncio.wait_for(running, timeout_s)
     except asyncio.TimeoutError:
         log.warning("agent program %s: episode %s ran past %ss; it ends with reward 0",
                     program.spec, session.session_id, timeout_s)  # fmt: skip

@@ -113,6 +113,46 @@ def test_turns_cut_at_agent_max_turn_tokens_count_as_clipped(model, tmp_path):
     assert "ignores tools=" in proc.stderr and "never shown multiply" in proc.stderr
 
 
+def test_an_agent_program_trains_on_exactly_what_its_calls_sampled(model, tmp_path):
+    modes = ["tool", "tool", "edit", "raise"]
+    rows = [{"prompt": f"{10 + i}*3=", "mode": m, "split": "train"} for i, m in enumerate(modes)]
+    train = _jsonl(tmp_path / "prog.jsonl", rows)
+    val = _jsonl(tmp_path / "prog_val.jsonl", [{**r, "split": "val"} for r in rows])
+    tokens = tmp_path / "tokens.jsonl"
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlpost.main", f"model.path={model}", *COMMON,
+         f"data.train_files={train}", f"data.val_files={val}", "data.val_size=4",
+         "agent.program=tests/integration/programs/tool_agent.py:run", "agent.max_turns=3",
+         "agent.max_response_tokens=64", "agent.max_concurrent_episodes=6",
+         "trainer.total_steps=2", f"trainer.run_dir={run_dir}"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+        env={**ENV, "RLPOST_TEST_TOKENS": str(tokens)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [m for m in _metrics(run_dir) if m["step"] > 0]
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:
+        # each step: 4 episodes of the raising row, 4 prefix breaks of the editing row
+        assert m["agent/program_errors"] == 4 and m["agent/prefix_breaks"] == 4
+        assert m["agent/env_rewarded"] == 16  # every program returned a reward, or failed (0)
+        assert m["agent/env_tokens_mean"] > 0  # the tool turns, between the sampled ones
+        assert m["agent/turns_mean"] == (2 + 2 + 2 + 1) / 4
+        # trainer vs rollout log-probs on every captured (sampled) token
+        assert m["rollout/logprob_abs_diff_max"] < 1e-3
+    # The masks hold exactly the tokens the endpoint sampled: every call's tokens as
+    # the agent's usage reports them, less the editing rows' first calls (the segment
+    # before the break, counted in agent/dropped_tokens).
+    logged = [json.loads(x) for x in tokens.read_text().splitlines()]
+    train_logged = [r for r in logged if r["split"] == "train"]
+    assert len(train_logged) == 2 * 16
+    sampled = sum(sum(r["tokens"]) for r in train_logged)
+    dropped = sum(r["tokens"][0] for r in train_logged if r["mode"] == "edit")
+    assert sum(m["agent/dropped_tokens"] for m in steps) == dropped
+    trained = sum(m["agent/model_tokens_mean"] * 16 for m in steps)
+    assert round(trained) == sampled - dropped
+
+
 @pytest.mark.parametrize(
     "override, expected",
     [
@@ -124,6 +164,15 @@ def test_turns_cut_at_agent_max_turn_tokens_count_as_clipped(model, tmp_path):
         ("agent.env=examples/agents/unit_tool.py:TO_METRES", "not a class"),
         ("agent.env=examples/agents/guess_env.py:GuessEnv agent.env_kwargs.colour=1", "env kwargs"),
         ("agent.tools=calculator agent.parser=xml", "agent.parser=xml: tool-call parser 'xml'"),
+        (
+            "agent.program=examples/agents/guess_env.py:GuessEnv",
+            "is a type, not a function",
+        ),
+        (
+            "agent.program=examples/agents/openai_calculator.py:run "
+            "agent.env=examples/agents/guess_env.py:GuessEnv",
+            "agent.program and agent.env are both set",
+        ),
     ],
 )
 def test_bad_agent_specs_are_config_errors_before_ray(override, expected, tmp_path):
