@@ -4,7 +4,6 @@ the episode a session's segments become (hand-made calls, no server)."""
 from __future__ import annotations
 
 import pytest
-
 from rlpost.rollout.agent.capture import Call, segments
 from rlpost.rollout.agent.endpoint import Session
 from rlpost.rollout.agent.loop import AgentLoopConfig, episode_metrics
