@@ -380,10 +380,29 @@ class TrainerConfig:
 
 
 @dataclass(frozen=True)
+class ReasoningGymConfig:
+    """``data.name=reasoning_gym``: which of reasoning-gym's generators, how many rows."""
+
+    datasets: list[str] = spec([], help="reasoning-gym dataset names, e.g. [chain_sum, countdown]")
+    size: int = spec(1000, ge=1, help="training rows in all, shared by the datasets' weights")
+    weights: dict[str, float] = spec(
+        {}, help="relative share of each dataset's rows (default 1 each)"
+    )
+    seed: int | None = spec(None, help="the generators' seed (null: trainer.seed)")
+    config: dict[str, dict[str, Any]] = spec(
+        {}, help="per dataset, its generator's keyword arguments, e.g. {chain_sum: {min_terms: 2}}"
+    )
+    system_prompt: str | None = spec(
+        None,
+        help="one of reasoning-gym's system prompts (e.g. default: answer in <answer> tags), or null for none",
+    )
+
+
+@dataclass(frozen=True)
 class DataConfig:
-    name: Literal["arith", "calc", "shapes", "files"] = spec(
+    name: Literal["arith", "calc", "shapes", "files", "reasoning_gym"] = spec(
         "arith",
-        help="built-in task (arith: a+b=; calc: a*b= with a multiply tool; shapes: a picture's colour, for VL models) or user files",
+        help="built-in task (arith: a+b=; calc: a*b= with a multiply tool; shapes: a picture's colour, for VL models), reasoning-gym's generators, or user files",
     )
     train_files: list[str] = spec([], help="JSONL or Parquet files with a 'prompt' column")
     val_files: list[str] = spec([], help="held-out JSONL or Parquet files")
@@ -393,6 +412,7 @@ class DataConfig:
         99, ge=1, help="built-in tasks: operands go up to max_operand (arith from 0, calc from 10)"
     )
     max_prompt_tokens: int = spec(64, ge=1, help="longer prompts are dropped and counted")
+    reasoning_gym: ReasoningGymConfig = field(default_factory=ReasoningGymConfig)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,13 @@ log = logging.getLogger(__name__)
 
 def load_data(cfg: Config) -> tuple[list[dict], list[dict], int]:
     """Train rows, held-out rows and the number of malformed rows dropped."""
+    if cfg.data.name == "reasoning_gym":
+        from rlpost.data.reasoning_gym import reasoning_gym_rows
+
+        train_rg, val_rg = reasoning_gym_rows(
+            cfg.data.reasoning_gym, cfg.data.val_size, cfg.trainer.seed
+        )
+        return train_rg, val_rg, 0
     if cfg.data.name != "files":
         from rlpost.data.tasks import build_task
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlpost.data import reasoning_gym
 from rlpost.data.tasks import arith, calc, shapes
 
 RewardFn = Callable[..., Any]
@@ -18,6 +19,7 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "arith": arith.reward,
     "calc": calc.reward,
     "shapes": shapes.reward,
+    "reasoning_gym": reasoning_gym.reward,
 }
 
 SPEC_FORMS = (
