@@ -6,9 +6,11 @@ An environment is any object with
     step(message) -> (new_messages, done, reward)  # answer one assistant message
 
 either of which may be ``async``. ``message`` is the assistant's turn,
-``{"role": "assistant", "content": str, "tool_calls": [...]}`` (tool calls in the
+``{"role": "assistant", "content": str, "tool_calls": [...], "text": str}`` (tool calls in the
 OpenAI form ``{"id", "type": "function", "function": {"name", "arguments"}}``,
-plus ``"tool_call_errors"`` when some call blocks were malformed). ``reward`` is
+plus ``"tool_call_errors"`` when some call blocks were malformed; ``text`` is the
+turn's whole sampled text, tool-call blocks included, which environments that
+parse the model's text themselves read). ``reward`` is
 ``None`` or a float; the episode keeps the last one that is not ``None``. The loop
 creates one environment per episode. Two optional attributes: ``tool_schemas``
 (given to the chat template as ``tools``) and ``outcomes`` (``ToolOutcome`` list,
@@ -142,6 +144,11 @@ def load_env(spec: str, kwargs: Mapping[str, Any] | None = None) -> EnvFactory:
     loads: not loadable, not a class, no ``reset`` / ``step`` method, or ``kwargs``
     that its constructor does not take.
     """
+    from rlpost.rollout.agent import adapters
+
+    library, _, ident = spec.partition(":")
+    if library in adapters.LIBRARIES and ident:
+        return adapters.LIBRARIES[library](spec, ident, dict(kwargs or {}))
     if spec in ENVS:
         cls = ENVS[spec]
     elif ":" in spec:
@@ -156,6 +163,8 @@ def load_env(spec: str, kwargs: Mapping[str, Any] | None = None) -> EnvFactory:
             f"environment {spec!r}: is a {type(cls).__name__}, not a class; point the spec at "
             "a class with reset(row) and step(message) methods"
         )
+    if adapters.is_trl_style(cls):  # TRL's environment_factory shape: methods are tools
+        return _trl_style_factory(spec, cls, dict(kwargs or {}))
     missing = [m for m in ("reset", "step") if not callable(getattr(cls, m, None))]
     if missing:
         raise EnvError(
@@ -176,3 +185,19 @@ def load_env(spec: str, kwargs: Mapping[str, Any] | None = None) -> EnvFactory:
         return cls(**kwargs)
 
     return make
+
+
+def _trl_style_factory(spec: str, cls: type, kwargs: dict[str, Any]) -> EnvFactory:
+    from rlpost.rollout.agent.adapters import TrlStyleEnv
+
+    try:
+        inspect.signature(cls).bind(**kwargs)
+        TrlStyleEnv(cls(**kwargs))  # its methods' schemas, checked now
+    except TypeError as e:
+        raise EnvError(
+            f"environment {spec!r}: {cls.__name__}({', '.join(kwargs)}) does not match its "
+            f"constructor {cls.__name__}{inspect.signature(cls)} ({e}); fix the env kwargs"
+        ) from None
+    except EnvError as e:
+        raise EnvError(f"environment {spec!r}: {e}") from None
+    return lambda: TrlStyleEnv(cls(**kwargs))

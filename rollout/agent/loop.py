@@ -209,7 +209,7 @@ async def _episode(
         if not ended and room < sampling.max_tokens and len(sampled) >= room:
             truncated = True  # cut by the episode's budget, not by the per-turn limit
             break
-        new, done, step_reward = await _maybe_await(env.step(message))
+        new, done, step_reward = await _maybe_await(env.step({**message, "text": text}))
         reward = step_reward if step_reward is not None else reward
         if done:
             truncated = completion.finish_reason == "length"  # its last turn was cut

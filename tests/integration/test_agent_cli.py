@@ -153,6 +153,49 @@ def test_an_agent_program_trains_on_exactly_what_its_calls_sampled(model, tmp_pa
     assert round(trained) == sampled - dropped
 
 
+LIBRARY_ENVS = {
+    # agent.env, its rows (one step trains 4 of them x 4 episodes)
+    "trl_style": (
+        "examples/agents/trl_style_env.py:CounterEnv",
+        [{"prompt": f"Count to {k}.", "target": k} for k in range(1, 9)],
+    ),
+    "skyrl_gym": (
+        "skyrl_gym:gsm8k",
+        [
+            {
+                "prompt": f"What is {a}+{a}?",
+                "reward_spec": {"method": "rule", "ground_truth": str(2 * a)},
+            }
+            for a in range(8)
+        ],
+    ),  # fmt: skip
+    # the shortest opening of the single-player games (~200 tokens of the 256 positions)
+    "textarena": ("textarena:Cryptarithm-v0", [{"prompt": "play", "seed": i} for i in range(8)]),
+}
+
+
+@pytest.mark.parametrize("library", sorted(LIBRARY_ENVS))
+def test_other_libraries_environments_train_unchanged(library, model, tmp_path):
+    pytest.importorskip(
+        {"trl_style": "json", "skyrl_gym": "skyrl_gym", "textarena": "textarena"}[library]
+    )
+    spec, rows = LIBRARY_ENVS[library]
+    data = _jsonl(tmp_path / f"{library}.jsonl", rows)
+    run_dir = tmp_path / "run"
+    proc = _cli([
+        f"model.path={model}", *COMMON, f"data.train_files={data}", f"data.val_files={data}",
+        "data.val_size=4", f"agent.env={spec}", "agent.max_turns=2", "agent.max_turn_tokens=16",
+        "agent.max_response_tokens=96", "rollout.max_model_len=256",
+        "data.max_prompt_tokens=240", "trainer.total_steps=1", f"trainer.run_dir={run_dir}",
+    ])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (m,) = [m for m in _metrics(run_dir) if m["step"] == 1]
+    # every episode's reward came from the library's environment, none from reward.fn
+    assert m["agent/env_rewarded"] == 16 and m["reward/errors"] == 0
+    assert 1.0 <= m["agent/turns_mean"] <= 2.0
+    assert m["rollout/logprob_abs_diff_max"] < 1e-3
+
+
 @pytest.mark.parametrize(
     "override, expected",
     [
