@@ -65,11 +65,12 @@ def run(name: str, extra: list[str], steps: int, out: Path, cache: Path) -> dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--cache", type=Path, help="a model cache to reuse (default: a new one)")
     args = parser.parse_args()
     out = ROOT / "bench" / ".runs" / f"agent-program-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True)
-    cache = out / "model-cache"
-    run("warmup", ["trainer.total_steps=1"], 1, out, cache)  # fills the cache
+    cache = args.cache or out / "model-cache"
+    run("warmup", ["trainer.total_steps=1"], 1, out, cache)  # fills the cache (or finds it)
     rows = [run("native loop", [], args.steps, out, cache)]
     rows.append(run("agent.program (OpenAI client)", [PROGRAM], args.steps, out, cache))
     lines = [

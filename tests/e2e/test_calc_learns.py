@@ -1,5 +1,4 @@
-"""The real CLI trains multi-turn agent RL on the built-in calc task (with the built-in
-episode loop, and with an OpenAI-client agent program), and the policy
+"""The real CLI trains multi-turn agent RL on the built-in calc task, and the policy
 gets better at using the multiply tool: calling it with the right operands and
 copying its result into the final answer."""
 
@@ -36,23 +35,3 @@ def test_tool_use_accuracy_rises(tmp_path, model_cache):
     assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10 + 0.1
     assert max(h["rollout/logprob_abs_diff_max"] for h in steps) < 1e-3
 
-
-@pytest.mark.slow
-def test_an_openai_client_agent_program_learns_tool_use(tmp_path, model_cache):
-    """The same task with the episodes run by an agent written against the OpenAI
-    API (examples/agents/openai_calculator.py), through rlpost's chat endpoint."""
-    args = [
-        "algo=grpo", "agent=calculator", "agent.program=examples/agents/openai_calculator.py:run",
-        f"trainer.total_steps={STEPS}", "trainer.val_every=0", "trainer.seed=0",
-    ]  # fmt: skip
-    history = run_cli(args, tmp_path / "run", model_cache)
-    val = [(h["step"], h["val/accuracy"]) for h in history if "val/accuracy" in h]
-    assert [s for s, _ in val] == [0, STEPS]
-    start, end = val[0][1], val[-1][1]
-    # the program renders the chat as the native loop does: the same base policy
-    assert 0.1 <= start <= 0.5, val
-    assert end - start >= 0.2, val
-    steps = [h for h in history if h["step"] > 0]
-    assert all(h["agent/tool_calls"] >= 0.9 * h["data/samples"] for h in steps)
-    assert all(h["agent/prefix_breaks"] == 0 and h["agent/program_errors"] == 0 for h in steps)
-    assert max(h["rollout/logprob_abs_diff_max"] for h in steps) < 1e-3

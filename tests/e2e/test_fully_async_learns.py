@@ -1,6 +1,7 @@
 """``trainer.async_mode=fully_async`` learns like the synchronous runs: on the
-built-in task, and with multi-turn agent episodes on the calc task, with samples
-one update old (``async.max_staleness=1``, the default)."""
+built-in task, and with multi-turn agent episodes on the calc task run by an
+OpenAI-client agent program, with samples one update old
+(``async.max_staleness=1``, the default)."""
 
 from __future__ import annotations
 
@@ -34,11 +35,18 @@ def test_default_task_accuracy_rises(tmp_path, model_cache):
 
 
 @pytest.mark.slow
-def test_agent_tool_use_accuracy_rises(tmp_path, model_cache):
+def test_an_openai_client_agent_program_learns_tool_use(tmp_path, model_cache):
+    """agent=calculator with its episodes run by an agent written against the OpenAI
+    API (examples/agents/openai_calculator.py) through rlpost's chat endpoint, its
+    groups streamed and trained one update stale."""
     steps = 30
-    args = [*ASYNC, "agent=calculator", f"trainer.total_steps={steps}"]
+    program = "agent.program=examples/agents/openai_calculator.py:run"
+    args = [*ASYNC, "agent=calculator", program, f"trainer.total_steps={steps}"]
     history = run_cli(args, tmp_path / "run", model_cache)
     start, end = _checked(history, steps)
-    # Seed 0: 0.235 -> 0.605 when measured (sync's test: >= 0.2 in as many steps).
-    assert end - start >= 0.2, (start, end)
-    assert all(h["agent/tool_calls"] >= 0.9 * h["data/samples"] for h in history if h["step"])
+    # Seed 0: the program renders the chat as the built-in loop does, so the same base
+    # policy (0.235); sync's test of the built-in loop asks for >= 0.2 in as many steps.
+    assert 0.1 <= start <= 0.5 and end - start >= 0.2, (start, end)
+    trained = [h for h in history if h["step"]]
+    assert all(h["agent/tool_calls"] >= 0.9 * h["data/samples"] for h in trained)
+    assert all(h["agent/prefix_breaks"] == 0 and h["agent/program_errors"] == 0 for h in trained)
