@@ -34,4 +34,3 @@ def test_tool_use_accuracy_rises(tmp_path, model_cache):
     rewards = [h["reward/mean"] for h in steps]
     assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10 + 0.1
     assert max(h["rollout/logprob_abs_diff_max"] for h in steps) < 1e-3
-
