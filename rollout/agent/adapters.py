@@ -37,7 +37,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rlpost.rollout.agent.env import EnvError, StepResult, prompt_messages, tool_calls_of
+from rlpost.rollout.agent.env_base import EnvError, StepResult, prompt_messages, tool_calls_of
 from rlpost.rollout.agent.tool_schema import SchemaError, tool_schema
 from rlpost.rollout.agent.tools import Tool, ToolOutcome, run_tool_calls
 
@@ -160,8 +160,13 @@ LIBRARIES: dict[str, Callable[[str, str, Mapping[str, Any]], Callable[[], Any]]]
 
 # -- TRL-style environment classes ----------------------------------------------
 def is_trl_style(cls: type) -> bool:
-    """A class in the shape of TRL's ``environment_factory``: ``reset`` and no ``step``."""
-    return callable(getattr(cls, "reset", None)) and not callable(getattr(cls, "step", None))
+    """A class in the shape of TRL's ``environment_factory``: ``reset``, no ``step``, and
+    public methods (its tools)."""
+    if not callable(getattr(cls, "reset", None)) or callable(getattr(cls, "step", None)):
+        return False
+    return any(
+        callable(v) and not k.startswith("_") and k != "reset" for k, v in inspect.getmembers(cls)
+    )
 
 
 class TrlStyleEnv:

@@ -22,10 +22,17 @@ from __future__ import annotations
 import asyncio
 import inspect
 import random
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-from rlpost.rollout.agent.parsers import ToolCall
+from rlpost.rollout.agent.env_base import (  # noqa: F401 (re-exported)
+    Env,
+    EnvError,
+    EnvFactory,
+    StepResult,
+    prompt_messages,
+    tool_calls_of,
+)
 from rlpost.rollout.agent.specs import SPEC_FORMS, load_object
 from rlpost.rollout.agent.tool_pool import ToolWorkerPool
 from rlpost.rollout.agent.tools import (
@@ -35,36 +42,6 @@ from rlpost.rollout.agent.tools import (
     run_tool_calls,
     tool_from_function,
 )
-
-StepResult = tuple[list[dict], bool, float | None]
-
-
-class Env(Protocol):
-    def reset(self, row: dict) -> list[dict] | Awaitable[list[dict]]: ...
-
-    def step(self, message: dict) -> StepResult | Awaitable[StepResult]: ...
-
-
-EnvFactory = Callable[[], Env]
-
-
-class EnvError(ValueError):
-    """An environment cannot be loaded or built; the message says what to change."""
-
-
-def prompt_messages(row: dict) -> list[dict]:
-    """The row's ``prompt`` as chat messages; a string is one user message."""
-    prompt = row["prompt"]
-    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-
-
-def tool_calls_of(message: dict) -> list[ToolCall]:
-    """The ``ToolCall``s of an assistant message in the OpenAI form."""
-    calls = []
-    for i, raw in enumerate(message.get("tool_calls") or []):
-        fn = raw.get("function", raw)
-        calls.append(ToolCall(fn["name"], dict(fn.get("arguments") or {}), raw.get("id", f"{i}")))
-    return calls
 
 
 class ToolEnv:

@@ -39,13 +39,14 @@ def test_an_openai_client_agent_program_learns_tool_use(tmp_path, model_cache):
     """agent=calculator with its episodes run by an agent written against the OpenAI
     API (examples/agents/openai_calculator.py) through rlpost's chat endpoint, its
     groups streamed and trained one update stale."""
-    steps = 30
+    steps = 20
     program = "agent.program=examples/agents/openai_calculator.py:run"
     args = [*ASYNC, "agent=calculator", program, f"trainer.total_steps={steps}"]
     history = run_cli(args, tmp_path / "run", model_cache)
     start, end = _checked(history, steps)
     # Seed 0: the program renders the chat as the built-in loop does, so the same base
-    # policy (0.235); sync's test of the built-in loop asks for >= 0.2 in as many steps.
+    # policy (0.235); 0.715 after 30 steps when measured; sync's test of the built-in
+    # loop asks for >= 0.2 in as many steps.
     assert 0.1 <= start <= 0.5 and end - start >= 0.2, (start, end)
     trained = [h for h in history if h["step"]]
     assert all(h["agent/tool_calls"] >= 0.9 * h["data/samples"] for h in trained)

@@ -149,7 +149,7 @@ def test_load_reward_fn_errors_say_what_to_change(tmp_path):
         f"{path}:missing": "has no attribute 'missing'; its functions: ['exact', 'parts']",
         f"{path}:NOT_FN": "'NOT_FN' has type int, not callable",
         "no_such_pkg_xyz.mod:f": "cannot import module 'no_such_pkg_xyz.mod'",
-        "arithmetic": "'arithmetic' is not a built-in reward; use a built-in name (arith, calc, shapes)",
+        "arithmetic": "'arithmetic' is not a built-in reward; use a built-in name (arith, calc, reasoning_gym, shapes)",
         ":f": "is malformed",
     }
     for spec, message in cases.items():
