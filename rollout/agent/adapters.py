@@ -37,7 +37,13 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rlpost.rollout.agent.env_base import EnvError, StepResult, prompt_messages, tool_calls_of
+from rlpost.rollout.agent.env_base import (
+    EnvError,
+    StepResult,
+    prompt_messages,
+    tool_calls_of,
+    tool_replies,
+)
 from rlpost.rollout.agent.tool_schema import SchemaError, tool_schema
 from rlpost.rollout.agent.tools import Tool, ToolOutcome, run_tool_calls
 
@@ -205,14 +211,7 @@ class TrlStyleEnv:
         for call in calls:  # one at a time: the methods share the instance's state
             outcomes += await run_tool_calls([call], self.tools, self.timeout_s)
         self.outcomes += outcomes
-        replies = [
-            {"role": "tool", "name": o.call.name, "content": o.text, "tool_call_id": o.call.id}
-            for o in outcomes
-        ]
-        replies += [
-            {"role": "tool", "name": "invalid_tool_call", "content": f"Error: {e}"} for e in errors
-        ]
-        return replies, False, None
+        return tool_replies(outcomes, errors), False, None
 
 
 def method_tools(env: Any) -> dict[str, Tool]:

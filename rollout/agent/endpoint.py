@@ -217,7 +217,6 @@ class ChatEndpoint:
         self.parse = get_parser(parser) if parser is not None else None
         self.model_name, self.host, self.port = model_name, host, port
         self.sessions = SessionRegistry()
-        self.errors = 0  # calls the engine failed
         self._chats: dict[str, ChatTokens] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -408,7 +407,6 @@ class ChatEndpoint:
         try:
             completion = await self.generate(prompt, sampling, session.session_id)
         except Exception as exc:  # the engine's failure is the call's, not the server's
-            self.errors += 1
             log.warning(
                 "agent endpoint: generation failed for session %s: %s", session.session_id, exc
             )
@@ -458,8 +456,7 @@ class ChatEndpoint:
                 end = chat.decode(last.sampled_ids[-1:]) if last.ended else None
                 delta = chat.delta_ids(history, msgs[k:], end)
                 return last.prompt_ids + last.sampled_ids + delta
-        ids = chat.prompt_ids(msgs)
-        return ids
+        return chat.prompt_ids(msgs)
 
     def _response_tokens(self, session: Session, prompt: list[int]) -> int:
         """Tokens after the current segment's first prompt: what the budget counts."""

@@ -32,6 +32,7 @@ from rlpost.rollout.agent.env_base import (  # noqa: F401 (re-exported)
     StepResult,
     prompt_messages,
     tool_calls_of,
+    tool_replies,
 )
 from rlpost.rollout.agent.specs import SPEC_FORMS, load_object
 from rlpost.rollout.agent.tool_pool import ToolWorkerPool
@@ -86,14 +87,7 @@ class ToolEnv:
             await asyncio.sleep(self._rng.uniform(*self.latency_s))
         outcomes = await run_tool_calls(calls, self.tools, self.timeout_s, self.pool)
         self.outcomes += outcomes
-        replies = [
-            {"role": "tool", "name": o.call.name, "content": o.text, "tool_call_id": o.call.id}
-            for o in outcomes
-        ]
-        replies += [
-            {"role": "tool", "name": "invalid_tool_call", "content": f"Error: {e}"} for e in errors
-        ]
-        return replies, False, None
+        return tool_replies(outcomes, errors), False, None
 
 
 def _as_tools(items: Sequence[str | Tool | Callable[..., Any]]) -> dict[str, Tool]:

@@ -1,12 +1,15 @@
 """What every environment shares: the ``reset`` / ``step`` protocol, its error and
-the two helpers adapters need (see ``env.py``, ``adapters.py``)."""
+the helpers adapters need (see ``env.py``, ``adapters.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from rlpost.rollout.agent.parsers import ToolCall
+
+if TYPE_CHECKING:
+    from rlpost.rollout.agent.tools import ToolOutcome
 
 StepResult = tuple[list[dict], bool, float | None]
 
@@ -37,3 +40,15 @@ def tool_calls_of(message: dict) -> list[ToolCall]:
         fn = raw.get("function", raw)
         calls.append(ToolCall(fn["name"], dict(fn.get("arguments") or {}), raw.get("id", f"{i}")))
     return calls
+
+
+def tool_replies(outcomes: Sequence[ToolOutcome], errors: Sequence[str]) -> list[dict]:
+    """One ``tool`` message per call's outcome, then one per malformed call block."""
+    replies = [
+        {"role": "tool", "name": o.call.name, "content": o.text, "tool_call_id": o.call.id}
+        for o in outcomes
+    ]
+    replies += [
+        {"role": "tool", "name": "invalid_tool_call", "content": f"Error: {e}"} for e in errors
+    ]
+    return replies
