@@ -37,6 +37,7 @@ class Launch:
         self.tracker: Tracker | None = None
         self.agent: AgentRollout | None = None
         self.scorer: RewardScorer | None = None
+        self.reward_model: Any = None  # reward.model's worker (RewardModelGroup)
         self.placement: Any = None
         self.started_ray = False
 
@@ -60,6 +61,8 @@ class Launch:
             self.agent.close()
         if self.scorer is not None:
             self.scorer.close()
+        if self.reward_model is not None:
+            self.reward_model.close()
         if self.tracker is not None:
             self.tracker.close()
         for group in self.trainers:
@@ -109,6 +112,22 @@ class Launch:
             self.trainers.append(groups[role])
         return groups["policy"], groups.get("reference"), groups.get("critic")
 
+    def reward_model_members(self) -> list[tuple[str, Any]]:
+        """``reward.model``'s worker, started on its bundle, as a named member of the
+        reward set (none without ``reward.model.path``)."""
+        rm = self.cfg.reward.model
+        if rm.path is None:
+            return []
+        from rlpost.rewards.reward_model import ModelReward
+        from rlpost.workers.reward_model_worker import RewardModelGroup
+
+        device = self.plan.device
+        threads = max(1, int(rm.num_cpus)) if device.kind == "cpu" else 1
+        where = self.placement.scheduling("reward_model")[0]
+        self.reward_model = RewardModelGroup(rm, threads, device.ray_resource, where)
+        score = self.reward_model.score
+        return [(rm.name, ModelReward(rm.name, score, self.cfg.reward.max_error_frac))]
+
     def controller(self) -> Controller:
         """The model (the built-in one warmed up on first use), its tokenizer, every
         worker group and the controller that drives them."""
@@ -137,14 +156,11 @@ class Launch:
             engine=r.name,
             scheduling=self.placement.scheduling("rollout"),
         )
-        t, rw = cfg.trainer, cfg.reward
+        t = cfg.trainer
         from rlpost.config.compose import to_dict
 
         self.tracker = Tracker(self.run_dir, list(t.logger), t.total_steps, to_dict(cfg))
-        self.scorer = RewardScorer(
-            plan.reward_fn, dict(rw.weights) or None, spec=rw.fn, num_workers=rw.num_workers,
-            timeout_s=rw.timeout_s, max_error_frac=rw.max_error_frac,
-        )  # fmt: skip
+        self.scorer = plan.scorer(self.reward_model_members())
         agent = None
         if cfg.agent.enabled:  # a training row opens the episode its tool check renders
             example = plan.train_rows[0] if plan.train_rows else None

@@ -5,45 +5,52 @@ from __future__ import annotations
 import logging
 import sys
 
-USAGE = """usage: python -m rlpost.main [group=option ...] [key=value ...]
+USAGE = """usage: python -m rlpost.main [--config-dir DIR ...] [group=option ...] [key=value ...]
 
 Groups and their presets (* the default):
 {groups}
+Config search path (the first folder that has a file wins):
+{path}
 Examples:
   python -m rlpost.main algo=grpo
   python -m rlpost.main trainer.total_steps=20 rollout.n=4 data.prompts_per_step=8
   python -m rlpost.main algo=grpo agent=calculator
   python -m rlpost.main model.path=Qwen/Qwen2.5-0.5B-Instruct data=files \\
       data.train_files=[train.jsonl] data.val_files=[val.jsonl] reward=custom reward.fn=my_reward.py:score
+  python -m rlpost.main --config-dir my_configs algo=my_algo   # my_configs/algo/my_algo.yaml
 Lists are written in brackets without spaces: trainer.logger=[console,jsonl].
 Every key, its type and default: python -m rlpost.main --help-keys
 """
 
 
-def usage() -> str:
-    """``USAGE`` with every group's presets, read from ``configs/``."""
+def usage(user_dirs: list[str] | None = None) -> str:
+    """``USAGE`` with every group's presets along the config search path
+    (``user_dirs``, ``$RLPOST_CONFIG_DIR``, the shipped presets)."""
     import yaml
 
-    from rlpost.config.compose import config_dir
+    from rlpost.config.compose import presets, search_path
     from rlpost.config.groups import GROUPS
 
-    root = yaml.safe_load((config_dir() / "config.yaml").read_text())
+    path = search_path(user_dirs or [])
+    primary = next(folder / "config.yaml" for folder in path if (folder / "config.yaml").exists())
+    root = yaml.safe_load(primary.read_text())
     chosen = {k: v for d in root["defaults"] if isinstance(d, dict) for k, v in d.items()}
     lines = []
     for group in GROUPS:
-        presets = sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
-        marked = [f"{p}*" if p == chosen.get(group) else p for p in presets]
+        marked = [f"{p}*" if p == chosen.get(group) else p for p in presets(group, path)]
         lines.append(f"  {group:8s} {', '.join(marked)}")
-    return USAGE.format(groups="\n".join(lines))
+    folders = "\n".join(f"  {folder}" for folder in path)
+    return USAGE.format(groups="\n".join(lines), path=folders)
 
 
-def keys_table() -> str:
-    """Every key with its type, the default run's value and its help text."""
+def keys_table(overrides: list[str] | None = None) -> str:
+    """Every key with its type, its value in the run ``overrides`` compose (the
+    default run's without any) and its help text."""
     from rlpost.config.compose import compose, to_dict
     from rlpost.config.groups import SCHEMAS
     from rlpost.config.schema import describe
 
-    defaults = to_dict(compose([]))
+    defaults = to_dict(compose(overrides or []))
     rows = []
     for name, schema in SCHEMAS.items():
         for key, tp, text in describe(schema, name):
@@ -56,15 +63,20 @@ def keys_table() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in argv):
-        print(usage())
-        return 0
-    from rlpost.config.compose import compose
+    from rlpost.config.compose import compose, split_config_dirs
     from rlpost.config.schema import ConfigError
 
-    if "--help-keys" in argv:
-        print(keys_table())
-        return 0
+    try:  # a bad --config-dir stops --help too, before anything starts
+        user_dirs, rest = split_config_dirs(argv)
+        if any(a in ("-h", "--help") for a in rest):
+            print(usage(user_dirs))
+            return 0
+        if "--help-keys" in rest:
+            print(keys_table([a for a in argv if a != "--help-keys"]))
+            return 0
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from rlpost.data.rows import DataError
     from rlpost.loop.checkpoint import CheckpointError

@@ -15,7 +15,8 @@ def cross_checks(cfg: Config) -> list[str]:
     """Problems that involve more than one key (each group's own fields are checked
     by the schema); every problem is reported, not only the first."""
     checks = (
-        algo_checks, rollout_checks, data_checks, agent_checks, trainer_checks, async_checks
+        algo_checks, rollout_checks, data_checks, agent_checks, trainer_checks, async_checks,
+        eval_checks,
     )  # fmt: skip
     return [problem for check in checks for problem in check(cfg)]
 
@@ -120,6 +121,18 @@ def data_checks(cfg: Config) -> list[str]:
                     f"data.{key}={getattr(cfg.data, key)}: data.name={cfg.data.name} is the "
                     f"built-in task and would ignore these files; add data=files to train on them"
                 )
+    if cfg.data.name != "files":
+        shaped = {
+            "prompt_key": cfg.data.prompt_key != "prompt",
+            "answer_key": cfg.data.answer_key != "answer",
+            "prompt_template": cfg.data.prompt_template is not None,
+            "system_prompt": cfg.data.system_prompt is not None,
+        }
+        for key in (k for k, given in shaped.items() if given):
+            problems.append(
+                f"data.{key}: shapes the rows of data files; data.name={cfg.data.name} builds "
+                "its own prompts (add data=files, or leave the key out)"
+            )
     if cfg.data.name == "files" and not cfg.data.train_files:
         problems.append("data.train_files: required when data.name=files")
     if cfg.data.name == "files" and not cfg.data.val_files:
@@ -227,6 +240,21 @@ def async_checks(cfg: Config) -> list[str]:
             "decode halves must see the same weights; set async.partial_rollout=false"
         )
     return problems
+
+
+def eval_checks(cfg: Config) -> list[str]:
+    """``eval.k`` against ``eval.n``: pass@k and maj@k draw k of a prompt's n samples."""
+    e = cfg.eval
+    bad = [k for k in e.k if not 1 <= k <= e.n]
+    if not bad:
+        return []
+    fix = f"drop {bad}"
+    if max(bad) > e.n:
+        fix += f" or raise eval.n to {max(bad)}"
+    return [
+        f"eval.k={e.k}: each k must be between 1 and eval.n={e.n} (pass@k and maj@k draw k "
+        f"of a prompt's n samples); {fix}"
+    ]
 
 
 def megatron_checks(cfg: Config) -> list[str]:

@@ -1,15 +1,22 @@
 """Config schema (one dataclass per Hydra group) and composition.
 
-Hydra composes ``configs/config.yaml`` with the group choices named on the
-command line; ``key=value`` overrides are merged afterwards without struct
-checks, so that *every* unknown or bad key is reported at once by the schema
-validator instead of Hydra stopping at the first one.
+Hydra composes ``config.yaml`` with the group choices named on the command
+line; ``key=value`` overrides are merged afterwards without struct checks, so
+that *every* unknown or bad key is reported at once by the schema validator
+instead of Hydra stopping at the first one.
+
+Hydra looks for ``config.yaml`` and each ``group/option.yaml`` along a search
+path, the first folder that has it winning: the user's folders
+(``--config-dir``, then ``$RLPOST_CONFIG_DIR``), then the presets rlpost ships
+(``config_dir()``). A user's folder adds presets or replaces one of the same name.
 """
 
 from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +29,94 @@ from rlpost.config.schema import ConfigError, validate
 PD_BLOCK_SIZE = 32
 
 
-OPTIONS = ("--help", "--help-keys")  # the CLI's own flags (``rlpost.main``)
+CONFIG_DIR_OPTION = "--config-dir"
+CONFIG_DIR_ENV = "RLPOST_CONFIG_DIR"
+# the CLI's own flags (``rlpost.main``)
+OPTIONS = ("--help", "--help-keys", CONFIG_DIR_OPTION)
 
 
 def config_dir() -> Path:
-    """``configs/`` of the checkout, or ``$RLPOST_CONFIG_DIR``."""
-    env = os.environ.get("RLPOST_CONFIG_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "configs"
+    """The presets rlpost ships: ``rlpost/configs/`` of an installed rlpost (setup.py
+    installs the checkout's top-level ``configs/`` there), else ``configs/`` of the
+    checkout this package sits in (an editable install)."""
+    package = Path(__file__).resolve().parents[1]
+    installed = package / "configs"
+    return installed if installed.is_dir() else package.parent / "configs"
+
+
+def split_config_dirs(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``--config-dir PATH`` and ``--config-dir=PATH`` (any number, in order) out of
+    ``argv``: returns (the paths, the other arguments)."""
+    dirs: list[str] = []
+    rest: list[str] = []
+    items = iter(argv)
+    for item in items:
+        if item == CONFIG_DIR_OPTION:
+            path = next(items, None)
+            if path is None or path.startswith("-") or "=" in path:
+                raise ConfigError(
+                    [f"{CONFIG_DIR_OPTION} needs a folder: {CONFIG_DIR_OPTION} my_configs"]
+                )
+            dirs.append(path)
+        elif item.startswith(f"{CONFIG_DIR_OPTION}="):
+            dirs.append(item.partition("=")[2])
+        else:
+            rest.append(item)
+    return dirs, rest
+
+
+def search_path(user_dirs: Sequence[str | Path] = ()) -> list[Path]:
+    """Where the config is looked for, first match winning: ``user_dirs`` (the
+    ``--config-dir`` folders), the folders in ``$RLPOST_CONFIG_DIR`` (separated by
+    ``os.pathsep``), then ``config_dir()``. A user folder that does not exist or
+    holds no YAML raises ConfigError (all of them at once)."""
+    named = [(Path(d).expanduser(), f"{CONFIG_DIR_OPTION} {d}") for d in user_dirs]
+    env = os.environ.get(CONFIG_DIR_ENV, "")
+    named += [(Path(d).expanduser(), f"{CONFIG_DIR_ENV}={d}") for d in env.split(os.pathsep) if d]
+    problems = []
+    for folder, source in named:
+        if not folder.is_dir():
+            problems.append(
+                f"{source}: no such folder; give a folder of your presets, e.g. "
+                "my_configs/algo/my_algo.yaml, and choose it with algo=my_algo"
+            )
+        elif not any(folder.glob("*.yaml")) and not any(folder.glob("*/*.yaml")):
+            problems.append(
+                f"{source}: holds no YAML; put presets in group folders "
+                f"({', '.join(GROUPS)}), e.g. {folder}/algo/my_algo.yaml"
+            )
+    if problems:
+        raise ConfigError(problems)
+    return list(dict.fromkeys([*(folder.resolve() for folder, _ in named), config_dir()]))
+
+
+def presets(group: str, path: Sequence[Path]) -> list[str]:
+    """The options of ``group`` along ``path``, a user's and the shipped ones together."""
+    return sorted({p.stem for folder in path for p in (folder / group).glob("*.yaml")})
+
+
+@contextmanager
+def _hydra_search(path: Sequence[Path]) -> Iterator[None]:
+    """Hydra initialised with ``path`` as its config search path, in this order.
+
+    ``hydra.searchpath`` would append folders *after* the primary one, and Hydra
+    looks for ``config.yaml`` in the primary folder alone before it reads it; so
+    the search path is built here as ``initialize_config_dir`` builds its own, with
+    every folder in it from the start.
+    """
+    from hydra import initialize_config_dir
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.core.global_hydra import GlobalHydra
+
+    with initialize_config_dir(config_dir=str(path[0]), version_base="1.3"):
+        search = create_config_search_path(str(path[0]))
+        for folder in path[1:]:  # before the structured configs, in order
+            search.prepend("rlpost", f"file://{folder}", anchor=SearchPathQuery(provider="schema"))
+        GlobalHydra.instance().clear()
+        Hydra.create_main_hydra2(task_name="app", config_search_path=search)
+        yield
 
 
 def from_dict(raw: dict[str, Any]) -> Config:
@@ -120,12 +208,14 @@ def _split_overrides(overrides: list[str]) -> tuple[list[str], list[str], list[s
 
 
 def compose_dict(overrides: list[str]) -> dict[str, Any]:
-    """Hydra composition + dotted overrides, as a plain dict (not yet validated)."""
+    """Hydra composition + dotted overrides, as a plain dict (not yet validated).
+    ``overrides`` may hold ``--config-dir PATH`` (see ``search_path``)."""
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
 
+    user_dirs, overrides = split_config_dirs(overrides)
+    path = search_path(user_dirs)
     choices, values, bad = _split_overrides(overrides)
     if bad:
         raise ConfigError(bad)
@@ -133,22 +223,49 @@ def compose_dict(overrides: list[str]) -> dict[str, Any]:
     for item in choices:
         group, _, option = item.partition("=")
         group = group.lstrip("+~")
-        if not (config_dir() / group / f"{option}.yaml").exists():
-            available = sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
-            problems.append(f"{group}={option}: no such preset; available: {', '.join(available)}")
+        if not any((folder / group / f"{option}.yaml").exists() for folder in path):
+            available = ", ".join(presets(group, path))
+            problems.append(f"{group}={option}: no such preset; available: {available}")
     if problems:
         raise ConfigError(problems)
     try:
-        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        with _hydra_search(path):
             composed = hydra_compose(config_name="config", overrides=choices)
     except HydraException as exc:
         raise ConfigError([str(exc)]) from exc
     OmegaConf.set_struct(composed, False)
-    merged = OmegaConf.merge(composed, OmegaConf.from_dotlist([v.lstrip("+") for v in values]))
+    merged = OmegaConf.merge(composed, OmegaConf.create(parse_values(values)))
     raw = OmegaConf.to_container(merged, resolve=True)
     assert isinstance(raw, dict)
     raw.pop("hydra", None)
     return {str(k): v for k, v in raw.items()}
+
+
+def parse_values(values: list[str]) -> dict[str, Any]:
+    """``key=value`` overrides as a nested dict, each value read as Hydra reads one
+    (``[a,b]``, ``{a:1,b:2}``, numbers, ``null``, quoted strings). A value Hydra's
+    grammar cannot read is the text itself: a prompt such as
+    ``data.prompt_template=Q: {question}`` needs no quoting."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    out: dict[str, Any] = {}
+    for item in values:
+        key, _, text = item.lstrip("+").partition("=")
+        try:
+            override = parser.parse_override(f"{key}={text}")
+            # a, b is a sweep to Hydra, a list typed without brackets here (the schema says so)
+            value = text if override.is_sweep_override() else override.value()
+        except HydraException:
+            value = text
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            child = node.get(part)
+            node = node.setdefault(part, {}) if isinstance(child, dict) or child is None else {}
+        node[leaf] = value
+    return out
 
 
 def compose(overrides: list[str] | None = None) -> Config:

@@ -307,6 +307,16 @@ class TrainerConfig:
     )
     total_steps: int = spec(200, ge=0, help="RL steps")
     val_every: int = spec(20, ge=0, help="validate every N steps (0: only at start and end)")
+    val_n: int = spec(
+        1,
+        ge=1,
+        help="validation samples per held-out prompt: 1 validates greedily only; more also samples that many at rollout.temperature and logs val/mean@n, val/pass@k, val/maj@<val_n> (docs/evaluation.md)",
+    )
+    log_samples: int = spec(
+        0,
+        ge=0,
+        help="write this many samples a step (prompt, completion or episode, rewards, advantage, length, finish reason, policy version) to run_dir/samples/step_XXXXXX.jsonl and validation generations to samples/val_XXXXXX.jsonl; a wandb table too (0: none)",
+    )
     run_dir: str | None = spec(None, help="outputs directory (null: outputs/<time>-<algo>)")
     seed: int = spec(0, help="seed for data order, model init and sampling")
     logger: list[Literal["console", "jsonl", "wandb"]] = spec(
@@ -404,8 +414,22 @@ class DataConfig:
         "arith",
         help="built-in task (arith: a+b=; calc: a*b= with a multiply tool; shapes: a picture's colour, for VL models), reasoning-gym's generators, or user files",
     )
-    train_files: list[str] = spec([], help="JSONL or Parquet files with a 'prompt' column")
-    val_files: list[str] = spec([], help="held-out JSONL or Parquet files")
+    train_files: list[str] = spec(
+        [],
+        help="JSONL or Parquet files (globs too, e.g. data/train-*.parquet) or folders saved by datasets' save_to_disk, with a 'prompt' column (or data.prompt_key / data.prompt_template)",
+    )
+    val_files: list[str] = spec([], help="held-out files, in the same forms")
+    prompt_key: str = spec(
+        "prompt", help="data=files: the column holding the prompt (a string or chat messages)"
+    )
+    answer_key: str = spec("answer", help="data=files: the column the rewards read as 'answer'")
+    prompt_template: str | None = spec(
+        None,
+        help="data=files: build the prompt from the row's columns, e.g. '{question} Put the final answer after ####.' ({{ and }}: literal braces)",
+    )
+    system_prompt: str | None = spec(
+        None, help="data=files: a system message before every prompt that has none"
+    )
     prompts_per_step: int = spec(32, ge=1, help="prompts per RL step (batch = this x rollout.n)")
     val_size: int = spec(200, ge=1, help="held-out prompts scored at each validation")
     max_operand: int = spec(
@@ -416,9 +440,36 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class RewardModelConfig:
+    """``reward.model.path``: a discriminative reward model scoring each sample."""
+
+    path: str | None = spec(
+        None,
+        help="a local HF folder of an AutoModelForSequenceClassification with one label and a chat template (Skywork-Reward style); its score is a named reward (null: none)",
+    )
+    name: str = spec(
+        "reward_model", help="its score's name: reward.weights.<name>, reward/<name>/mean"
+    )
+    batch_size: int = spec(16, ge=1, help="samples per forward pass")
+    max_length: int = spec(
+        2048,
+        ge=1,
+        help="longer rendered prompt + completion are cut to their first this many tokens",
+    )
+    num_cpus: float = spec(1.0, gt=0, help="Ray CPUs of its worker")
+    dtype: Literal["float32", "bfloat16"] = spec("float32", help="its weights' dtype")
+
+
+@dataclass(frozen=True)
 class RewardConfig:
-    fn: str = spec("arith", help="'arith', 'file.py:function' or 'module:function'")
-    weights: dict[str, float] = spec({}, help="weights of named rewards in the total")
+    fn: str | list[str] = spec(
+        "arith",
+        help="reward function: a built-in name (arith, math, gsm8k, code, ...), 'file.py:function' or 'module:function'; a list of them sums their scores by reward.weights",
+    )
+    weights: dict[str, float] = spec(
+        {},
+        help="weights of the named rewards in the total: a function's name, or the keys of one that returns a dict (unweighted names: the function's default_weights, else 1.0)",
+    )
     num_workers: int = spec(
         2, ge=0, help="processes that score completions concurrently (0: in the driver, no timeout)"
     )
@@ -428,6 +479,7 @@ class RewardConfig:
     max_error_frac: float = spec(
         0.5, ge=0, le=1, help="stop the run when more than this share of a step's reward calls fail"
     )
+    model: RewardModelConfig = field(default_factory=RewardModelConfig)
 
 
 @dataclass(frozen=True)
@@ -501,6 +553,29 @@ class AsyncConfig:
 
 
 @dataclass(frozen=True)
+class EvalConfig:
+    """``python -m rlpost.eval``: samples per prompt and the metrics drawn from them
+    (``rlpost.evaluation``)."""
+
+    n: int = spec(
+        16, ge=1, help="sampled completions per prompt (mean@n, pass@k and maj@k use them)"
+    )
+    k: list[int] = spec([1], help="the k of pass@k and maj@k, each <= eval.n (e.g. [1,4,16])")
+    temperature: float = spec(1.0, ge=0, help="sampling temperature of the n samples")
+    top_p: float = spec(1.0, gt=0, le=1, help="nucleus sampling of the n samples")
+    greedy: bool = spec(True, help="also one temperature-0 completion per prompt (greedy accuracy)")
+    correct_threshold: float = spec(
+        1.0,
+        help="a sample counts as correct (pass@k, maj@k) when its score is >= this; the score is the reward's 'correctness' when it returns one, else the total (also trainer.val_n's)",
+    )
+    output: str | None = spec(
+        None,
+        help="folder for eval.json and eval.md (null: <model.path>/eval for a local model, else outputs/eval-<time>)",
+    )
+    max_prompts: int = spec(0, ge=0, help="evaluate the first this many held-out rows (0: all)")
+
+
+@dataclass(frozen=True)
 class Config:
     algo: AlgoConfig
     model: ModelConfig
@@ -510,6 +585,7 @@ class Config:
     reward: RewardConfig
     agent: AgentConfig = field(default_factory=AgentConfig)
     async_: AsyncConfig = field(default_factory=AsyncConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 SCHEMAS: dict[str, type] = {
@@ -521,8 +597,9 @@ SCHEMAS: dict[str, type] = {
     "reward": RewardConfig,
     "agent": AgentConfig,
     "async": AsyncConfig,
+    "eval": EvalConfig,
 }
 # Groups whose Config field is named differently (a Python keyword).
 FIELDS = {"async": "async_"}
 # Groups that may be left out of a config (newer than the rest; they have defaults).
-OPTIONAL_GROUPS = ("agent", "async")
+OPTIONAL_GROUPS = ("agent", "async", "eval")

@@ -8,6 +8,7 @@ function untouched.
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import random
@@ -25,10 +26,30 @@ class DataError(ValueError):
     """A data file or row cannot be used; the message says what to change."""
 
 
+def expand_paths(paths: list[str]) -> list[Path]:
+    """``data.*_files`` entries as files and folders: a glob (``train-*.parquet``)
+    stands for its matches in sorted order and must match something."""
+    out: list[Path] = []
+    for entry in paths:
+        if any(c in entry for c in "*?["):
+            matches = sorted(Path(p) for p in glob.glob(entry))
+            if not matches:
+                raise DataError(f"{entry}: the pattern matches no file; check the path")
+            out += matches
+        else:
+            out.append(Path(entry))
+    return out
+
+
 def load_rows(path: str | Path) -> list[dict]:
     """Read rows from ``.jsonl`` / ``.json`` (one object per line, or one
-    top-level array) or ``.parquet``. Rows are not validated here."""
+    top-level array), ``.parquet``, or a folder written by ``datasets``'
+    ``save_to_disk`` (one split). Rows are not validated here."""
     path = Path(path)
+    if path.is_dir():
+        rows = _read_saved_dataset(path)
+        resolve_paths(rows, path)
+        return rows
     if path.suffix not in ACCEPTED_SUFFIXES:
         raise DataError(
             f"{path}: unsupported file type {path.suffix!r}; "
@@ -38,6 +59,32 @@ def load_rows(path: str | Path) -> list[dict]:
         raise DataError(f"{path}: no such file")
     rows = _read_rows(path)
     resolve_paths(rows, path.parent)  # a row's image paths are relative to its file
+    return rows
+
+
+def _read_saved_dataset(path: Path) -> list[dict]:
+    """The rows of a ``Dataset.save_to_disk`` folder: its Arrow shards, in the
+    order its ``state.json`` lists them (read with pyarrow, as ``datasets``
+    writes them: Arrow IPC streams)."""
+    import pyarrow as pa
+
+    if (path / "dataset_dict.json").is_file():
+        splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
+        raise DataError(
+            f"{path}: a folder of several splits ({', '.join(splits)}); name one, e.g. "
+            f"data.train_files=[{path / (splits[0] if splits else 'train')}]"
+        )
+    state = path / "state.json"
+    if not state.is_file():
+        raise DataError(
+            f"{path}: a folder without state.json is not a dataset saved with "
+            "datasets' save_to_disk; give its .jsonl / .parquet files (a glob works too)"
+        )
+    shards = [f["filename"] for f in json.loads(state.read_text()).get("_data_files", [])]
+    rows: list[dict] = []
+    for name in shards:
+        with pa.memory_map(str(path / name)) as source:
+            rows += pa.ipc.open_stream(source).read_all().to_pylist()
     return rows
 
 

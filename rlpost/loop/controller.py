@@ -10,6 +10,7 @@ critic). Sending prompts and scoring samples is the ``Collector``'s
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -23,9 +24,11 @@ from rlpost.algos import compute_advantages, kl_reward_penalty
 from rlpost.data.images import row_images
 from rlpost.data.rows import PromptStream
 from rlpost.data.samples import rollout_batch
+from rlpost.evaluation.metrics import validation_metrics
 from rlpost.loop.collect import Collector, Pending, Rollouts, sampled_versions
 from rlpost.loop.recovery import Recovery
 from rlpost.loop.roles import TrainerGroups, Workers
+from rlpost.loop.sample_log import SampleLog, sample_rows
 from rlpost.loop.step_metrics import (
     clip_ratio,
     logprob_parity,
@@ -89,6 +92,7 @@ class Controller:
         self.recovery.in_flight = self.in_flight_state
         self.version = 0  # the policy version: steps whose update is done
         self.dropped_stale = 0  # fully_async: samples past async.max_staleness, so far
+        self.samples = SampleLog(run_dir, cfg.trainer.log_samples, tracker.wandb_run)
 
     def in_flight_state(self) -> dict[str, Any] | None:
         """What a checkpoint keeps of the next step's generation in one_step_off mode
@@ -115,7 +119,7 @@ class Controller:
         first = rec.restore() + 1
         rec.start_state = rec.driver_snapshot()
         if first == 1:
-            self.tracker.log(0, self.validate())
+            self.tracker.log(0, self.validate(0))
         while True:
             try:
                 self.train_steps(first)
@@ -156,7 +160,7 @@ class Controller:
                     # The replica still has the previous weights; this load queues
                     # behind the generation in flight.
                     self.sync_weights()
-                metrics.update(self.validate())
+                metrics.update(self.validate(step))
             metrics["trainer/restarts"] = float(rec.trainer_restarts)
             self.tracker.log(step, metrics)
             rec.count_bad_step(step, metrics)
@@ -280,6 +284,11 @@ class Controller:
         self.compute_logprobs(batch, metrics, step)
         metrics["timing/logprob_s"] = time.perf_counter() - t0
         self.compute_advantages(batch, metrics)
+        if self.samples.enabled:
+            self.samples.write("step", step, sample_rows(
+                step, rollouts.rows, rollouts.results, rollouts.scores, self.samples.limit,
+                batch.advantages_bt, batch.response_mask_bt,
+            ))  # fmt: skip
         if self.workers.critic is not None:
             metrics.update(
                 self.workers.critic.update_critic(
@@ -433,15 +442,20 @@ class Controller:
             rollout.load_weights(self.workers.policy.weights_ref(), self.version, interrupt)
         return time.perf_counter() - start
 
-    def validate(self) -> dict[str, float]:
+    def validate(self, step: int) -> dict[str, float]:
         """Greedy completions of the held-out prompts, scored by the reward:
         ``val/reward_mean`` always, ``val/accuracy`` only where the reward has a
         correctness signal (a named reward ``correctness``, as the built-in tasks'),
-        never a mean reward under another name."""
+        never a mean reward under another name. ``step``: the step it follows."""
         start = time.perf_counter()
         greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=self.sampling.max_tokens)
         results = self.collector.request(self.val_rows, greedy, seed=None).result()
         scores, metrics = self.collector.score(results, self.val_rows, repeat=1)
+        if self.samples.enabled:
+            self.samples.write(
+                "val", step, sample_rows(step, self.val_rows, results, scores, self.samples.limit)
+            )
+        sampled = self.validate_sampled() if self.cfg.trainer.val_n > 1 else {}
         out = {
             "val/reward_mean": float(scores["total"].mean()),
             "val/reward_errors": metrics["reward/errors"],
@@ -451,7 +465,19 @@ class Controller:
             out["val/accuracy"] = float(scores["correctness"].mean())
         if self.cfg.algo.name == "sft" and self.image_inputs is None:
             out["val/nll"] = self.heldout_nll()
-        return out
+        return {**out, **sampled}
+
+    def validate_sampled(self) -> dict[str, float]:
+        """``trainer.val_n`` samples of each held-out prompt at the run's sampling
+        temperature: val/mean@n, val/pass@k, val/maj@<val_n> (``rlpost.evaluation``)."""
+        n = self.cfg.trainer.val_n
+        sampling = dataclasses.replace(self.sampling, n=n)
+        results = self.collector.request(self.val_rows, sampling, seed=None).result()
+        scores, _ = self.collector.score(results, self.val_rows, repeat=n)
+        return validation_metrics(
+            self.val_rows, results, scores, n, self.cfg.eval.correct_threshold,
+            self.collector.scorer,
+        )  # fmt: skip
 
     def heldout_nll(self) -> float:
         """SFT: the policy's token-mean negative log-likelihood of the held-out rows'

@@ -31,6 +31,11 @@ class Tracker:
                 project="rlpost", dir=str(run_dir), config=config, name=run_dir.name
             )
 
+    @property
+    def wandb_run(self) -> Any:
+        """The wandb run when ``wandb`` is among the loggers, else None."""
+        return self._wandb
+
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, **{k: _plain(v) for k, v in sorted(metrics.items())}}
         self.history.append(row)

@@ -157,6 +157,25 @@ def build_tiny_model(
     return out_dir
 
 
+def build_tiny_reward_model(preset: str, out_dir: str | Path, seed: int) -> Path:
+    """A random-weight tiny reward model (``Qwen2ForSequenceClassification``, one
+    label) and the built-in tokenizer with its chat template, for tests and quick
+    checks of ``reward.model.path``; written atomically like ``build_tiny_model``."""
+    from transformers import Qwen2ForSequenceClassification
+
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    config = build_config(preset, tokenizer)
+    config.num_labels = 1
+    torch.manual_seed(seed)
+    model = Qwen2ForSequenceClassification(config).float()
+    with atomic_directory(out_dir) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+    return out_dir
+
+
 def num_parameters(preset: str) -> int:
     """Parameter count of ``preset`` (tied embeddings counted once)."""
     config = build_config(preset, build_tokenizer())
@@ -171,6 +190,7 @@ __all__ = [
     "TINY_PRESETS",
     "build_config",
     "build_tiny_model",
+    "build_tiny_reward_model",
     "build_tokenizer",
     "num_parameters",
 ]

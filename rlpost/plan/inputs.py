@@ -7,8 +7,9 @@ import logging
 from typing import Any
 
 from rlpost.config.groups import Config
+from rlpost.data.columns import shape_rows
 from rlpost.data.images import missing_image_files
-from rlpost.data.rows import DataError, load_rows, validate_row
+from rlpost.data.rows import DataError, expand_paths, load_rows, validate_row
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +42,14 @@ def load_data(cfg: Config) -> tuple[list[dict], list[dict], int]:
         ("train_files", cfg.data.train_files, train),
         ("val_files", cfg.data.val_files, val),
     ):
-        for path in paths:
+        try:
+            files = expand_paths(list(paths))
+        except DataError as exc:
+            problems.append(f"data.{key}: {exc}")
+            continue
+        for path in files:
             try:
-                rows = load_rows(path)
+                rows = shape_rows(load_rows(path), cfg.data, str(path))
             except DataError as exc:
                 problems.append(f"data.{key}: {exc}")
                 continue

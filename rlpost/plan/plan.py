@@ -30,7 +30,15 @@ from rlpost.plan.checks import (
 from rlpost.plan.engines import rollout_engine_config, trainer_engine_config
 from rlpost.plan.inputs import drop_long_prompts, load_data
 from rlpost.plan.pd_prompts import check_pd_prompts
+from rlpost.rewards.combine import (
+    build_scorer,
+    check_names,
+    merged_weights,
+    reward_name,
+    reward_specs,
+)
 from rlpost.rewards.loading import RewardError, RewardFn, load_reward_fn
+from rlpost.rewards.reward_model import check_reward_model
 from rlpost.rewards.scoring import call_plan
 
 log = logging.getLogger(__name__)
@@ -46,7 +54,7 @@ class RunPlan:
 
     cfg: Config
     device: DeviceSpec
-    reward_fn: RewardFn
+    reward_fns: list[RewardFn]  # one per spec of reward.fn, in its order
     train_rows: list[dict]
     val_rows: list[dict]
     malformed_rows: int
@@ -66,6 +74,16 @@ class RunPlan:
     def trainer_engine(self, role: str, model_path: str, cfg: Config | None = None) -> Any:
         """The engine config of trainer group ``role`` (``cfg``: the warm-up's own)."""
         return trainer_engine_config(cfg or self.cfg, role, model_path, self.device)
+
+    @property
+    def reward_specs(self) -> list[str]:
+        return reward_specs(self.cfg.reward.fn)
+
+    def scorer(self, extra: list[tuple[str, Any]] | None = None) -> Any:
+        """The scorer of ``reward.*`` (``RewardScorer``, or a ``RewardSet`` of several
+        functions and the ``extra`` named members, a reward model's); its reward
+        worker processes start on its first call."""
+        return build_scorer(self.reward_specs, self.reward_fns, self.cfg.reward, extra or [])
 
     def rollout_engine(self, model_path: str) -> Any:
         return rollout_engine_config(self.cfg, model_path, self.device.kind)
@@ -107,23 +125,36 @@ def build_plan(cfg: Config) -> RunPlan:
             problems += check_lora_adapter(cfg, device.kind)
     except ConfigError as exc:
         problems += exc.problems
-    reward_fn: Any = None
-    try:
-        reward_fn = load_reward_fn(cfg.reward.fn)
-    except RewardError as exc:
-        problems.append(f"reward.fn: {exc}")
+    specs = reward_specs(cfg.reward.fn)
+    reward_fns: list[RewardFn] = []
+    if not specs and cfg.reward.model.path is None:
+        problems.append("reward.fn=[]: name at least one reward function (or a reward.model.path)")
+    if cfg.reward.model.path is not None:
+        problems += check_reward_model(cfg.reward.model.path)
+        if cfg.reward.model.name in {reward_name(s) for s in specs}:
+            problems.append(
+                f"reward.model.name={cfg.reward.model.name}: a reward function has that name; "
+                "give the reward model another one"
+            )
+    problems += check_names(specs)
+    for spec in specs:
+        try:
+            reward_fns.append(load_reward_fn(spec))
+        except RewardError as exc:
+            problems.append(f"reward.fn: {exc}")
     rows: tuple[list[dict], list[dict], int] = ([], [], 0)
     try:
         rows = load_data(cfg)
     except DataError as exc:
         problems.append(str(exc))
     train_rows = rows[0]
-    if reward_fn is not None and train_rows:
+    if len(reward_fns) == len(specs) and train_rows:
         columns = set(train_rows[0]) if isinstance(train_rows[0], dict) else set()
-        try:  # the calling style, and that the data has the columns it names
-            call_plan(reward_fn, columns)
-        except RewardError as exc:
-            problems.append(f"reward.fn={cfg.reward.fn}: {exc}")
+        for spec, fn in zip(specs, reward_fns):
+            try:  # the calling style, and that the data has the columns it names
+                call_plan(fn, columns, reward_name(spec))
+            except RewardError as exc:
+                problems.append(f"reward.fn={spec}: {exc}")
     if cfg.agent.enabled:
         problems += check_agent(cfg)
     if problems:
@@ -132,11 +163,11 @@ def build_plan(cfg: Config) -> RunPlan:
     plan = RunPlan(
         cfg,
         device,
-        reward_fn,
+        reward_fns,
         train_rows,
         rows[1],
         rows[2],
-        algo_settings(cfg, dict(cfg.reward.weights) or getattr(reward_fn, "default_weights", {})),
+        algo_settings(cfg, merged_weights(specs, reward_fns, dict(cfg.reward.weights))),
     )
     plan.dropped_chars = check_builtin_charset(cfg, train_rows, rows[1])
     short_prompts = check_pd_prompts(cfg, train_rows)

@@ -12,14 +12,22 @@ from typing import Any
 
 from rlpost.data import reasoning_gym
 from rlpost.data.tasks import arith, calc, shapes
+from rlpost.rewards import verifiers
 
 RewardFn = Callable[..., Any]
 
 BUILTIN_REWARDS: dict[str, RewardFn] = {
+    # the built-in tasks' own rewards
     "arith": arith.reward,
     "calc": calc.reward,
     "shapes": shapes.reward,
     "reasoning_gym": reasoning_gym.reward,
+    # verifiers for common data (rlpost/rewards/verifiers/), each a score under its own name
+    "code": verifiers.code_reward,
+    "gsm8k": verifiers.gsm8k_reward,
+    "gsm8k_flexible": verifiers.gsm8k_flexible_reward,
+    "math": verifiers.math_reward,
+    "think_format": verifiers.think_format_reward,
 }
 
 SPEC_FORMS = (

@@ -236,10 +236,9 @@ def _as_number(value: Any) -> float:
 class RewardScorer:
     """Score completions with one reward function, isolating its failures.
 
-    ``weights`` combine a dict-valued reward into ``"total"``; unnamed keys
-    weigh 1.0. Without ``weights`` the function's own ``default_weights``
-    attribute is used when it has one (the built-in ``arith`` reward counts
-    only correctness).
+    ``weights`` combine a dict-valued reward into ``"total"``; a name they
+    leave out weighs what the function's own ``default_weights`` attribute says
+    (the built-in ``arith`` reward counts only correctness), else 1.0.
 
     With ``spec`` and ``num_workers > 0`` the calls run in a ``RewardPool`` of
     worker processes, each bounded by ``timeout_s``; otherwise in this process.
@@ -261,7 +260,7 @@ class RewardScorer:
     ):
         self.fn = fn
         self.name = getattr(fn, "__qualname__", repr(fn))
-        self.weights = dict(weights if weights is not None else getattr(fn, "default_weights", {}))
+        self.weights = {**getattr(fn, "default_weights", {}), **(weights or {})}
         self.spec, self.num_workers, self.timeout_s = spec, num_workers, timeout_s
         self.max_error_frac = max_error_frac
         self.plan = plan
@@ -295,7 +294,7 @@ class RewardScorer:
 
         ``extras`` (one dict per sample, e.g. ``{"messages": [...]}``) are passed
         to a function that names them. Returns ``({"total": [...], name: [...]},
-        {"reward/mean", "reward/errors", "reward/timeouts", "reward/<name>"})``,
+        {"reward/mean", "reward/errors", "reward/timeouts", "reward/<name>/mean"})``,
         each list of length ``len(completions)``. A sample whose call failed,
         returned a non-number or lacks a name others have scores 0 under every
         name, as does a number among dicts.
@@ -351,7 +350,9 @@ class RewardScorer:
             "reward/errors": float(errors),
             "reward/timeouts": float(sum(o.status == "timeout" for o in outcomes)),
         }
-        metrics.update({f"reward/{k}": sum(v) / count for k, v in scores.items() if k != "total"})
+        metrics.update(
+            {f"reward/{k}/mean": sum(v) / count for k, v in scores.items() if k != "total"}
+        )
         return scores, metrics
 
     def _check_failures(self, failures: list[str], calls: int) -> None:

@@ -1,8 +1,10 @@
 """The Ray side of the workers: thin actor shells that each hold one engine
-(``rollout_worker``, ``trainer_worker`` with its ``TrainerGroup``) and the
-placement groups that say where they run (``placement``).
+(``rollout_worker``, ``trainer_worker`` with its ``TrainerGroup``,
+``reward_model_worker``) and the placement groups that say where they run
+(``placement``).
 
-May import: ``rlpost.config``, ``rlpost.rollout``, ``rlpost.trainers``, ray.
+May import: ``rlpost.config``, ``rlpost.rewards``, ``rlpost.rollout``,
+``rlpost.trainers``, ray.
 """
 
 # Set in every worker process from its start (before its arguments are

@@ -237,6 +237,8 @@ def bundles(cfg: Config, device_opts: dict[str, Any]) -> dict[str, list[dict[str
     if cfg.algo.needs_critic:
         out["critic"] = [dict(rank) for _ in range(t.world_size)]
     out["rollout"] = [{"CPU": cfg.rollout.num_cpus, **device} for _ in range(cfg.rollout.replicas)]
+    if cfg.reward.model.path is not None:
+        out["reward_model"] = [{"CPU": cfg.reward.model.num_cpus, **device}]
     return out
 
 

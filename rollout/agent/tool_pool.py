@@ -38,9 +38,12 @@ class ToolProcessError(RuntimeError):
 class _Worker:
     def __init__(self) -> None:
         env = dict(os.environ)
-        # the parent's import path, so 'module:fn' specs resolve in the child as here
-        root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join([root, *[p for p in sys.path if p]])
+        # the parent's import path, so 'module:fn' specs resolve in the child as here,
+        # and in a checkout its top folder (where rlpost is importable without installing);
+        # in an installed rlpost that would be the package folder itself: left out
+        top = Path(__file__).resolve().parents[2]
+        root = [str(top)] if (top / "rlpost" / "__init__.py").is_file() else []
+        env["PYTHONPATH"] = os.pathsep.join([*root, *[p for p in sys.path if p]])
         # The worker's own temporary directory, removed when it is killed: a tool
         # stopped mid-call leaves no temporary files behind. Traversable by all, so
         # a tool may hand a directory inside it to a process of another user.

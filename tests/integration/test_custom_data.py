@@ -172,12 +172,14 @@ def test_malformed_rows_and_reward_errors_are_counted(run):
         assert h["data/malformed_rows"] == 2
         # 2 boom rows x rollout.n = 2 samples raise in every step.
         assert h["reward/errors"] == BOOM_ROWS * N == 4
-        assert "reward/exact" in h and "reward/ascii_mean" in h
+        assert "reward/exact/mean" in h and "reward/ascii_mean/mean" in h
         # A raising sample scores 0 under every name and the weights are 1.0
         # each, so the mean total is the sum of the named means.
-        assert h["reward/mean"] == pytest.approx(h["reward/exact"] + h["reward/ascii_mean"])
+        assert h["reward/mean"] == pytest.approx(
+            h["reward/exact/mean"] + h["reward/ascii_mean/mean"]
+        )
         # Half the samples score 0; the others' ascii_mean lies in (0, 1].
-        assert 0 < h["reward/ascii_mean"] <= 0.5
+        assert 0 < h["reward/ascii_mean/mean"] <= 0.5
     for h in history:
         assert h["val/reward_errors"] == 0  # held-out rows carry boom=False
     # One warning for the one distinct failure message, not one per sample.
@@ -212,7 +214,7 @@ def test_wandb_logs_offline_under_the_run_dir(run):
     (history,) = runs[0].glob("run-*.wandb")
     data = history.read_bytes()
     assert data.startswith(b":W&B")
-    for key in (b"reward/errors", b"reward/ascii_mean", b"val/reward_mean"):
+    for key in (b"reward/errors", b"reward/ascii_mean/mean", b"val/reward_mean"):
         assert key in data
     # the console says where the offline run is and how to upload it
     assert f"wandb offline run: {runs[0]}; upload it with `wandb sync {runs[0]}`" in run.output

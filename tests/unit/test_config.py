@@ -29,10 +29,10 @@ def test_yaml_values_override_the_schema_and_absent_keys_take_its_default(tmp_pa
     # The shipped presets: a key in the YAML wins over the schema, a key absent from
     # every YAML of the composition comes from the schema.
     raw = compose_dict([])
-    assert "prompts_per_step" not in raw["data"] and "weights" in raw["reward"]
+    assert "prompts_per_step" not in raw["data"] and raw["reward"] == {"fn": "arith"}
     cfg = compose([])
     assert RewardConfig().weights == {}  # schema: the function's own weights
-    assert cfg.reward.weights == {"correctness": 1.0, "format": 0.0}  # reward/arith.yaml
+    assert cfg.reward.weights == {}  # reward/arith.yaml: the function's default_weights hold
     assert cfg.data.prompts_per_step == DataConfig().prompts_per_step == 32
     # A preset that sets a key to something else than the schema: dapo's clip_high.
     assert compose(["algo=dapo"]).algo.policy_loss.clip_high == 0.28

@@ -149,7 +149,7 @@ def test_load_reward_fn_errors_say_what_to_change(tmp_path):
         f"{path}:missing": "has no attribute 'missing'; its functions: ['exact', 'parts']",
         f"{path}:NOT_FN": "'NOT_FN' has type int, not callable",
         "no_such_pkg_xyz.mod:f": "cannot import module 'no_such_pkg_xyz.mod'",
-        "arithmetic": "'arithmetic' is not a built-in reward; use a built-in name (arith, calc, reasoning_gym, shapes)",
+        "arithmetic": "'arithmetic' is not a built-in reward; use a built-in name (arith, calc, code, gsm8k, gsm8k_flexible, math, reasoning_gym, shapes, think_format)",
         ":f": "is malformed",
     }
     for spec, message in cases.items():
@@ -198,8 +198,8 @@ def test_scorer_named_rewards_and_weights():
         "reward/mean": 1.0,
         "reward/errors": 2.0,
         "reward/timeouts": 0.0,
-        "reward/a": 0.25,
-        "reward/b": 1.5,
+        "reward/a/mean": 0.25,
+        "reward/b/mean": 1.5,
     }
     with pytest.raises(RewardError, match=r"weights name \['c'\] but .* returns \['a'\]"):
         RewardScorer(lambda c, r: {"a": 1.0}, {"c": 1.0}).score(["x"], [{}])
@@ -214,7 +214,7 @@ def test_scorer_builtin_arith_total_is_correctness():
         "correctness": [1.0, 0.0, 0.0, 1.0],
         "format": [1.0, 1.0, 0.0, 1.0],
     }
-    assert metrics["reward/mean"] == 0.5 and metrics["reward/format"] == 0.75
+    assert metrics["reward/mean"] == 0.5 and metrics["reward/format/mean"] == 0.75
     weighted, _ = RewardScorer(arith.reward, {"correctness": 1.0, "format": 0.5}).score(
         ["84"], [row]
     )

@@ -1,0 +1,125 @@
+"""A first real task through the CLI: a saved dataset with its own column names,
+a prompt template and a system prompt, two weighted reward functions and a
+reward model on its own worker, and the samples it wrote. One short run
+(module fixture) on tiny random models."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("vllm")
+datasets = pytest.importorskip("datasets")
+
+from rlpost.models.tiny import build_tiny_model, build_tiny_reward_model  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS, N, LOG = 2, 2, 3
+WORDS = ["abc", "xyz", "hello", "rl"]
+
+REWARDS_PY = """
+def exact(completion, row):
+    return float(completion.strip() == row["answer"])
+
+
+def ascii(completion, row):
+    return {"ascii_mean": sum(map(ord, completion)) / (127 * max(len(completion), 1))}
+"""
+
+
+def rows(words):
+    return [{"question": w, "solution": w[::-1], "data_source": "reverse"} for w in words]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tmp = tmp_path_factory.mktemp("first_task")
+    datasets.Dataset.from_list(rows(WORDS)).save_to_disk(str(tmp / "train"))
+    for i, word in enumerate(["dog", "moon"]):  # held-out rows in two parquet shards
+        pq.write_table(pa.Table.from_pylist(rows([word])), tmp / f"val-{i:05d}.parquet")
+    (tmp / "rewards.py").write_text(REWARDS_PY)
+    model = build_tiny_model("micro", tmp / "model", seed=0)
+    reward_model = build_tiny_reward_model("micro", tmp / "rm", seed=1)
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rlpost-ray-", dir="/tmp"))
+    cmd = [
+        sys.executable, "-m", "rlpost.main", f"model.path={model}", "data=files",
+        f"data.train_files=[{tmp / 'train'}]", f"data.val_files=[{tmp}/val-*.parquet]",
+        "data.prompt_template=Reverse: {question}", "data.answer_key=solution",
+        "data.system_prompt=Reverse the letters.", f"data.prompts_per_step={len(WORDS)}",
+        "reward=custom", f"reward.fn=[{tmp / 'rewards.py'}:exact,{tmp / 'rewards.py'}:ascii]",
+        "reward.weights.exact=2.0", f"reward.model.path={reward_model}", "reward.model.name=rm",
+        "reward.weights.rm=0.1", "reward.model.batch_size=3", f"rollout.n={N}", f"trainer.total_steps={STEPS}",
+        "trainer.val_every=1", f"trainer.log_samples={LOG}", f"trainer.run_dir={tmp / 'run'}",
+        "trainer.logger=[console,jsonl,wandb]", f"model.cache_dir={tmp / 'cache'}",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS",)}
+    env.update(RAY_TMPDIR=str(ray_tmp), WANDB_MODE="offline", TQDM_DISABLE="1")
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    yield proc, tmp / "run"
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def test_each_reward_is_counted_and_weighed(run):
+    proc, run_dir = run
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for h in history[1:]:
+        assert h["reward/exact/errors"] == 0 and h["reward/ascii/errors"] == 0
+        assert h["reward/rm/errors"] == 0
+        # total = 2.0 * exact + 1.0 * ascii_mean + 0.1 * rm, so the means add up the same way
+        expected = 2.0 * h["reward/exact/mean"] + h["reward/ascii_mean/mean"]
+        assert h["reward/mean"] == pytest.approx(expected + 0.1 * h["reward/rm/mean"])
+        assert 0 < h["reward/ascii_mean/mean"] <= 1 and h["reward/rm/mean"] != 0
+    placement = json.loads((run_dir / "placement.json").read_text())
+    assert placement["roles"]["reward_model"]["bundles"] == [{"CPU": 1.0}]
+
+
+def test_samples_are_written_with_what_they_were_scored(run):
+    proc, run_dir = run
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    samples = run_dir / "samples"
+    names = sorted(p.name for p in samples.iterdir())
+    assert names == ["step_000001.jsonl", "step_000002.jsonl"] + [
+        f"val_{s:06d}.jsonl" for s in range(STEPS + 1)
+    ]
+    step = [json.loads(line) for line in (samples / "step_000001.jsonl").read_text().splitlines()]
+    assert len(step) == LOG and [s["group"] for s in step] == [0, 0, 1]  # N=2 a group
+    for s in step:
+        assert s["prompt"][0] == {"role": "system", "content": "Reverse the letters."}
+        word = s["prompt"][1]["content"].removeprefix("Reverse: ")
+        assert word in WORDS and s["answer"] == word[::-1] and s["data_source"] == "reverse"
+        rewards = s["rewards"]
+        assert set(rewards) == {"total", "exact", "ascii_mean", "rm"}
+        total = 2 * rewards["exact"] + rewards["ascii_mean"] + 0.1 * rewards["rm"]
+        assert rewards["total"] == pytest.approx(total)
+        assert isinstance(s["advantage"], float) and s["length"] >= 1
+        assert s["policy_version"] == 0 and s["finish_reason"] in ("stop", "length")
+    val = [json.loads(line) for line in (samples / "val_000002.jsonl").read_text().splitlines()]
+    assert sorted(v["answer"] for v in val) == ["god", "noom"]
+
+
+def test_bad_reward_and_column_names_are_config_errors(tmp_path):
+    datasets.Dataset.from_list(rows(WORDS)).save_to_disk(str(tmp_path / "train"))
+    (tmp_path / "rewards.py").write_text(REWARDS_PY)
+    cmd = [
+        sys.executable, "-m", "rlpost.main", "data=files",
+        f"data.train_files=[{tmp_path / 'train'}]", f"data.val_files=[{tmp_path / 'train'}]",
+        "data.prompt_template=Reverse: {word}", "reward=custom",
+        f"reward.fn=[{tmp_path / 'rewards.py'}:exact,maths]",
+    ]  # fmt: skip
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "'maths' is not a built-in reward" in proc.stderr
+    assert "data.prompt_template" in proc.stderr and "no column 'word'" in proc.stderr
