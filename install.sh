@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Install rlpost with vLLM for the CPU into a virtual environment.
 #   VENV=path  where to put it (default: .venv)
-#   EXTRAS=... pip extras (default: cpu,test,megatron,docs,agents,reasoning-gym,skyrl-gym,textarena,math)
+#   EXTRAS=... pip extras (default: cpu,test,megatron,docs,agents,board,reasoning-gym,skyrl-gym,textarena,math)
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV="${VENV:-.venv}"
-EXTRAS="${EXTRAS:-cpu,test,megatron,docs,agents,reasoning-gym,skyrl-gym,textarena,math}"
+EXTRAS="${EXTRAS:-cpu,test,megatron,docs,agents,board,reasoning-gym,skyrl-gym,textarena,math}"
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi

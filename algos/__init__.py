@@ -1,5 +1,8 @@
 """Pure tensor math for RL post-training: advantages, policy and value losses, KL,
-entropy, loss aggregation, sample filters and off-policy corrections. Imports torch only."""
+entropy, loss aggregation, sample filters and off-policy corrections. Imports torch only.
+
+Importing the package imports every ``loss_*`` module, which registers its losses in
+``POLICY_LOSSES``."""
 
 from rlpost.algos.advantages import (
     ADVANTAGE_ESTIMATORS,
@@ -25,6 +28,10 @@ from rlpost.algos.kl import (
     kl_penalty,
     kl_reward_penalty,
 )
+from rlpost.algos.loss_cispo import cispo_loss
+from rlpost.algos.loss_cov import clip_cov_loss, kl_cov_loss, token_covariance
+from rlpost.algos.loss_gmpo import gmpo_loss
+from rlpost.algos.loss_sapo import sapo_loss
 from rlpost.algos.off_policy import OFF_POLICY, build_off_policy, register_off_policy
 from rlpost.algos.policy_loss import (
     POLICY_LOSSES,
@@ -34,6 +41,16 @@ from rlpost.algos.policy_loss import (
     register_policy_loss,
     sft_loss,
 )
+from rlpost.algos.preference import (
+    PAIR_METRICS,
+    PREFERENCE_LOSSES,
+    PreferenceConfig,
+    PreferenceLoss,
+    bradley_terry_loss,
+    build_preference_loss,
+    register_preference_loss,
+    sequence_logps,
+)
 from rlpost.algos.value_loss import clipped_value_loss, explained_variance
 
 __all__ = [
@@ -41,24 +58,34 @@ __all__ = [
     "AGGREGATIONS",
     "KL_KINDS",
     "OFF_POLICY",
+    "PAIR_METRICS",
     "POLICY_LOSSES",
+    "PREFERENCE_LOSSES",
     "AdaptiveKLController",
     "AdvantageConfig",
     "FixedKLController",
     "LossNorm",
     "OffPolicyConfig",
     "PolicyLossConfig",
+    "PreferenceConfig",
+    "PreferenceLoss",
     "aggregate",
+    "bradley_terry_loss",
     "build_off_policy",
     "build_policy_loss",
+    "cispo_loss",
+    "clip_cov_loss",
+    "build_preference_loss",
     "clipped_value_loss",
     "compute_advantages",
     "entropy_from_logits",
     "explained_variance",
     "gae_advantage",
     "gdpo_advantage",
+    "gmpo_loss",
     "grpo_advantage",
     "gspo_loss",
+    "kl_cov_loss",
     "kl_penalty",
     "kl_reward_penalty",
     "last_token_rewards",
@@ -69,10 +96,14 @@ __all__ = [
     "register_advantage",
     "register_off_policy",
     "register_policy_loss",
+    "register_preference_loss",
     "reinforce_pp_advantage",
     "reinforce_pp_baseline_advantage",
     "rloo_advantage",
+    "sapo_loss",
+    "sequence_logps",
     "sft_loss",
+    "token_covariance",
     "truncated_is_weight",
     "zero_std_groups",
 ]

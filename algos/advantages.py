@@ -80,13 +80,15 @@ def reinforce_pp_baseline_advantage(
     """REINFORCE++-baseline (Hu 2025, sec. 3.3): (s_i - mean_g) broadcast to the response
     tokens, then whitened over all response tokens of the batch. Returns ``adv_bt``.
 
-    A group whose scores all agree carries no signal and keeps advantage 0: the
-    batch whitening would otherwise shift it by the batch mean.
+    A group whose scores all agree is centred to exactly 0 (not the float noise of
+    s - mean_g), and then whitened with the batch like every other sample, as the paper
+    defines the estimator: its tokens get (0 - mean) / std, the batch's own shift.
     """
     mean_b, _, _ = group_mean_std(scores_b, group_ids_b)
     mask_bt = mask_bt.to(scores_b.dtype)
-    adv_bt = masked_whiten((scores_b - mean_b)[:, None] * mask_bt, mask_bt, eps)
-    return adv_bt * (~uniform_groups(scores_b, group_ids_b))[:, None]
+    centred_b = scores_b - mean_b
+    centred_b = torch.where(uniform_groups(scores_b, group_ids_b), 0.0, centred_b)
+    return masked_whiten(centred_b[:, None] * mask_bt, mask_bt, eps)
 
 
 def gae_advantage(

@@ -43,7 +43,11 @@ class PolicyLossConfig:
     """Settings for a policy loss; ``name`` keys ``POLICY_LOSSES``, ``agg`` keys ``AGGREGATIONS``.
 
     ``clip_high > clip_low`` is DAPO's clip-higher (Yu et al. 2025, eq. 10); ``clip_c`` is the
-    dual-clip bound for negative advantages (Ye et al. 2020, eq. 5).
+    dual-clip bound for negative advantages (Ye et al. 2020, eq. 5); ``clip_low = 1`` sets no
+    lower bound (CISPO's usual choice). ``cispo`` clips its detached weight with
+    clip_low/clip_high, ``gmpo`` reads them as log-ratio bounds. The other fields are those of
+    one loss each, named as verl's: ``tau_pos``/``tau_neg`` (sapo), ``clip_cov_*`` (clip_cov),
+    ``kl_cov_ratio`` and ``ppo_kl_coef`` (kl_cov).
     """
 
     name: str = "ppo_clip"
@@ -52,17 +56,36 @@ class PolicyLossConfig:
     clip_c: float | None = None
     agg: str = "token-mean"
     log_ratio_clamp: float = 20.0
+    tau_pos: float = 1.0  # sapo: gate temperature for A > 0 (Gao et al. 2025)
+    tau_neg: float = 1.05  # sapo: gate temperature for A <= 0
+    clip_cov_ratio: float = 2e-4  # clip_cov: share of tokens whose gradient is dropped
+    clip_cov_lb: float = 1.0  # clip_cov: covariance band, lower end
+    clip_cov_ub: float = 5.0  # clip_cov: covariance band, upper end
+    kl_cov_ratio: float = 2e-4  # kl_cov: share of tokens given the KL term
+    ppo_kl_coef: float = 1.0  # kl_cov: coefficient of |log r| on those tokens
 
     def __post_init__(self) -> None:
         errors = []
-        if not 0.0 <= self.clip_low < 1.0:
-            errors.append(f"clip_low={self.clip_low} must be in [0, 1)")
+        if not 0.0 <= self.clip_low <= 1.0:
+            errors.append(f"clip_low={self.clip_low} must be in [0, 1]")
         if not self.clip_high >= 0.0:
             errors.append(f"clip_high={self.clip_high} must be >= 0")
         if self.clip_c is not None and not self.clip_c > 1.0:
             errors.append(f"clip_c={self.clip_c} must be > 1 (or None to disable dual clip)")
         if not self.log_ratio_clamp > 0:
             errors.append(f"log_ratio_clamp={self.log_ratio_clamp} must be > 0")
+        for key in ("tau_pos", "tau_neg"):
+            if not getattr(self, key) > 0:
+                errors.append(f"{key}={getattr(self, key)} must be > 0")
+        for key in ("clip_cov_ratio", "kl_cov_ratio"):
+            if not 0.0 < getattr(self, key) <= 1.0:
+                errors.append(f"{key}={getattr(self, key)} must be in (0, 1]")
+        if not self.clip_cov_lb < self.clip_cov_ub:
+            errors.append(
+                f"clip_cov_lb={self.clip_cov_lb} must be < clip_cov_ub={self.clip_cov_ub}"
+            )
+        if not self.ppo_kl_coef >= 0:
+            errors.append(f"ppo_kl_coef={self.ppo_kl_coef} must be >= 0")
         _raise_all("PolicyLossConfig", errors)
 
 

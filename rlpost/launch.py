@@ -11,6 +11,7 @@ from rlpost.loop.controller import Controller
 from rlpost.loop.faults import StopOnSignal
 from rlpost.loop.roles import TrainerGroups, Workers
 from rlpost.loop.tracking import Tracker
+from rlpost.plan.engines import rollout_engine_config
 from rlpost.plan.plan import RunPlan
 from rlpost.rewards.scoring import RewardScorer
 from rlpost.workers.trainer_worker import TrainerGroup
@@ -38,6 +39,7 @@ class Launch:
         self.agent: AgentRollout | None = None
         self.scorer: RewardScorer | None = None
         self.reward_model: Any = None  # reward.model's worker (RewardModelGroup)
+        self.judge: Any = None  # reward.judge's rollout group
         self.placement: Any = None
         self.started_ray = False
 
@@ -63,6 +65,8 @@ class Launch:
             self.scorer.close()
         if self.reward_model is not None:
             self.reward_model.close()
+        if self.judge is not None:
+            self.judge.close()
         if self.tracker is not None:
             self.tracker.close()
         for group in self.trainers:
@@ -78,10 +82,13 @@ class Launch:
             self.stop.restore()
 
     # -- workers -------------------------------------------------------------------
-    def trainer_group(self, role: str, engine_cfg: Any, world_size: int) -> TrainerGroup:
+    def trainer_group(
+        self, role: str, engine_cfg: Any, world_size: int, kind: str | None = None
+    ) -> TrainerGroup:
+        """``kind``: the engine (``rlpost.trainers.registry``; default: the role's own)."""
         t = self.cfg.trainer
         scheduling = self.placement.scheduling(role)[:world_size]
-        kind = "critic" if role == "critic" else "policy"
+        kind = kind or ("critic" if role == "critic" else "policy")
         return TrainerGroup(
             engine_cfg, world_size, t.num_cpus_per_worker, engine_cfg.threads,
             self.plan.device.ray_resource, kind, scheduling=scheduling,
@@ -108,25 +115,86 @@ class Launch:
         groups: dict[str, TrainerGroup] = {}
         for role in self.plan.roles:
             engine_cfg = self.plan.trainer_engine(role, model_path)
-            groups[role] = self.trainer_group(role, engine_cfg, self.cfg.trainer.world_size)
+            groups[role] = self.trainer_group(
+                role, engine_cfg, self.cfg.trainer.world_size, self.plan.engine_kind(role)
+            )
             self.trainers.append(groups[role])
         return groups["policy"], groups.get("reference"), groups.get("critic")
 
-    def reward_model_members(self) -> list[tuple[str, Any]]:
-        """``reward.model``'s worker, started on its bundle, as a named member of the
-        reward set (none without ``reward.model.path``)."""
-        rm = self.cfg.reward.model
-        if rm.path is None:
-            return []
-        from rlpost.rewards.reward_model import ModelReward
-        from rlpost.workers.reward_model_worker import RewardModelGroup
+    def reward_members(self) -> list[tuple[str, Any]]:
+        """``reward.model``'s worker and ``reward.judge``'s engine, each started on its
+        own bundle, as named members of the reward set (none without their paths)."""
+        members = []
+        rm, device = self.cfg.reward.model, self.plan.device
+        if rm.path is not None:
+            from rlpost.rewards.reward_model import ModelReward
+            from rlpost.workers.reward_model_worker import RewardModelGroup
 
-        device = self.plan.device
-        threads = max(1, int(rm.num_cpus)) if device.kind == "cpu" else 1
-        where = self.placement.scheduling("reward_model")[0]
-        self.reward_model = RewardModelGroup(rm, threads, device.ray_resource, where)
-        score = self.reward_model.score
-        return [(rm.name, ModelReward(rm.name, score, self.cfg.reward.max_error_frac))]
+            threads = max(1, int(rm.num_cpus)) if device.kind == "cpu" else 1
+            where = self.placement.scheduling("reward_model")[0]
+            self.reward_model = RewardModelGroup(rm, threads, device.ray_resource, where)
+            score = self.reward_model.score
+            members.append((rm.name, ModelReward(rm.name, score, self.cfg.reward.max_error_frac)))
+        if self.cfg.reward.judge.path is not None:
+            members.append((self.cfg.reward.judge.name, self.judge_reward()))
+        return members
+
+    def judge_reward(self) -> Any:
+        """``reward.judge``: its own rollout group (the run's engine, without PD or
+        LoRA) and the reward that asks it for verdicts."""
+        import dataclasses
+
+        from transformers import AutoTokenizer
+
+        from rlpost.rewards.judge import JudgeReward, build_parser
+        from rlpost.rollout.base import GenerationRequest, SamplingConfig
+        from rlpost.serving.rollout_group import RolloutGroup
+
+        cfg, j, device = self.cfg, self.cfg.reward.judge, self.plan.device
+        r, path = cfg.rollout, str(j.path)
+        limit = j.max_model_len or r.max_model_len
+        own = dataclasses.replace(
+            cfg,
+            rollout=dataclasses.replace(
+                r, pd=dataclasses.replace(r.pd, enabled=False), max_model_len=limit
+            ),
+            model=dataclasses.replace(cfg.model, lora=dataclasses.replace(cfg.model.lora, rank=0)),
+        )
+        self.judge = RolloutGroup(
+            rollout_engine_config(own, path, device.kind), replicas=1, num_cpus=j.num_cpus,
+            threads=max(1, int(j.num_cpus)) if device.kind == "cpu" else 1,
+            device_opts=device.ray_resource, engine=r.name,
+            scheduling=self.placement.scheduling("judge"),
+        )  # fmt: skip
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        sampling = SamplingConfig(n=1, temperature=j.temperature, max_tokens=j.max_tokens)
+        judge = self.judge
+
+        def encode(text: str) -> list[int]:
+            chat = [{"role": "user", "content": text}]
+            out: Any = tokenizer.apply_chat_template(
+                chat, add_generation_prompt=True, tokenize=True, return_dict=True
+            )
+            return list(out["input_ids"])
+
+        def generate(prompts: list[list[int]]) -> list[str]:
+            fits = [i for i, ids in enumerate(prompts) if len(ids) + j.max_tokens <= limit]
+            if len(fits) < len(prompts):
+                log.warning(
+                    "reward.judge: %d of %d prompts are longer than reward.judge.max_model_len "
+                    "(%d) less max_tokens; they count as unparsable verdicts",
+                    len(prompts) - len(fits), len(prompts), limit,
+                )  # fmt: skip
+            results = judge.generate([GenerationRequest(prompts[i], sampling) for i in fits])
+            verdicts = [""] * len(prompts)
+            for i, result in zip(fits, results):
+                verdicts[i] = result.completions[0].text
+            return verdicts
+
+        max_error_frac = cfg.reward.max_error_frac
+        return JudgeReward(
+            j.name, j.template, build_parser(j.parse), encode, generate, max_error_frac
+        )
 
     def controller(self) -> Controller:
         """The model (the built-in one warmed up on first use), its tokenizer, every
@@ -145,8 +213,8 @@ class Launch:
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         plan.fit_prompts(tokenizer)
-        policy, reference, critic = self.build_trainers(model_path)
         r = cfg.rollout
+        # The replicas start their engines while the trainer groups start theirs.
         self.rollout = RolloutGroup(
             plan.rollout_engine(model_path),
             replicas=r.replicas,
@@ -155,12 +223,15 @@ class Launch:
             device_opts=plan.device.ray_resource,
             engine=r.name,
             scheduling=self.placement.scheduling("rollout"),
+            wait=False,
         )
+        policy, reference, critic = self.build_trainers(model_path)
+        self.rollout.wait_ready()
         t = cfg.trainer
         from rlpost.config.compose import to_dict
 
         self.tracker = Tracker(self.run_dir, list(t.logger), t.total_steps, to_dict(cfg))
-        self.scorer = plan.scorer(self.reward_model_members())
+        self.scorer = plan.scorer(self.reward_members())
         agent = None
         if cfg.agent.enabled:  # a training row opens the episode its tool check renders
             example = plan.train_rows[0] if plan.train_rows else None

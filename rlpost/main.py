@@ -20,6 +20,7 @@ Examples:
   python -m rlpost.main --config-dir my_configs algo=my_algo   # my_configs/algo/my_algo.yaml
 Lists are written in brackets without spaces: trainer.logger=[console,jsonl].
 Every key, its type and default: python -m rlpost.main --help-keys
+Runs, curves, samples and a launch form in the browser: rlpost board --runs outputs
 """
 
 
@@ -57,12 +58,17 @@ def keys_table(overrides: list[str] | None = None) -> str:
             value: object = defaults
             for part in key.split("."):
                 value = value[part] if isinstance(value, dict) else None
-            rows.append(f"{key:34s} {tp:40s} {value!s:16s} {text}")
+            shown = repr(value) if isinstance(value, str) and "\n" in value else str(value)
+            rows.append(f"{key:34s} {tp:40s} {shown:16s} {text}")
     return "\n".join([f"{'key':34s} {'type':40s} {'default':16s} meaning", *rows])
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["board"]:  # ``rlpost board``: the web UI (rlpost/board)
+        from rlpost.board.cli import main as board_main
+
+        return board_main(argv[1:])
     from rlpost.config.compose import compose, split_config_dirs
     from rlpost.config.schema import ConfigError
 

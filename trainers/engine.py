@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import torch
-from rlpost.algos import OffPolicyConfig, PolicyLossConfig
+from rlpost.algos import OffPolicyConfig, PolicyLossConfig, PreferenceConfig
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.objectives import RegularizerConfig
 
@@ -69,6 +69,10 @@ class PolicyEngine(Protocol):
         ...
 
     def update_sft(self, batch: TrajectoryBatch) -> dict[str, float]: ...
+
+    def update_preference(self, batch: TrajectoryBatch, cfg: PreferenceConfig) -> dict[str, float]:
+        """One preference-loss step over interleaved (chosen, rejected) pairs. Collective."""
+        ...
 
     def named_weights(self, merged: bool = True) -> list[tuple[str, torch.Tensor]] | None:
         """Full weights under the checkpoint's names on rank 0, None elsewhere. Collective."""

@@ -19,11 +19,12 @@ from contextlib import contextmanager
 from typing import Protocol
 
 import torch
-from rlpost.algos import LossNorm, OffPolicyConfig, PolicyLossConfig, sft_loss
+from rlpost.algos import LossNorm, OffPolicyConfig, PolicyLossConfig, PreferenceConfig, sft_loss
 from rlpost.trainers import checkpointing
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.checkpointing import CheckpointState
 from rlpost.trainers.objectives import RegularizerConfig, check_policy_batch, policy_objective
+from rlpost.trainers.preference import preference_loss
 from rlpost.trainers.update import Backend, MicroLoss, run_epochs, step
 
 
@@ -180,6 +181,17 @@ class PolicyUpdates:
             return loss, metrics, None
 
         return step(self.backend, batch, loss_fn, 1.0, "sft")[0]
+
+    def update_preference(self, batch: TrajectoryBatch, cfg: PreferenceConfig) -> dict[str, float]:
+        """One optimizer step of a preference loss (``algo=dpo``) over pairs laid out by
+        ``rlpost.data.preference.preference_batch``; the reference policy's log-probs,
+        where the loss needs them, are the batch's ``scores_b["ref_logps"]``. Returns
+        global metrics (``dpo/loss``, ``rewards/*``, ``logps/*``). Collective."""
+        start = time.perf_counter()
+        loss_fn = preference_loss(lambda mb, out: self.token_stats(mb, out, 1.0, False)[0], cfg)
+        out = step(self.backend, batch, loss_fn, 1.0, "dpo")[0]
+        out["timing/update_s"] = time.perf_counter() - start
+        return out
 
     # -- checkpoints --------------------------------------------------------------------
     def save_checkpoint(self, path: str) -> str:

@@ -1,5 +1,5 @@
-"""Training engines by name (the engine config's ``trainer``) and role (``policy`` or
-``critic``): each entry a ``module:Class`` built from the config, the rank, the
+"""Training engines by name (the engine config's ``trainer``) and role (``policy``,
+``critic`` or ``reward_model``): each entry a ``module:Class`` built from the config, the rank, the
 world size and the rendezvous address."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ ENGINES: dict[str, dict[str, str]] = {
     "fsdp": {
         "policy": "rlpost.trainers.fsdp.engine:FSDPEngine",
         "critic": "rlpost.trainers.fsdp.critic:CriticEngine",
+        "reward_model": "rlpost.trainers.fsdp.reward_model:RewardModelEngine",
     },
     "megatron": {
         "policy": "rlpost.trainers.megatron.engine:MegatronEngine",

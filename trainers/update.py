@@ -18,11 +18,12 @@ from typing import Protocol
 
 import torch
 import torch.distributed as dist
-from rlpost.algos import LossNorm
+from rlpost.algos import PAIR_METRICS, LossNorm
 from rlpost.trainers.batch import TrajectoryBatch
 
-# Metrics that are a micro-batch's share of the global loss: summed, not averaged.
-SUMMED_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss"})
+# Metrics that are a micro-batch's share of the global loss (or of a global mean
+# over preference pairs): summed, not averaged.
+SUMMED_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss"}) | PAIR_METRICS
 
 # What the caller does with one micro-batch's model output: its loss (summed and
 # back-propagated when training) and rows (b, t) to hand back, or None.

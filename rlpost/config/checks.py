@@ -7,6 +7,9 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
+from rlpost.config.groups import PREFERENCE_PRESETS
+from rlpost.config.preference_checks import preference_checks
+
 if TYPE_CHECKING:
     from rlpost.config.groups import Config
 
@@ -16,7 +19,7 @@ def cross_checks(cfg: Config) -> list[str]:
     by the schema); every problem is reported, not only the first."""
     checks = (
         algo_checks, rollout_checks, data_checks, agent_checks, trainer_checks, async_checks,
-        eval_checks,
+        eval_checks, preference_checks,
     )  # fmt: skip
     return [problem for check in checks for problem in check(cfg)]
 
@@ -209,7 +212,8 @@ def trainer_checks(cfg: Config) -> list[str]:
     if len(cfg.trainer.betas) != 2:
         problems.append(f"trainer.betas={cfg.trainer.betas}: expected two numbers")
     samples = cfg.data.prompts_per_step * cfg.rollout.n
-    if cfg.algo.name != "sft" and samples % (cfg.trainer.world_size * cfg.algo.mini_batches):
+    offline = cfg.algo.name == "sft" or cfg.algo.name in PREFERENCE_PRESETS
+    if not offline and samples % (cfg.trainer.world_size * cfg.algo.mini_batches):
         problems.append(
             f"data.prompts_per_step x rollout.n = {samples} must divide by "
             f"trainer.world_size x algo.mini_batches = {cfg.trainer.world_size * cfg.algo.mini_batches}"

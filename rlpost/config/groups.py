@@ -11,7 +11,24 @@ from rlpost.config.schema import spec
 GROUPS = ("algo", "model", "rollout", "trainer", "data", "reward", "agent")
 
 
-ALGO_PRESETS = ("grpo", "dapo", "ppo", "gspo", "gdpo", "rloo", "reinforce_pp", "dr_grpo", "sft")
+ALGO_PRESETS = (
+    "grpo",
+    "dapo",
+    "ppo",
+    "gspo",
+    "gdpo",
+    "rloo",
+    "reinforce_pp",
+    "dr_grpo",
+    "cispo",
+    "sapo",
+    "sft",
+    "dpo",
+    "rm",
+)
+# Offline presets that train on preference pairs (rlpost.loop.preference).
+PREFERENCE_PRESETS = ("dpo", "rm")
+PREFERENCE_LOSS_NAMES = ("sigmoid", "ipo", "hinge", "simpo", "orpo")
 AGGREGATIONS = (
     "token-mean",
     "seq-mean-token-sum",
@@ -35,12 +52,37 @@ class AdvantageSchema:
 
 @dataclass(frozen=True)
 class PolicyLossSchema:
-    name: str = spec("ppo_clip", help="ppo_clip, gspo, or a registered name")
-    clip_low: float = spec(0.2, ge=0, help="lower clip: ratio >= 1 - clip_low")
-    clip_high: float = spec(0.2, ge=0, help="upper clip: ratio <= 1 + clip_high (DAPO: > clip_low)")
+    name: str = spec(
+        "ppo_clip",
+        help="ppo_clip, gspo, cispo, sapo, geo_mean (= gmpo), clip_cov, kl_cov, or a registered name",
+    )
+    clip_low: float = spec(
+        0.2,
+        ge=0,
+        le=1,
+        help="lower clip: ratio >= 1 - clip_low (1: no lower bound; geo_mean: log-ratio >= -clip_low)",
+    )
+    clip_high: float = spec(
+        0.2,
+        ge=0,
+        help="upper clip: ratio <= 1 + clip_high (DAPO: > clip_low; geo_mean: log-ratio <= clip_high)",
+    )
     clip_c: float | None = spec(None, help="dual-clip bound for negative advantages (null = off)")
     agg: str = spec(
         "token-mean", choices=AGGREGATIONS, help="loss aggregation over the global batch"
+    )
+    tau_pos: float = spec(1.0, gt=0, help="sapo: gate temperature for positive advantages")
+    tau_neg: float = spec(1.05, gt=0, help="sapo: gate temperature for negative advantages")
+    clip_cov_ratio: float = spec(
+        2e-4, gt=0, le=1, help="clip_cov: share of a micro-batch's tokens whose gradient is dropped"
+    )
+    clip_cov_lb: float = spec(1.0, help="clip_cov: lower end of the covariance band")
+    clip_cov_ub: float = spec(5.0, help="clip_cov: upper end of the covariance band")
+    kl_cov_ratio: float = spec(
+        2e-4, gt=0, le=1, help="kl_cov: share of a micro-batch's tokens given the KL term"
+    )
+    ppo_kl_coef: float = spec(
+        1.0, ge=0, help="kl_cov: coefficient of abs(log ratio) on those tokens"
     )
 
 
@@ -97,6 +139,41 @@ class OffPolicySchema:
 
 
 @dataclass(frozen=True)
+class DPOSchema:
+    """``algo=dpo``: the preference loss and its settings (docs/preference.md)."""
+
+    loss: str = spec(
+        "sigmoid",
+        help="sigmoid (DPO), ipo, hinge (SLiC), simpo (reference-free, length-normalised), orpo (odds ratio + NLL, reference-free), or a registered name",
+    )
+    beta: float = spec(
+        0.1, gt=0, help="KL strength (sigmoid, ipo, hinge); reward scale (simpo); lambda (orpo)"
+    )
+    label_smoothing: float = spec(
+        0.0,
+        ge=0,
+        le=0.5,
+        help="share of flipped labels assumed, below 0.5 (conservative DPO; sigmoid only)",
+    )
+    simpo_gamma: float = spec(0.5, help="simpo: target reward margin gamma")
+    precompute_ref: bool = spec(
+        False,
+        help="the reference log-probs of every pair once at the start, instead of per batch (saves a forward pass a step)",
+    )
+
+
+@dataclass(frozen=True)
+class RMSchema:
+    """``algo=rm``: a Bradley-Terry reward model on the policy's backbone."""
+
+    center_rewards_coef: float = spec(
+        0.0,
+        ge=0,
+        help="weight of mean((r_c + r_r)^2), keeping rewards near 0 (TRL's center_rewards_coefficient)",
+    )
+
+
+@dataclass(frozen=True)
 class AlgoConfig:
     name: str = spec(help="preset label", choices=ALGO_PRESETS)
     advantage: AdvantageSchema = field(default_factory=AdvantageSchema)
@@ -116,6 +193,8 @@ class AlgoConfig:
     )
     epochs: int = spec(1, ge=1, help="passes over each step's batch")
     mini_batches: int = spec(1, ge=1, help="optimizer steps per pass over the batch")
+    dpo: DPOSchema = field(default_factory=DPOSchema)
+    rm: RMSchema = field(default_factory=RMSchema)
 
     @property
     def needs_critic(self) -> bool:
@@ -123,6 +202,8 @@ class AlgoConfig:
 
     @property
     def needs_reference(self) -> bool:
+        if self.name == "dpo":  # simpo and orpo are reference-free
+            return self.dpo.loss not in ("simpo", "orpo")
         return self.kl.loss_coef > 0 or self.kl.reward_coef > 0
 
     @property
@@ -410,9 +491,9 @@ class ReasoningGymConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    name: Literal["arith", "calc", "shapes", "files", "reasoning_gym"] = spec(
+    name: Literal["arith", "arith_pref", "calc", "shapes", "files", "reasoning_gym"] = spec(
         "arith",
-        help="built-in task (arith: a+b=; calc: a*b= with a multiply tool; shapes: a picture's colour, for VL models), reasoning-gym's generators, or user files",
+        help="built-in task (arith: a+b=; arith_pref: its preference pairs, for algo=dpo and algo=rm; calc: a*b= with a multiply tool; shapes: a picture's colour, for VL models), reasoning-gym's generators, or user files",
     )
     train_files: list[str] = spec(
         [],
@@ -461,6 +542,31 @@ class RewardModelConfig:
 
 
 @dataclass(frozen=True)
+class RewardJudgeConfig:
+    """``reward.judge.path``: a generative judge on a rollout engine of its own."""
+
+    path: str | None = spec(
+        None,
+        help="a local HF folder of a causal LM with a chat template that grades each sample; its parsed verdict is a named reward (null: none)",
+    )
+    name: str = spec("judge", help="its score's name: reward.weights.<name>, reward/<name>/mean")
+    template: str = spec(
+        "Grade the answer to the question from 0 (wrong) to 10 (right).\nQuestion: {prompt}\nReference answer: {answer}\nAnswer: {completion}\nReply with 'Score: <number>'.",
+        help="the judge's prompt: {prompt}, {completion}, {answer} and any {column} of the row ({{ }}: literal braces)",
+    )
+    parse: str = spec(
+        "Score:\\s*(-?\\d+(?:\\.\\d+)?)",
+        help="the verdict to a score: a regular expression (its group, or the match, as a number) or file.py:fn returning a float or None; an unparsable verdict is an error, scored 0",
+    )
+    max_tokens: int = spec(64, ge=1, help="verdict tokens")
+    temperature: float = spec(0.0, ge=0, help="the judge's sampling temperature (0: greedy)")
+    max_model_len: int | None = spec(
+        None, ge=16, help="prompt + verdict length its engine accepts (null: rollout.max_model_len)"
+    )
+    num_cpus: float = spec(1.0, gt=0, help="Ray CPUs of its engine")
+
+
+@dataclass(frozen=True)
 class RewardConfig:
     fn: str | list[str] = spec(
         "arith",
@@ -480,6 +586,7 @@ class RewardConfig:
         0.5, ge=0, le=1, help="stop the run when more than this share of a step's reward calls fail"
     )
     model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    judge: RewardJudgeConfig = field(default_factory=RewardJudgeConfig)
 
 
 @dataclass(frozen=True)

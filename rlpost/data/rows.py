@@ -216,6 +216,14 @@ class PromptStream:
             self.position += 1
         return batch
 
+    def replace_rows(self, rows: list[dict]) -> None:
+        """Stream ``rows`` instead, from the start of epoch 0 (rows built once the run
+        has started, e.g. the preference pairs sampled for ``data=arith_pref``)."""
+        if not rows:
+            raise DataError("replace_rows: no rows")
+        self.rows, self.epoch, self.position = list(rows), 0, 0
+        self._order = self._permutation(0)
+
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "position": self.position, "num_rows": len(self.rows)}
 

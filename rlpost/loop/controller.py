@@ -21,11 +21,14 @@ import torch
 from ray.exceptions import RayActorError
 
 from rlpost.algos import compute_advantages, kl_reward_penalty
+from rlpost.config.groups import PREFERENCE_PRESETS
 from rlpost.data.images import row_images
 from rlpost.data.rows import PromptStream
 from rlpost.data.samples import rollout_batch
+from rlpost.data.tasks import task_correctness
 from rlpost.evaluation.metrics import validation_metrics
 from rlpost.loop.collect import Collector, Pending, Rollouts, sampled_versions
+from rlpost.loop.preference import PreferenceSteps
 from rlpost.loop.recovery import Recovery
 from rlpost.loop.roles import TrainerGroups, Workers
 from rlpost.loop.sample_log import SampleLog, sample_rows
@@ -93,6 +96,14 @@ class Controller:
         self.version = 0  # the policy version: steps whose update is done
         self.dropped_stale = 0  # fully_async: samples past async.max_staleness, so far
         self.samples = SampleLog(run_dir, cfg.trainer.log_samples, tracker.wandb_run)
+        self.preference: PreferenceSteps | None = None  # algo=dpo, algo=rm: offline pairs
+        if cfg.algo.name in PREFERENCE_PRESETS:
+            self.preference = PreferenceSteps(
+                cfg, workers, tokenizer, self.stream, self.val_rows, self.collector.request,
+                self.sync_weights,
+            )  # fmt: skip
+        # the task's own correctness, for val/accuracy when the reward has none (a reward model)
+        self.task_correctness = task_correctness(cfg.data.name)
 
     def in_flight_state(self) -> dict[str, Any] | None:
         """What a checkpoint keeps of the next step's generation in one_step_off mode
@@ -116,6 +127,8 @@ class Controller:
     def run(self) -> RunResult:
         t = self.cfg.trainer
         rec = self.recovery
+        if self.preference is not None:
+            self.preference.prepare()  # the pairs, before a checkpoint's stream state
         first = rec.restore() + 1
         rec.start_state = rec.driver_snapshot()
         if first == 1:
@@ -132,12 +145,15 @@ class Controller:
     def train_steps(self, first: int) -> None:
         """Steps ``first`` .. ``total_steps``: train, validate, log, checkpoint."""
         t = self.cfg.trainer
-        mode = "sync" if self.cfg.algo.name == "sft" else t.async_mode
+        offline = self.cfg.algo.name == "sft" or self.preference is not None
+        mode = "sync" if offline else t.async_mode
         self.version = first - 1
         steps: Iterator[dict[str, float]]
         todo = range(first, t.total_steps + 1)
         if self.cfg.algo.name == "sft":
             steps = (self.sft_step(step) for step in todo)
+        elif self.preference is not None:
+            steps = (self.preference.step(step) for step in todo)
         elif mode == "one_step_off":
             steps = self.one_step_off_steps(first, t.total_steps)
         elif mode == "fully_async":
@@ -446,8 +462,14 @@ class Controller:
         """Greedy completions of the held-out prompts, scored by the reward:
         ``val/reward_mean`` always, ``val/accuracy`` only where the reward has a
         correctness signal (a named reward ``correctness``, as the built-in tasks'),
-        never a mean reward under another name. ``step``: the step it follows."""
+        never a mean reward under another name; where the reward has none (a reward
+        model) on a built-in task, the task's own correctness gives ``val/accuracy``.
+        The preference presets add their held-out pairs' figures (``algo=rm``: those
+        alone). ``step``: the step it follows."""
         start = time.perf_counter()
+        pairs = self.preference.validate() if self.preference is not None else {}
+        if self.preference is not None and not self.preference.generates:
+            return {**pairs, "timing/val_s": time.perf_counter() - start}
         greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=self.sampling.max_tokens)
         results = self.collector.request(self.val_rows, greedy, seed=None).result()
         scores, metrics = self.collector.score(results, self.val_rows, repeat=1)
@@ -463,9 +485,13 @@ class Controller:
         }
         if "correctness" in scores:
             out["val/accuracy"] = float(scores["correctness"].mean())
+        elif self.task_correctness is not None:  # e.g. a reward model: the task's own check
+            texts = [c.text for r in results for c in r.completions]
+            right = [self.task_correctness(x, row) for x, row in zip(texts, self.val_rows)]
+            out["val/accuracy"] = sum(right) / max(len(right), 1)
         if self.cfg.algo.name == "sft" and self.image_inputs is None:
             out["val/nll"] = self.heldout_nll()
-        return {**out, **sampled}
+        return {**out, **sampled, **pairs}
 
     def validate_sampled(self) -> dict[str, float]:
         """``trainer.val_n`` samples of each held-out prompt at the run's sampling

@@ -122,7 +122,10 @@ def _plain(value: Any) -> Any:
 
 def val_headline(history: list[dict[str, float]]) -> tuple[str, str]:
     """The held-out figure a run is judged by, and its short name: ``val/accuracy``
-    where the reward has a correctness signal, else ``val/reward_mean``."""
+    where the reward has a correctness signal, ``val/pair_accuracy`` for a reward
+    model being trained (``algo=rm``), else ``val/reward_mean``."""
     if any("val/accuracy" in h for h in history):
         return "val/accuracy", "val_acc"
+    if any("val/pair_accuracy" in h for h in history):
+        return "val/pair_accuracy", "val_pair_acc"
     return "val/reward_mean", "val_reward"

@@ -24,7 +24,7 @@ from tqdm import tqdm
 from rlpost.config.groups import Config, ModelConfig, TrainerConfig
 from rlpost.data.rows import PromptStream
 from rlpost.data.samples import sft_batch
-from rlpost.data.tasks import TASKS, VISION_TASKS, build_task
+from rlpost.data.tasks import TASKS, VISION_TASKS, build_task, task_name
 from rlpost.models.vl_inputs import ImageInputs
 
 log = logging.getLogger(__name__)
@@ -49,8 +49,9 @@ def warmup_task(cfg: Config) -> str:
     suits the preset, else shapes for a vision-language preset and arith for a text
     one (a user's files; a text task under ``tiny_vl``)."""
     vision = cfg.model.preset in VL_PRESETS
-    if cfg.data.name in TASKS and (cfg.data.name in VISION_TASKS) == vision:
-        return cfg.data.name
+    own = task_name(cfg.data.name)  # data=arith_pref: the arith task's rows
+    if own in TASKS and (own in VISION_TASKS) == vision:
+        return own
     return "shapes" if vision else "arith"
 
 
@@ -62,7 +63,7 @@ def warmup_task_args(cfg: Config) -> dict[str, Any]:
     change the built-in model."""
     name = warmup_task(cfg)
     args: dict[str, Any] = {"seed": cfg.trainer.seed}
-    if name == cfg.data.name:
+    if name == task_name(cfg.data.name):
         args |= {"max_operand": cfg.data.max_operand, "num_val": cfg.data.val_size}
     return {k: v for k, v in args.items() if k in TASKS[name].SFT_FIELDS}
 
@@ -123,7 +124,7 @@ def builtin_model(cfg: Config, make_trainer: Callable[[str, float, int], Any]) -
     from rlpost.models.tiny import build_tiny_model
     from rlpost.models.vl import build_vl_model
 
-    if cfg.data.name not in TASKS:
+    if task_name(cfg.data.name) not in TASKS:
         log.warning(
             "model.path is not set: this run trains the built-in %s, a toy model of a few "
             "million parameters warmed up on the built-in %s task, not on your data; pass "

@@ -48,6 +48,13 @@ def algo_settings(cfg: Config, reward_weights: dict[str, float] | None = None) -
             clip_high=a.policy_loss.clip_high,
             clip_c=a.policy_loss.clip_c,
             agg=a.policy_loss.agg,
+            tau_pos=a.policy_loss.tau_pos,
+            tau_neg=a.policy_loss.tau_neg,
+            clip_cov_ratio=a.policy_loss.clip_cov_ratio,
+            clip_cov_lb=a.policy_loss.clip_cov_lb,
+            clip_cov_ub=a.policy_loss.clip_cov_ub,
+            kl_cov_ratio=a.policy_loss.kl_cov_ratio,
+            ppo_kl_coef=a.policy_loss.ppo_kl_coef,
         ),
         reg=RegularizerConfig(
             kl_coef=a.kl.loss_coef, kl_type=a.kl.loss_type, entropy_coef=a.entropy_coef

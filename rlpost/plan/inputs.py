@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from rlpost.config.groups import Config
+from rlpost.config.groups import PREFERENCE_PRESETS, Config
 from rlpost.data.columns import shape_rows
 from rlpost.data.images import missing_image_files
 from rlpost.data.rows import DataError, expand_paths, load_rows, validate_row
@@ -24,16 +24,18 @@ def load_data(cfg: Config) -> tuple[list[dict], list[dict], int]:
         )
         return train_rg, val_rg, 0
     if cfg.data.name != "files":
-        from rlpost.data.tasks import build_task
+        from rlpost.data.tasks import build_task, task_name
 
         task = build_task(
-            cfg.data.name,
+            task_name(cfg.data.name),
             seed=cfg.trainer.seed,
             max_operand=cfg.data.max_operand,
             num_val=cfg.data.val_size,
         )
         rows = task.sft_rows() if cfg.algo.name == "sft" else task.train_rows()
         return rows, task.val_rows(), 0
+    if cfg.algo.name in PREFERENCE_PRESETS:
+        return load_preference_files(cfg)
     train: list[dict] = []
     val: list[dict] = []
     problems: list[str] = []
@@ -73,6 +75,43 @@ def load_data(cfg: Config) -> tuple[list[dict], list[dict], int]:
                 f"'response' in every training row; rows {missing[:5]} have neither"
             )
     return train, val, bad
+
+
+def load_preference_files(cfg: Config) -> tuple[list[dict], list[dict], int]:
+    """``algo=dpo`` / ``algo=rm`` on data files: parsed preference pairs
+    (``rlpost.data.preference``); a file without 'chosen' and 'rejected' columns is
+    an error naming the columns it has, a malformed pair is dropped and counted."""
+    from rlpost.data.preference import parse_preference_rows
+
+    out: dict[str, list[dict]] = {"train_files": [], "val_files": []}
+    problems: list[str] = []
+    bad = 0
+    for key in out:
+        try:
+            files = expand_paths(list(getattr(cfg.data, key)))
+        except DataError as exc:
+            problems.append(f"data.{key}: {exc}")
+            continue
+        for path in files:
+            try:
+                kept, reasons = parse_preference_rows(load_rows(path), f"data.{key}: {path}")
+            except DataError as exc:
+                problems.append(str(exc))
+                continue
+            if reasons:
+                log.warning(
+                    "data.%s: %s: skipped %d malformed of %d pairs (data/malformed_rows); "
+                    "first: %s",
+                    key, path, len(reasons), len(reasons) + len(kept), "; ".join(reasons[:3]),
+                )  # fmt: skip
+            out[key].extend(kept)
+            bad += len(reasons)
+    if problems:
+        raise DataError("\n  ".join(problems))
+    for key, rows in out.items():
+        if not rows:
+            raise DataError(f"data.{key}: no valid preference pairs in {getattr(cfg.data, key)}")
+    return out["train_files"], out["val_files"][: cfg.data.val_size], bad
 
 
 def _usable_rows(rows: list[dict], source: str, problems: list[str]) -> tuple[list[dict], int]:

@@ -37,8 +37,9 @@ from rlpost.rewards.combine import (
     reward_name,
     reward_specs,
 )
+from rlpost.rewards.judge import build_parser, check_template
 from rlpost.rewards.loading import RewardError, RewardFn, load_reward_fn
-from rlpost.rewards.reward_model import check_reward_model
+from rlpost.rewards.reward_model import check_model_folder, check_reward_model
 from rlpost.rewards.scoring import call_plan
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,13 @@ class RunPlan:
         wanted = {"policy": True, "reference": a.needs_reference and not lora}
         wanted["critic"] = a.needs_critic
         return tuple(r for r in ROLES if wanted[r])
+
+    def engine_kind(self, role: str) -> str:
+        """The engine trainer group ``role`` holds: ``algo=rm``'s policy group is the
+        reward model being trained (``rlpost.trainers.registry``)."""
+        if role == "critic":
+            return "critic"
+        return "reward_model" if self.cfg.algo.name == "rm" else "policy"
 
     def trainer_engine(self, role: str, model_path: str, cfg: Config | None = None) -> Any:
         """The engine config of trainer group ``role`` (``cfg``: the warm-up's own)."""
@@ -111,6 +119,25 @@ class RunPlan:
         return path.resolve()
 
 
+def check_judge(cfg: Config, specs: list[str], columns: set[str]) -> list[str]:
+    """``reward.judge``: its folder, its template's fields and its parser."""
+    j = cfg.reward.judge
+    if j.path is None:
+        return []
+    problems = check_model_folder("reward.judge.path", j.path, chat=True)
+    problems += check_template(j.template, columns)
+    try:
+        build_parser(j.parse)
+    except RewardError as exc:
+        problems.append(str(exc))
+    taken = {reward_name(s) for s in specs} | {cfg.reward.model.name}
+    if j.name in taken:
+        problems.append(
+            f"reward.judge.name={j.name}: another reward has that name; give the judge another one"
+        )
+    return problems
+
+
 def build_plan(cfg: Config) -> RunPlan:
     """Resolve and check everything ``cfg`` implies; a ``ConfigError`` lists every
     problem found, so one run names them all."""
@@ -127,8 +154,11 @@ def build_plan(cfg: Config) -> RunPlan:
         problems += exc.problems
     specs = reward_specs(cfg.reward.fn)
     reward_fns: list[RewardFn] = []
-    if not specs and cfg.reward.model.path is None:
-        problems.append("reward.fn=[]: name at least one reward function (or a reward.model.path)")
+    if not specs and cfg.reward.model.path is None and cfg.reward.judge.path is None:
+        problems.append(
+            "reward.fn=[]: name at least one reward function (or a reward.model.path or "
+            "reward.judge.path)"
+        )
     if cfg.reward.model.path is not None:
         problems += check_reward_model(cfg.reward.model.path)
         if cfg.reward.model.name in {reward_name(s) for s in specs}:
@@ -155,6 +185,7 @@ def build_plan(cfg: Config) -> RunPlan:
                 call_plan(fn, columns, reward_name(spec))
             except RewardError as exc:
                 problems.append(f"reward.fn={spec}: {exc}")
+    problems += check_judge(cfg, specs, set(train_rows[0]) if train_rows else set())
     if cfg.agent.enabled:
         problems += check_agent(cfg)
     if problems:

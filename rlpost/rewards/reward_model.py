@@ -25,36 +25,43 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+def check_model_folder(key: str, path: str, chat: bool) -> list[str]:
+    """What keeps ``path`` (the value of config ``key``) from being a local model
+    folder, with a chat template when ``chat``; read from its files only."""
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        return [f"{key}={path}: no config.json there; give a local Hugging Face model folder"]
+    tokenizer_cfg = folder / "tokenizer_config.json"
+    has_template = (folder / "chat_template.jinja").is_file() or (
+        tokenizer_cfg.is_file() and json.loads(tokenizer_cfg.read_text()).get("chat_template")
+    )
+    if chat and not has_template:
+        return [
+            f"{key}={path}: its tokenizer has no chat template; samples are read as chats "
+            "(add the template the model was trained with to tokenizer_config.json)"
+        ]
+    return []
+
+
 def check_reward_model(path: str) -> list[str]:
     """What keeps ``path`` from being a reward model rlpost can load, read from its
     files without loading weights (every problem, for the config error)."""
-    folder = Path(path)
     key = "reward.model.path"
-    if not (folder / "config.json").is_file():
-        return [f"{key}={path}: no config.json there; give a local Hugging Face model folder"]
-    config = json.loads((folder / "config.json").read_text())
-    problems = []
+    problems = check_model_folder(key, path, chat=True)
+    if not (Path(path) / "config.json").is_file():
+        return problems
+    config = json.loads((Path(path) / "config.json").read_text())
     archs = config.get("architectures") or []
     if not any(a.endswith("ForSequenceClassification") for a in archs):
         problems.append(
             f"{key}={path}: its architectures {archs} have no classification head (an "
             "...ForSequenceClassification with one label scores a sample); a causal LM "
-            "can judge as reward.judge instead"
+            "can grade as reward.judge instead"
         )
     labels = len(config.get("id2label") or {}) or config.get("num_labels", 1)
     if labels != 1:
         problems.append(
             f"{key}={path}: the head has {labels} labels; a reward model has one (its score)"
-        )
-    template = folder / "chat_template.jinja"
-    tokenizer_cfg = folder / "tokenizer_config.json"
-    has_template = template.is_file() or (
-        tokenizer_cfg.is_file() and json.loads(tokenizer_cfg.read_text()).get("chat_template")
-    )
-    if not has_template:
-        problems.append(
-            f"{key}={path}: its tokenizer has no chat template; samples are scored as chats "
-            "(add the template the model was trained with to tokenizer_config.json)"
         )
     return problems
 

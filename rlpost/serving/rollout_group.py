@@ -79,7 +79,8 @@ class RolloutGroup:
     explicit seed do not draw the same samples on every replica.
     ``scheduling`` (one Ray scheduling strategy per replica) says where each
     runs; None lets Ray choose. A replica that dies is restarted up to
-    ``max_restarts`` times, then left out.
+    ``max_restarts`` times, then left out. ``wait=False``: the constructor
+    returns once the replicas are asked to start; ``wait_ready`` waits for them.
     """
 
     def __init__(
@@ -93,6 +94,7 @@ class RolloutGroup:
         scheduling: list[Any] | None = None,
         vnodes: int = 128,
         max_restarts: int = 3,
+        wait: bool = True,
     ):
         cls = ray.remote(num_cpus=num_cpus, runtime_env=QUIET, **(device_opts or {}))(RolloutWorker)
         where = scheduling or [None] * replicas
@@ -138,11 +140,9 @@ class RolloutGroup:
         self.restarts = [0] * len(self.workers)
         self.max_restarts = max_restarts
         self._left_out: set[int] = set()  # died with no restarts left
-        try:
-            ray.get([w.ready.remote() for w in self.workers])
-        except Exception:
-            self.close()
-            raise
+        self._starting = [w.ready.remote() for w in self.workers]
+        if wait:
+            self.wait_ready()
         if self.pd is not None:
             pools = PDRouter(self.pd.prefill_replicas, self.pd.decode_replicas, vnodes)
             first = self.pd.prefill_replicas
@@ -160,6 +160,19 @@ class RolloutGroup:
         # PD mode: the longest prompt sent, for the warning when no KV moves (once).
         self._longest_prompt = 0
         self._warned_no_transfer = False
+
+    def wait_ready(self) -> None:
+        """Block until every replica has started its engine (``wait=False`` at
+        construction lets the caller start other workers meanwhile); a replica that
+        fails to start closes the group and raises its error."""
+        if not self._starting:
+            return
+        try:
+            ray.get(self._starting)
+        except Exception:
+            self.close()
+            raise
+        self._starting = []
 
     def _with_kv_dir(self, pd: PDEngineConfig) -> PDEngineConfig:
         """A file connector without a directory gets a fresh temporary one, removed on close."""

@@ -239,6 +239,8 @@ def bundles(cfg: Config, device_opts: dict[str, Any]) -> dict[str, list[dict[str
     out["rollout"] = [{"CPU": cfg.rollout.num_cpus, **device} for _ in range(cfg.rollout.replicas)]
     if cfg.reward.model.path is not None:
         out["reward_model"] = [{"CPU": cfg.reward.model.num_cpus, **device}]
+    if cfg.reward.judge.path is not None:
+        out["judge"] = [{"CPU": cfg.reward.judge.num_cpus, **device}]
     return out
 
 

@@ -142,6 +142,18 @@ class TrainerGroup:
     def update_sft(self, batch: TrajectoryBatch) -> dict[str, float]:
         return _mean_metrics(self._sharded("update_sft", batch))
 
+    def update_preference(self, batch: TrajectoryBatch, cfg: Any) -> dict[str, float]:
+        """A preference step (``algo=dpo``); pairs stay whole in each rank's share."""
+        return _mean_metrics(self._sharded("update_preference", batch, cfg=cfg))
+
+    def rewards(self, batch: TrajectoryBatch) -> torch.Tensor:
+        """A reward model's score (b,) of each sample (``algo=rm``)."""
+        return torch.cat(self._sharded("rewards", _padded(batch, self.world_size)))[: len(batch)]
+
+    def update_reward_model(self, batch: TrajectoryBatch, **kwargs: Any) -> dict[str, float]:
+        """A Bradley-Terry step of a reward model (``algo=rm``)."""
+        return _mean_metrics(self._sharded("update_reward_model", batch, **kwargs))
+
     def ref_logprobs(self, batch: TrajectoryBatch, temperature: float) -> torch.Tensor:
         """Reference log-probs of a LoRA policy: the same model with the adapter disabled."""
         return torch.cat(self._sharded("ref_logprobs", batch, temperature=temperature), dim=0)

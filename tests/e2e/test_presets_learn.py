@@ -17,6 +17,8 @@ PRESETS = {
     "rloo": [],
     "reinforce_pp": [],
     "dr_grpo": [],
+    "cispo": [],
+    "sapo": [],
     # Not presets, but the same promise: GRPO with LoRA, and with one-step-off rollout.
     "grpo_lora": ["model.lora.rank=8", "trainer.lr=2e-3"],
     "grpo_one_step_off": ["trainer.async_mode=one_step_off"],

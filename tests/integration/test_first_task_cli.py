@@ -1,7 +1,7 @@
 """A first real task through the CLI: a saved dataset with its own column names,
-a prompt template and a system prompt, two weighted reward functions and a
-reward model on its own worker, and the samples it wrote. One short run
-(module fixture) on tiny random models."""
+a prompt template and a system prompt, two weighted reward functions, a
+reward model on its own worker and a generative judge on its own engine, and
+the samples it wrote. One short run (module fixture) on tiny random models."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ datasets = pytest.importorskip("datasets")
 from rlpost.models.tiny import build_tiny_model, build_tiny_reward_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS, N, LOG = 2, 2, 3
+STEPS, N, LOG = 2, 2, 8  # LOG: every sample of a step (4 prompts x N)
 WORDS = ["abc", "xyz", "hello", "rl"]
 
 REWARDS_PY = """
@@ -32,7 +32,14 @@ def exact(completion, row):
 
 def ascii(completion, row):
     return {"ascii_mean": sum(map(ord, completion)) / (127 * max(len(completion), 1))}
+
+
+def verdict_length(verdict):
+    # a random judge writes random text: its length is the score; a verdict that is
+    # shorter than the judge's max_tokens (an end token, or special tokens) fails
+    return float(len(verdict)) if len(verdict) >= 6 else None
 """
+JUDGE_TOKENS = 6
 
 
 def rows(words):
@@ -51,6 +58,7 @@ def run(tmp_path_factory):
     (tmp / "rewards.py").write_text(REWARDS_PY)
     model = build_tiny_model("micro", tmp / "model", seed=0)
     reward_model = build_tiny_reward_model("micro", tmp / "rm", seed=1)
+    judge = build_tiny_model("micro", tmp / "judge", seed=2)
     ray_tmp = Path(tempfile.mkdtemp(prefix="rlpost-ray-", dir="/tmp"))
     cmd = [
         sys.executable, "-m", "rlpost.main", f"model.path={model}", "data=files",
@@ -59,7 +67,11 @@ def run(tmp_path_factory):
         "data.system_prompt=Reverse the letters.", f"data.prompts_per_step={len(WORDS)}",
         "reward=custom", f"reward.fn=[{tmp / 'rewards.py'}:exact,{tmp / 'rewards.py'}:ascii]",
         "reward.weights.exact=2.0", f"reward.model.path={reward_model}", "reward.model.name=rm",
-        "reward.weights.rm=0.1", "reward.model.batch_size=3", f"rollout.n={N}", f"trainer.total_steps={STEPS}",
+        "reward.weights.rm=0.1", "reward.model.batch_size=3", f"reward.judge.path={judge}",
+        "reward.judge.template=Grade {completion} for {question}",
+        f"reward.judge.parse={tmp / 'rewards.py'}:verdict_length", "reward.weights.judge=0.01",
+        f"reward.judge.max_tokens={JUDGE_TOKENS}", "reward.judge.temperature=1.0",
+        "reward.max_error_frac=1.0", f"rollout.n={N}", f"trainer.total_steps={STEPS}",
         "trainer.val_every=1", f"trainer.log_samples={LOG}", f"trainer.run_dir={tmp / 'run'}",
         "trainer.logger=[console,jsonl,wandb]", f"model.cache_dir={tmp / 'cache'}",
     ]  # fmt: skip
@@ -70,19 +82,24 @@ def run(tmp_path_factory):
     shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
+def history(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 def test_each_reward_is_counted_and_weighed(run):
     proc, run_dir = run
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    for h in history[1:]:
+    for h in history(run_dir)[1:]:
         assert h["reward/exact/errors"] == 0 and h["reward/ascii/errors"] == 0
         assert h["reward/rm/errors"] == 0
-        # total = 2.0 * exact + 1.0 * ascii_mean + 0.1 * rm, so the means add up the same way
+        # total = 2 exact + ascii_mean + 0.1 rm + 0.01 judge: the means add up the same way
         expected = 2.0 * h["reward/exact/mean"] + h["reward/ascii_mean/mean"]
-        assert h["reward/mean"] == pytest.approx(expected + 0.1 * h["reward/rm/mean"])
+        expected += 0.1 * h["reward/rm/mean"] + 0.01 * h["reward/judge/mean"]
+        assert h["reward/mean"] == pytest.approx(expected)
         assert 0 < h["reward/ascii_mean/mean"] <= 1 and h["reward/rm/mean"] != 0
     placement = json.loads((run_dir / "placement.json").read_text())
     assert placement["roles"]["reward_model"]["bundles"] == [{"CPU": 1.0}]
+    assert placement["roles"]["judge"]["bundles"] == [{"CPU": 1.0}]
 
 
 def test_samples_are_written_with_what_they_were_scored(run):
@@ -94,14 +111,20 @@ def test_samples_are_written_with_what_they_were_scored(run):
         f"val_{s:06d}.jsonl" for s in range(STEPS + 1)
     ]
     step = [json.loads(line) for line in (samples / "step_000001.jsonl").read_text().splitlines()]
-    assert len(step) == LOG and [s["group"] for s in step] == [0, 0, 1]  # N=2 a group
+    assert len(step) == LOG and [s["group"] for s in step][:3] == [0, 0, 1]  # N=2 a group
+    # the judge's verdicts: max_tokens characters, or an error (scored 0)
+    judged = [s["rewards"]["judge"] for s in step]
+    assert all(v in (0.0, JUDGE_TOKENS) for v in judged)
+    errors = {h["step"]: h["reward/judge/errors"] for h in history(run_dir)[1:]}
+    assert errors[1] == sum(v == 0 for v in judged)
     for s in step:
         assert s["prompt"][0] == {"role": "system", "content": "Reverse the letters."}
         word = s["prompt"][1]["content"].removeprefix("Reverse: ")
         assert word in WORDS and s["answer"] == word[::-1] and s["data_source"] == "reverse"
         rewards = s["rewards"]
-        assert set(rewards) == {"total", "exact", "ascii_mean", "rm"}
+        assert set(rewards) == {"total", "exact", "ascii_mean", "rm", "judge"}
         total = 2 * rewards["exact"] + rewards["ascii_mean"] + 0.1 * rewards["rm"]
+        total += 0.01 * rewards["judge"]
         assert rewards["total"] == pytest.approx(total)
         assert isinstance(s["advantage"], float) and s["length"] >= 1
         assert s["policy_version"] == 0 and s["finish_reason"] in ("stop", "length")

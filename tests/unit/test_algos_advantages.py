@@ -57,10 +57,40 @@ def test_reinforce_pp_baseline_hand_values():
     adv_bt = reinforce_pp_baseline_advantage(torch.tensor([1.0, 0.0, 3.0]), [0, 0, 1], mask_bt)
     # s - mean_g = [0.5, -0.5, 0] -> tokens [0.5, 0.5, -0.5, 0, 0], mean 0.1,
     # deviations [0.4, 0.4, -0.6, -0.1, -0.1], unbiased var = 0.7 / 4 = 0.175, std 0.418330;
-    # group 1 is a single sample (all its scores agree): no signal, advantage 0.
+    # group 1 is a single sample: centred to exactly 0, then whitened with the batch.
     std = math.sqrt(0.175)
-    expected = torch.tensor([[0.4, 0.4], [-0.6, 0.0], [0.0, 0.0]]) / std
+    expected = torch.tensor([[0.4, 0.4], [-0.6, 0.0], [-0.1, -0.1]]) / std
     torch.testing.assert_close(adv_bt, expected, atol=1e-5, rtol=0)
+
+
+def test_reinforce_pp_baseline_whitens_a_uniform_group_with_the_batch():
+    # Hu 2025, sec. 3.3: centre within the group, then whiten over the batch's tokens.
+    # 12 samples in 3 groups of 4; group 2 all scored 1 (uniform).
+    scores_b = torch.tensor([1.0, 0, 0, 0] + [1.0, 1, 0, 1] + [1.0, 1, 1, 1])
+    groups_b = torch.tensor([0] * 4 + [1] * 4 + [2] * 4)
+    mask_bt = torch.zeros(12, 3)
+    mask_bt[:, 0] = 1
+    mask_bt[0] = 1  # sample 0 has 3 response tokens, every other sample 1
+    adv_bt = reinforce_pp_baseline_advantage(scores_b, groups_b, mask_bt)
+    # centred: group 0 mean 0.25 -> [0.75, -0.25, -0.25, -0.25]
+    #          group 1 mean 0.75 -> [0.25, 0.25, -0.75, 0.25] ; group 2 -> exactly [0, 0, 0, 0]
+    # tokens: 0.75 x 3, -0.25 x 3 | 0.25 x 3, -0.75 | 0 x 4 -> N = 14, sum 1.5
+    # mean = 1.5 / 14 = 3/28 = 0.107143 ; sum x^2 = 3 * 0.5625 + 3 * 0.0625 + 3 * 0.0625
+    #   + 0.5625 = 2.625 ; unbiased var = (2.625 - 14 * (3/28)^2) / 13 = 69/364 = 0.189560,
+    #   std = 0.435385
+    # group 2: (0 - 0.107143) / 0.435385 = -0.246087 on each token, not 0;
+    # sample 0: (0.75 - 0.107143) / 0.435385 = 1.476524
+    mean, std = 3 / 28, math.sqrt(69 / 364)
+    torch.testing.assert_close(adv_bt[8:, 0], torch.full((4,), -mean / std), atol=1e-5, rtol=0)
+    assert adv_bt[8, 0].item() == pytest.approx(-0.246087, abs=1e-5)
+    torch.testing.assert_close(adv_bt[0], torch.full((3,), (0.75 - mean) / std), atol=1e-5, rtol=0)
+    torch.testing.assert_close(adv_bt[6, 0], torch.tensor((-0.75 - mean) / std), atol=1e-5, rtol=0)
+    assert adv_bt[1:, 1:].abs().sum() == 0  # nothing off the response tokens
+    # reference: (s - mean_g) broadcast, whitened with torch.std over the response tokens
+    centred_bt = (scores_b - torch.tensor([0.25] * 4 + [0.75] * 4 + [1.0] * 4))[:, None] * mask_bt
+    tokens = centred_bt[mask_bt.bool()]
+    ref_bt = (centred_bt - tokens.mean()) / tokens.std() * mask_bt
+    torch.testing.assert_close(adv_bt, ref_bt, atol=1e-5, rtol=0)
 
 
 def test_gdpo_normalises_each_reward_then_the_batch():
@@ -213,5 +243,11 @@ def test_equal_rewards_give_exactly_zero_advantage_in_every_group_estimator():
             adv_bt, _ = compute_advantages(
                 cfg, scores_b=named, group_ids_b=groups_b, mask_bt=mask_bt
             )
-            assert torch.equal(adv_bt[:8], torch.zeros(8, 3)), (estimator, adv_bt[:8])
+            if estimator == "reinforce_pp_baseline":
+                # centred to exactly 0, then whitened with the batch: one shared value,
+                # -mean/std, and the mean is ~0 here (equal lengths, centred groups)
+                assert torch.equal(adv_bt[:8], adv_bt[:8].flatten()[0].expand(8, 3))
+                assert adv_bt[:8].abs().max() < 1e-6, adv_bt[:8]
+            else:
+                assert torch.equal(adv_bt[:8], torch.zeros(8, 3)), (estimator, adv_bt[:8])
             assert adv_bt[8:].abs().sum() > 0, estimator  # the mixed group still learns

@@ -22,7 +22,8 @@ def test_help_lists_every_group_and_preset_with_the_defaults_marked(capsys):
         presets = sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
         (line,) = [x for x in out.splitlines() if x.strip().startswith(f"{group} ")]
         assert [p.rstrip("*") for p in line.split(None, 1)[1].split(", ")] == presets
-    assert "agent    calculator, none*" in out and "algo     dapo, dr_grpo, gdpo, grpo*" in out
+    assert "agent    calculator, none*" in out and "algo     cispo, dapo, " in out
+    assert "gdpo, grpo*, gspo" in out
 
 
 def test_help_keys_shows_the_default_runs_values(capsys):

@@ -22,12 +22,15 @@ def test_configs_name_their_trainer():
 def test_every_entry_names_a_class():
     module, cls = ENGINES["fsdp"]["policy"].split(":")
     assert getattr(importlib.import_module(module), cls) is FSDPEngine
-    assert {role for roles in ENGINES.values() for role in roles} == {"policy", "critic"}
+    roles = {role for roles in ENGINES.values() for role in roles}
+    assert roles == {"policy", "critic", "reward_model"}  # reward_model: algo=rm, fsdp only
 
 
 def test_unknown_names_list_the_choices():
     cfg = FSDPEngineConfig(model_path="unused")
     with pytest.raises(KeyError, match=r"unknown trainer 'jax'.*\['fsdp', 'megatron'\]"):
         build_engine("jax", "policy", cfg, 0, 1, "tcp://127.0.0.1:1")
-    with pytest.raises(KeyError, match=r"no 'reward' engine; it has \['critic', 'policy'\]"):
+    with pytest.raises(KeyError, match=r"no 'reward' engine; it has \['critic', 'policy', 're"):
         build_engine("fsdp", "reward", cfg, 0, 1, "tcp://127.0.0.1:1")
+    with pytest.raises(KeyError, match=r"no 'reward_model' engine; it has \['critic', 'policy'\]"):
+        build_engine("megatron", "reward_model", cfg, 0, 1, "tcp://127.0.0.1:1")

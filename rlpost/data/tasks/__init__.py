@@ -11,6 +11,25 @@ from rlpost.data.tasks.shapes import ShapesTask
 
 TASKS: dict[str, Any] = {"arith": ArithTask, "calc": CalcTask, "shapes": ShapesTask}
 VISION_TASKS = ("shapes",)  # prompts with images: a vision-language model is needed
+# Data presets built from a task's rows (its prompts, answers and held-out split).
+TASK_OF_DATA = {"arith_pref": "arith"}
+
+
+def task_name(data_name: str) -> str:
+    """The built-in task ``data.name`` draws its rows from (itself, or its base task)."""
+    return TASK_OF_DATA.get(data_name, data_name)
+
+
+def task_correctness(data_name: str) -> Any:
+    """The built-in task's ``correctness(completion, row)`` for ``data.name``, or None
+    (user files, reasoning-gym, tasks without one)."""
+    import importlib
+
+    name = task_name(data_name)
+    if name not in TASKS:
+        return None
+    module = importlib.import_module(f"rlpost.data.tasks.{name}")
+    return getattr(module, "correctness", None)
 
 
 def build_task(name: str, **kwargs: Any) -> Any:
@@ -23,4 +42,14 @@ def build_task(name: str, **kwargs: Any) -> Any:
     return cls(**{k: v for k, v in kwargs.items() if k in fields})
 
 
-__all__ = ["TASKS", "VISION_TASKS", "ArithTask", "CalcTask", "ShapesTask", "build_task"]
+__all__ = [
+    "TASKS",
+    "TASK_OF_DATA",
+    "VISION_TASKS",
+    "ArithTask",
+    "CalcTask",
+    "ShapesTask",
+    "build_task",
+    "task_correctness",
+    "task_name",
+]

@@ -83,6 +83,11 @@ def _answer_text(completion: str) -> str:
     return completion.split(SPECIAL_TOKEN_PREFIX, 1)[0].strip()
 
 
+def answer_text(completion: str) -> str:
+    """The answer a completion gives, as :func:`correctness` reads it."""
+    return _answer_text(completion)
+
+
 def correctness(completion: str, row: dict) -> float:
     """1.0 iff the completion (up to the end token, stripped) is the answer."""
     return float(_answer_text(completion) == row["answer"])

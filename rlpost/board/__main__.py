@@ -1,0 +1,7 @@
+"""``python -m rlpost.board --runs outputs/``"""
+
+import sys
+
+from rlpost.board.cli import main
+
+sys.exit(main())

@@ -1,0 +1,70 @@
+"""``rlpost board [--runs DIR] [--host H] [--port P] [--allow-launch]``"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import sys
+from pathlib import Path
+
+DEFAULT_PORT = 8470
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="rlpost board",
+        description="A local web UI over run directories: runs, curves, samples, launch.",
+    )
+    p.add_argument("--runs", default="outputs", help="the runs root (default: outputs)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1); any other needs the printed token",
+    )
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
+    p.add_argument(
+        "--allow-launch",
+        action="store_true",
+        help="let the launch page start and stop runs (off: it only checks configs)",
+    )
+    return p.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    from aiohttp import web
+
+    from rlpost.board.server import LOCAL_HOSTS, Board, make_app
+
+    token = None if args.host in LOCAL_HOSTS else secrets.token_urlsafe(24)
+    root = Path(args.runs).expanduser().resolve()
+    board = Board(root=root, token=token, allow_launch=args.allow_launch)
+    runner = web.AppRunner(make_app(board), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    await site.start()
+    server = site._server
+    sockets = getattr(server, "sockets", None) or []
+    port = sockets[0].getsockname()[1] if sockets else args.port
+    shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+    link = f"http://{shown_host}:{port}/" + (f"?token={token}" if token else "")
+    launch = "on" if args.allow_launch else "off (--allow-launch to enable)"
+    print(f"rlpost board: {link}  (runs {root}; launching {launch})", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(list(sys.argv[1:] if argv is None else argv))
+    try:
+        import aiohttp  # noqa: F401
+    except ImportError:
+        print("error: rlpost board needs aiohttp: pip install 'rlpost[board]'", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(serve(args))
+    except KeyboardInterrupt:
+        pass
+    return 0
