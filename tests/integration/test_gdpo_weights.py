@@ -37,7 +37,8 @@ def test_gdpo_weighs_every_named_reward_at_one_and_names_a_misspelled_weight(tmp
     assert proc.returncode == 0, proc.stderr[-3000:]
     (step,) = [r for r in metrics(run_dir) if r["step"] == 1]
     # total = 1.0 x length + 1.0 x short, the weights both default to
-    assert step["reward/mean"] == pytest.approx(step["reward/length"] + step["reward/short"])
+    total = step["reward/length/mean"] + step["reward/short/mean"]
+    assert step["reward/mean"] == pytest.approx(total)
     assert step["actor/grad_norm"] > 0  # the normalised advantages moved the policy
 
     proc = _gdpo(tmp_path, tmp_path / "bad", "reward.weights.lenght=1.0")
