@@ -91,11 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     from rlpost.rewards.loading import RewardError
     from rlpost.trainers.files import UnsafeCheckpointError
 
+    stop = StopOnSignal()
     try:
         cfg = compose(argv)
         from rlpost.run import train
 
-        result = train(cfg, StopOnSignal())
+        result = train(cfg, stop)
     except (ConfigError, DataError, RewardError, CheckpointError, UnsafeCheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -105,6 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as exc:  # SIGINT / SIGTERM: checkpointed, workers and Ray stopped
         print(exc.advice(), file=sys.stderr)
         return exc.exit_code
+    except KeyboardInterrupt:
+        # The handler's Interrupted, re-raised by a blocking ray.get as a plain
+        # KeyboardInterrupt: the same stop, told the same way.
+        if stop.raised is None:
+            raise
+        interrupted = Interrupted(stop.raised, at_start=stop.raised_at_start)
+        print(interrupted.advice(), file=sys.stderr)
+        return interrupted.exit_code
     from rlpost.loop.tracking import val_headline
 
     key, _ = val_headline(result.history)

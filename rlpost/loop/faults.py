@@ -78,6 +78,10 @@ class StopOnSignal:
     def __init__(self) -> None:
         self.signum: int | None = None
         self.armed = False
+        # The signal the handler raised ``Interrupted`` for, and whether before the
+        # step loop (a blocking ray.get re-raises it as a plain KeyboardInterrupt).
+        self.raised: int | None = None
+        self.raised_at_start = False
         self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
@@ -104,4 +108,5 @@ class StopOnSignal:
                 signal.Signals(signum).name,
             )
             return
+        self.raised, self.raised_at_start = signum, not self.armed
         raise Interrupted(signum, at_start=not self.armed)
