@@ -1,53 +1,37 @@
-"""Which device and collective backend a process uses."""
+"""Which device and collective backend a run uses (``trainer.device``). What
+each kind of device means -- backend, Ray resource, visible-devices variable --
+is decided in ``rlpost.trainers.device``, the floor every engine imports."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
+from rlpost.trainers import device as devices
+
+BACKENDS = {name: k.backend for name, k in devices.KINDS.items()}
 
 
 @dataclass(frozen=True)
 class DeviceSpec:
     kind: str  # cpu, cuda or npu
-    backend: str  # gloo, nccl or hccl
+    backend: str  # gloo, nccl or cpu:gloo,npu:hccl
 
     @property
     def ray_resource(self) -> dict[str, Any]:
-        """Extra Ray resources a worker on this device asks for."""
-        if self.kind == "cuda":
-            return {"num_gpus": 1}
-        if self.kind == "npu":
-            return {"resources": {"NPU": 1}}
-        return {}
+        """Extra Ray options a worker on this device is made with."""
+        return devices.ray_options(self.kind)
 
 
 def npu_available() -> bool:
-    try:
-        import torch_npu  # noqa: F401
-    except ImportError:
-        return False
-    import torch
-
-    return bool(torch.npu.is_available())  # type: ignore[attr-defined]
+    return devices.is_available("npu")
 
 
 def resolve_device(name: str) -> DeviceSpec:
     """``auto`` picks CUDA, then Ascend NPU, then CPU."""
-    import torch
-
     if name == "auto":
-        if torch.cuda.is_available():
-            name = "cuda"
-        elif npu_available():
-            name = "npu"
-        else:
-            name = "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(
-            "trainer.device=cuda but no CUDA device is visible; use trainer.device=cpu"
-        )
-    if name == "npu" and not npu_available():
-        raise RuntimeError("trainer.device=npu but torch_npu finds no NPU; use trainer.device=cpu")
-    return DeviceSpec(kind=name, backend=BACKENDS[name])
+        name = devices.detect()
+    if name in devices.ACCELERATORS and not devices.is_available(name):
+        found = "no CUDA device is visible" if name == devices.CUDA else "torch_npu finds no NPU"
+        raise RuntimeError(f"trainer.device={name} but {found}; use trainer.device=cpu")
+    return DeviceSpec(kind=name, backend=devices.kind(name).backend)

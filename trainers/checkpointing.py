@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
+from rlpost.trainers import device as devices
 from rlpost.trainers.files import safe_torch_load
 
 PARTIAL_SUFFIX = ".partial"
@@ -56,17 +57,8 @@ class CheckpointState(Protocol):
         ...
 
 
-def rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+rng_state = devices.rng_state
+set_rng_state = devices.set_rng_state
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:

@@ -6,14 +6,14 @@ import os
 
 import torch
 import torch.distributed as dist
+from rlpost.trainers import device as devices
 
 
 def init_distributed(
     device: str, backend: str, rank: int, world_size: int, init_method: str
 ) -> torch.device:
     """Join the process group (once per process) and return this rank's device."""
-    if device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    devices.set_device(device, int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
     return torch.device(device)

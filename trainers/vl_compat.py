@@ -154,9 +154,9 @@ def _patch_vllm() -> None:
         from vllm.transformers_utils import processor
     except ImportError:
         return
-    import torch
+    from rlpost.trainers import device as devices
 
-    if not torch.cuda.is_available():
+    if not devices.is_available(devices.CUDA):
         registry._run_in_subprocess = lambda fn: fn()
     cached = processor.cached_video_processor_from_config
 

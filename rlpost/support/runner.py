@@ -151,9 +151,9 @@ def versions() -> dict[str, str]:
 
 
 def device_kind() -> str:
-    import torch
+    from rlpost.trainers import device as devices
 
-    return "gpu" if torch.cuda.is_available() else "cpu"
+    return "gpu" if devices.is_available(devices.CUDA) else "cpu"
 
 
 def save_record(

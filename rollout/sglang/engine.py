@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 from rlpost.rollout.base import Completion, GenerationRequest, GenerationResult
+from rlpost.trainers import device as devices
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ class SGLangEngine:
         from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
         from sglang.srt.utils import MultiprocessingSerializer
 
-        device = torch.device("cuda", torch.cuda.current_device())
+        device = devices.current_device(devices.CUDA)
         weights = [(name, t.detach().to(device).contiguous()) for name, t in named_tensors]
         return UpdateWeightsFromTensorReqInput(
             serialized_named_tensors=[
@@ -163,7 +164,8 @@ class SGLangEngine:
             self._open.set()
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        weights = [(n, t.detach().cuda().contiguous()) for n, t in named_tensors]
+        device = devices.current_device(devices.CUDA)
+        weights = [(n, t.detach().to(device).contiguous()) for n, t in named_tensors]
         _check(self.engine.update_weights_from_tensor(weights, flush_cache=True), "load_weights")
         self._weight_loads += 1
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from rlpost.trainers import device as devices
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.engine_config import DTYPES as DTYPES  # re-exported: rlpost.export
 from rlpost.trainers.update import OnOutput
@@ -55,10 +56,10 @@ def shard(
         return
     kwargs: dict = {}
     if offload:
-        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=devices.pin_memory())
     if mixed_precision == "bf16":
         on_cpu = next(model.parameters()).device.type == "cpu"
-        if on_cpu and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        if on_cpu and not devices.bf16_supported("cpu"):
             log.warning(
                 "mixed_precision=bf16 on a CPU without bf16 instructions (avx512_bf16, AMX): "
                 "slower than float32 here; set trainer.mixed_precision=none"

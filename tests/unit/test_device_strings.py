@@ -1,0 +1,49 @@
+"""Device-specific calls live in one module (``rlpost.trainers.device``): a CUDA
+call, a ``"cuda"`` device string or a backend name anywhere else in the packages
+would be a path that an Ascend (or CPU) run silently skips or breaks on."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("rlpost", "algos", "rollout", "trainers")
+FORBIDDEN = re.compile(r"""\.cuda\(|torch\.cuda\.|["'](?:cuda|nccl|hccl)["']""")
+ALLOWED = {
+    # the one module that decides what each device means
+    "trainers/device.py": "the device module",
+    # megatron-core calls torch.cuda itself; this shim stands in for those calls on the CPU
+    "trainers/megatron/cpu_shim.py": "replaces torch.cuda's calls for megatron on the CPU",
+}
+# the config's allowed values of trainer.device are what a user writes, not a device call
+ALLOWED_LINES = {("rlpost/config/groups.py", 'device: Literal["auto", "cpu", "cuda", "npu"]')}
+
+
+def offending_lines() -> list[str]:
+    found = []
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            rel = path.relative_to(REPO).as_posix()
+            if rel in ALLOWED:
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if FORBIDDEN.search(line) and not any(
+                    rel == f and snippet in line for f, snippet in ALLOWED_LINES
+                ):
+                    found.append(f"{rel}:{number}: {line.strip()}")
+    return found
+
+
+def test_no_device_strings_outside_the_device_module():
+    found = offending_lines()
+    assert not found, "ask rlpost.trainers.device instead:\n" + "\n".join(found)
+
+
+def test_the_check_finds_what_it_forbids(tmp_path):
+    """The pattern is not vacuous: each forbidden form matches, the module's own
+    constants do not."""
+    for line in ("x = t.cuda()", "torch.cuda.synchronize()", 'backend = "nccl"', "d = 'cuda'"):
+        assert FORBIDDEN.search(line), line
+    for line in ("devices.set_device(devices.CUDA, 0)", "kind.backend", "# on CUDA"):
+        assert not FORBIDDEN.search(line), line
