@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-
 CPU, CUDA, NPU = "cpu", "cuda", "npu"
 
 

@@ -1,0 +1,282 @@
+"""Weights from a trainer to a rollout replica's workers in buckets, over a
+process group of their own (``rollout.weight_sync=collective``) or as CUDA-IPC
+handles between colocated processes (``ipc``), without Ray's object store.
+
+- **Buckets.** ``plan_buckets`` lays the tensors out, in order, in buckets of
+  at most ``bucket_bytes`` (a tensor larger than that gets a bucket of its
+  own); each tensor starts at an aligned offset so that it can be read back as
+  a view of the bucket's bytes. The plan -- names, shapes, dtypes, offsets --
+  is sent once per group and checked against the tensors of every later sync.
+- **The group.** ``SyncGroup`` is a stateless process group: its own TCP store
+  and its own gloo (CPU) or NCCL (CUDA) group, never the trainer's default
+  group, with a timeout, so a replica that dies mid-transfer surfaces as an
+  error on the trainer instead of a hang, and the group can be rebuilt.
+- **Memory.** The sender packs one bucket at a time from an iterator (a
+  sharded trainer gathers each tensor as the iterator reaches it) and the
+  receiver holds one bucket, whose tensors it hands on as views before the
+  next bucket overwrites them: neither side holds more than two buckets beyond
+  its own weights. ``SyncStats`` records the most bucket bytes each side held.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+ALIGN = 64  # bytes: every tensor's offset in its bucket is a multiple of this
+DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
+    torch.int16, torch.int8, torch.uint8, torch.bool,
+)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    """Where one tensor lives in its bucket."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    offset: int  # bytes from the bucket's start
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    buckets: tuple[tuple[TensorSlot, ...], ...]
+    sizes: tuple[int, ...]  # bytes of each bucket
+
+    @property
+    def digest(self) -> str:
+        """A short hash of the layout: sender and receiver compare it every sync."""
+        return hashlib.sha256(pickle.dumps(self.buckets)).hexdigest()[:16]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.sizes)
+
+
+def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n * torch.empty((), dtype=dtype).element_size()
+
+
+def plan_buckets(
+    specs: Iterable[tuple[str, tuple[int, ...], torch.dtype]], bucket_bytes: int
+) -> BucketPlan:
+    """Buckets of at most ``bucket_bytes`` holding ``specs`` (name, shape, dtype) in
+    order; a tensor larger than a bucket has one of its own."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes={bucket_bytes}: must be > 0")
+    buckets: list[list[TensorSlot]] = [[]]
+    sizes = [0]
+    for name, shape, dtype in specs:
+        nbytes = _nbytes(tuple(shape), dtype)
+        offset = -(-sizes[-1] // ALIGN) * ALIGN
+        if buckets[-1] and offset + nbytes > bucket_bytes:
+            buckets.append([])
+            sizes.append(0)
+            offset = 0
+        key = str(dtype).removeprefix("torch.")
+        if key not in DTYPES:
+            raise ValueError(f"{name}: dtype {dtype} cannot be sent in a weight bucket")
+        buckets[-1].append(TensorSlot(name, tuple(shape), key, offset, nbytes))
+        sizes[-1] = offset + nbytes
+    if not buckets[-1]:
+        buckets.pop()
+        sizes.pop()
+    return BucketPlan(tuple(tuple(b) for b in buckets), tuple(sizes))
+
+
+def pack(slots: tuple[TensorSlot, ...], tensors: list[torch.Tensor], out: torch.Tensor) -> None:
+    """Copy ``tensors`` (one per slot, in order) into the bytes ``out``."""
+    for slot, tensor in zip(slots, tensors, strict=True):
+        if (
+            tuple(tensor.shape) != slot.shape
+            or str(tensor.dtype).removeprefix("torch.") != slot.dtype
+        ):
+            raise ValueError(
+                f"{slot.name}: {tuple(tensor.shape)} {tensor.dtype} does not match the plan's "
+                f"{slot.shape} {slot.dtype} (the model changed between syncs: rebuild the group)"
+            )
+        view = out[slot.offset : slot.offset + slot.nbytes]
+        view.copy_(tensor.detach().contiguous().reshape(-1).view(torch.uint8))
+
+
+def unpack(slots: tuple[TensorSlot, ...], buffer: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """The tensors of one bucket, as views of ``buffer``'s bytes."""
+    out = []
+    for slot in slots:
+        raw = buffer[slot.offset : slot.offset + slot.nbytes]
+        out.append((slot.name, raw.view(DTYPES[slot.dtype]).view(slot.shape)))
+    return out
+
+
+@dataclass
+class SyncStats:
+    """What one side of a sync did: buckets, bytes, and the most bucket bytes it held
+    at once (the memory beyond its own weights)."""
+
+    buckets: int = 0
+    bytes: int = 0
+    peak_bucket_bytes: int = 0
+    held: int = field(default=0, repr=False)
+
+    def hold(self, nbytes: int) -> None:
+        self.held += nbytes
+        self.peak_bucket_bytes = max(self.peak_bucket_bytes, self.held)
+
+    def release(self, nbytes: int) -> None:
+        self.held -= nbytes
+
+
+class SyncGroup:
+    """One trainer rank (rank 0, the sender) and a replica's workers (ranks 1..)
+    in a process group of their own.
+
+    ``host``/``port``: the sender's TCP store, which rank 0 creates. ``backend``:
+    ``gloo`` on the CPU, ``nccl`` on CUDA. Every collective waits at most
+    ``timeout_s``; a peer that died makes it raise, and the group is then closed
+    and made again (with a new ``generation``, so no key of the old one is read).
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        backend: str = "gloo",
+        timeout_s: float = 120.0,
+        generation: int = 0,
+        device: torch.device | None = None,
+    ):
+        self.rank, self.world_size, self.backend = rank, world_size, backend
+        self.device = device or torch.device("cpu")
+        timeout = timedelta(seconds=timeout_s)
+        self.store = dist.TCPStore(
+            host, port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=False
+        )
+        prefixed = dist.PrefixStore(f"rlpost-weights-{generation}", self.store)
+        if backend == "gloo":
+            self.pg: Any = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+        elif backend == "nccl":  # CUDA only; not run on the CPU test machines
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self.pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
+        else:
+            raise ValueError(f"weight sync backend {backend!r}: expected gloo or nccl")
+        self.plan: BucketPlan | None = None  # what the receiver last got, or the sender sent
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        self.pg.broadcast([tensor], opts).wait()
+
+    def _broadcast_object(self, obj: Any) -> Any:
+        data = pickle.dumps(obj) if self.rank == 0 else b""
+        size = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
+        self.broadcast(size)
+        buf = torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
+        if self.rank == 0:
+            buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        self.broadcast(buf)
+        return pickle.loads(buf.cpu().numpy().tobytes()) if self.rank else obj
+
+    # -- sender -----------------------------------------------------------
+
+    def send(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        bucket_bytes: int,
+        specs: list[tuple[str, tuple[int, ...], torch.dtype]] | None = None,
+    ) -> SyncStats:
+        """Rank 0: broadcast ``named_tensors`` bucket by bucket. ``specs`` (name,
+        shape, dtype of each, in order) lets the plan be made before the tensors
+        exist (a sharded trainer gathers each one as the iterator reaches it);
+        without it the tensors are listed first."""
+        if self.rank != 0:
+            raise RuntimeError("SyncGroup.send runs on rank 0 (the trainer)")
+        items: Iterator[tuple[str, torch.Tensor]]
+        if specs is None:
+            listed = list(named_tensors)
+            specs = [(n, tuple(t.shape), t.dtype) for n, t in listed]
+            items = iter(listed)
+        else:
+            items = iter(named_tensors)
+        plan = plan_buckets(specs, bucket_bytes)
+        first = self.plan is None or self.plan.digest != plan.digest
+        # The layout once (a flag and the plan), then only its digest.
+        self._broadcast_object(("plan", plan) if first else ("digest", plan.digest))
+        self.plan = plan
+        stats = SyncStats()
+        for slots, size in zip(plan.buckets, plan.sizes):
+            buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
+            stats.hold(size)
+            tensors = []
+            for slot in slots:
+                name, tensor = next(items)
+                if name != slot.name:
+                    raise ValueError(f"weight sync: got {name} where the plan has {slot.name}")
+                tensors.append(tensor.to(self.device))
+            pack(slots, tensors, buffer)
+            del tensors
+            self.broadcast(buffer)
+            stats.buckets += 1
+            stats.bytes += size
+            del buffer
+            stats.release(size)
+        return stats
+
+    # -- receiver ---------------------------------------------------------
+
+    def receive(self, stats: SyncStats | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Ranks > 0: the tensors rank 0 sends, as views of the current bucket --
+        use (copy) each before asking for the next bucket's."""
+        kind, value = self._broadcast_object(None)
+        if kind == "plan":
+            self.plan = value
+        elif self.plan is None or value != self.plan.digest:
+            raise RuntimeError("weight sync: the sender's layout is not the one this worker has")
+        assert self.plan is not None
+        stats = stats if stats is not None else SyncStats()
+        for slots, size in zip(self.plan.buckets, self.plan.sizes):
+            buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
+            stats.hold(size)
+            self.broadcast(buffer)
+            stats.buckets += 1
+            stats.bytes += size
+            yield from unpack(slots, buffer)
+            del buffer
+            stats.release(size)
+
+    def close(self) -> None:
+        self.pg = None
+        self.store = None
+
+
+# -- CUDA IPC ----------------------------------------------------------------
+
+
+def ipc_handles(buffer: torch.Tensor) -> Any:
+    """A picklable handle of a CUDA bucket another process on the same device can
+    open (``open_ipc``) without a copy through the host."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    if buffer.device.type == "cpu":
+        raise ValueError("ipc handles need a CUDA tensor; on the CPU use the collective path")
+    return reduce_tensor(buffer)
+
+
+def open_ipc(handle: Any) -> torch.Tensor:
+    rebuild, args = handle
+    return rebuild(*args)
