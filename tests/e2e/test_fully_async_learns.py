@@ -1,7 +1,7 @@
-"""``trainer.async_mode=fully_async`` learns like the synchronous runs: on the
-built-in task, and with multi-turn agent episodes on the calc task run by an
-OpenAI-client agent program, with samples one update old
-(``async.max_staleness=1``, the default)."""
+"""``trainer.async_mode=fully_async`` learns like the synchronous runs with
+multi-turn agent episodes on the calc task run by an OpenAI-client agent program,
+with samples one update old (``async.max_staleness=1``, the default). The
+built-in task under fully_async is one of test_presets_learn.py's runs."""
 
 from __future__ import annotations
 
@@ -23,15 +23,6 @@ def _checked(history: list[dict], steps: int) -> tuple[float, float]:
     assert max(h["async/staleness_mean"] for h in trained) > 0.5  # it did run ahead
     assert all(h["async/dropped_stale"] == 0 for h in trained)
     return val[0][1], val[-1][1]
-
-
-@pytest.mark.slow
-def test_default_task_accuracy_rises(tmp_path, model_cache):
-    steps = 60
-    history = run_cli([*ASYNC, f"trainer.total_steps={steps}"], tmp_path / "run", model_cache)
-    start, end = _checked(history, steps)
-    # Seed 0: 0.330 -> 0.625 when measured; sync's own test asks for 0.25 as well.
-    assert end - start >= 0.25, (start, end)
 
 
 @pytest.mark.slow

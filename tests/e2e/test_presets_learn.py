@@ -1,10 +1,14 @@
-"""Every algorithm preset runs on the built-in task and learns (real CLI, fixed seed)."""
+"""Every algorithm preset learns the built-in task (fixed seed), run through the
+notebook API (``rlpost.compose`` + ``rlpost.train``) in one process that keeps one
+Ray for all of them: each run starts and closes its own workers and placement
+group, as it does in a notebook whose Ray the user started."""
 
 from __future__ import annotations
 
-import pytest
+import logging
+import os
 
-from tests.e2e.cli import run_cli
+import pytest
 
 pytest.importorskip("vllm")
 
@@ -19,30 +23,60 @@ PRESETS = {
     "dr_grpo": [],
     "cispo": [],
     "sapo": [],
-    # Not presets, but the same promise: GRPO with LoRA, and with one-step-off rollout.
+    # Not presets, but the same promise: GRPO with LoRA, with one-step-off and fully
+    # asynchronous rollout (samples at most one update old), and with PD.
     "grpo_lora": ["model.lora.rank=8", "trainer.lr=2e-3"],
     "grpo_one_step_off": ["trainer.async_mode=one_step_off"],
+    "grpo_fully_async": ["trainer.async_mode=fully_async"],
     "grpo_pd": ["rollout=vllm_pd"],
 }
 
 
+@pytest.fixture(scope="module")
+def shared_ray():
+    """One Ray for the module, as a notebook's own ``ray.init``; ``train`` uses it
+    and leaves it running. Sized for the largest run (PD's three roles)."""
+    import ray
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TQDM_DISABLE", "1")
+        ray.init(
+            address="local", num_cpus=max(os.cpu_count() or 1, 4), include_dashboard=False,
+            logging_level=logging.WARNING,
+        )  # fmt: skip
+        try:
+            yield
+        finally:
+            ray.shutdown()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", sorted(PRESETS))
-def test_preset_learns(algo, tmp_path, model_cache):
+def test_preset_learns(algo, tmp_path, model_cache, shared_ray):
+    import ray
+
+    from rlpost import compose, train
+
     args = [
         # "grpo_lora" etc. are GRPO with extra switches
         f"algo={'grpo' if algo.startswith('grpo_') else algo}",
         *PRESETS[algo],
         f"trainer.total_steps={STEPS}",
         "trainer.val_every=0",
+        "trainer.seed=0",
+        f"trainer.run_dir={tmp_path / 'run'}",
+        f"model.cache_dir={model_cache}",
     ]
-    history = run_cli(args, tmp_path / "run", model_cache)
+    history = train(compose(args)).history
+    assert ray.is_initialized()  # the caller's Ray is left as it was
     val = [h["val/accuracy"] for h in history if "val/accuracy" in h]
     assert len(val) == 2
     # Seed 0 starts at 0.33 held-out accuracy; each preset lifts it by at least 0.15.
     assert val[-1] - val[0] >= 0.15, val
     rewards = [h["reward/mean"] for h in history if "reward/mean" in h]
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5, rewards
+    trained = [h for h in history if h["step"] > 0]
+    assert len(trained) == STEPS
     last = history[-1]
     if algo == "ppo":
         assert "critic/vf_loss" in last and "actor/reward_kl" in last
@@ -50,6 +84,10 @@ def test_preset_learns(algo, tmp_path, model_cache):
         assert "rollout/pd/kv_transfer_rate" in last
     if algo == "grpo_one_step_off":
         assert all(h["rollout/staleness"] == 1.0 for h in history[2:])
+    if algo == "grpo_fully_async":
+        assert all(h["async/staleness_max"] <= 1.0 for h in trained)
+        assert max(h["async/staleness_mean"] for h in trained) > 0.5  # it did run ahead
+        assert all(h["async/dropped_stale"] == 0 for h in trained)
     if algo == "dapo":
         assert all("dapo/dropped_groups" in h for h in history[1:])
         assert all(h["dapo/kept_groups"] == 32 for h in history[1:])
