@@ -1,0 +1,329 @@
+"""The accelerator check: what rlpost's trainer engines do on one CUDA GPU, with
+only torch, transformers and peft installed (no vLLM, no Ray), in a few minutes.
+
+    bash bench/gpu_check.sh                       # on the GPU machine
+    python bench/gpu_check.py --device cpu --small  # the same code on the CPU, tiny shapes
+
+Three measurements, each printed as it finishes and all written to
+``bench/results/gpu_check.json`` (a list of rows) and ``gpu_check.md``:
+
+1. ``update``: the FSDP2 engine's policy update (``update_policy``, forward and
+   backward of every micro-batch, the optimizer step) on a random
+   Qwen2-0.5B-shaped model (hidden 896, 24 layers, 14 query / 2 KV heads,
+   MLP 4864, vocabulary 151,936), bf16 compute over fp32 master weights
+   (``mixed_precision=bf16``, as ``trainer.mixed_precision=bf16``). Tokens/s
+   counts the real (unpadded) tokens; MFU takes 6 FLOPs per parameter per token
+   (forward + backward, attention's own FLOPs left out) against the device's
+   dense bf16 peak (``--peak-tflops``, or the table below by device name).
+2. ``logprob_memory``: peak device memory of per-token log-probs and their
+   backward at a 150k vocabulary, materialised ``log_softmax`` against the
+   engine's chunked ``token_logprobs_and_entropy``.
+3. ``ipc``: the CUDA-IPC weight hand-off between two processes on one device,
+   the colocated path of ``rollout.weight_sync=ipc``: the sender packs the
+   model's weights in buckets (``rlpost.trainers.weight_sync``), passes each
+   bucket's IPC handle, the receiver copies the tensors into its own weights
+   and acknowledges; GB/s at the 0.5B and 1.5B shapes. At most two buckets are
+   alive at once (the sender packs the next while the receiver copies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "bench" / "results"
+
+# Dense bf16 peak TFLOPS by a substring of torch.cuda.get_device_name().
+PEAK_TFLOPS = {"H200": 989.4, "H100": 989.4, "H800": 989.4, "A100": 312.0, "L40S": 362.1}
+SHAPES = {
+    # name: hidden, layers, heads, kv heads, MLP, vocabulary
+    "0.5B": (896, 24, 14, 2, 4864, 151_936),
+    "1.5B": (1536, 28, 12, 2, 8960, 151_936),
+    "small": (64, 2, 4, 2, 128, 1024),
+}
+
+
+def qwen2_config(shape: str):  # type: ignore[no-untyped-def]
+    from transformers import Qwen2Config
+
+    hidden, layers, heads, kv, mlp, vocab = SHAPES[shape]
+    return Qwen2Config(
+        hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv, intermediate_size=mlp, vocab_size=vocab,
+        max_position_embeddings=4096, tie_word_embeddings=True, torch_dtype="float32",
+    )  # fmt: skip
+
+
+def random_model_dir(shape: str, out: Path) -> Path:
+    """A Qwen2 directory with random weights (float32), built on the CPU."""
+    from transformers import Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(qwen2_config(shape)).save_pretrained(out)
+    return out
+
+
+def sync(device: str) -> None:
+    from rlpost.trainers import device as devices
+
+    devices.synchronize(device)
+
+
+# -- 1. the update --------------------------------------------------------------
+
+
+def update_batch(samples: int, prompt: int, response: int, vocab: int):  # type: ignore[no-untyped-def]
+    from rlpost.trainers.batch import TrajectoryBatch
+
+    g = torch.Generator().manual_seed(0)
+    total = prompt + response
+    ids = torch.randint(5, vocab, (samples, total), generator=g)
+    resp = torch.zeros(samples, total, dtype=torch.long)
+    resp[:, prompt:] = 1
+    b = TrajectoryBatch(
+        input_ids_bt=ids,
+        attention_mask_bt=torch.ones(samples, total, dtype=torch.long),
+        response_mask_bt=resp,
+    )
+    b.advantages_bt = torch.randn(samples, 1, generator=g) * resp
+    return b
+
+
+def check_update(args: argparse.Namespace, model_dir: Path) -> dict:
+    from rlpost.algos import PolicyLossConfig
+    from rlpost.trainers import device as devices
+    from rlpost.trainers.fsdp.engine import FSDPEngine, FSDPEngineConfig
+
+    cfg = FSDPEngineConfig(
+        model_path=str(model_dir), dtype="float32", mixed_precision="bf16", lr=1e-6,
+        lr_warmup_steps=0, micro_batch_size=args.micro_batch, device=args.device,
+        backend=devices.kind(args.device).backend, threads=os.cpu_count() or 1,
+    )  # fmt: skip
+    engine = FSDPEngine(cfg, 0, 1, f"file://{tempfile.mkdtemp()}/rendezvous")
+    batch = update_batch(
+        args.samples, args.prompt, args.response, qwen2_config(args.shape).vocab_size
+    )
+    batch.old_logp_bt = engine.logprobs(batch)
+    engine.update_policy(batch, PolicyLossConfig())  # warm-up: allocator, kernels
+    sync(args.device)
+    devices.reset_peak_memory(args.device)
+    start = time.perf_counter()
+    for _ in range(args.updates):
+        engine.update_policy(batch, PolicyLossConfig())
+    sync(args.device)
+    seconds = (time.perf_counter() - start) / args.updates
+    tokens = int(batch.attention_mask_bt.sum())
+    params = engine.num_params
+    peak = args.peak_tflops or next(
+        (v for k, v in PEAK_TFLOPS.items() if k in device_name(args.device)), None
+    )
+    tps = tokens / seconds
+    row = {
+        "check": "update", "shape": args.shape, "params": params, "tokens": tokens,
+        "update_s": seconds, "tokens_per_s": tps,
+        "tflops": 6 * params * tps / 1e12,
+        "mfu": (6 * params * tps / 1e12) / peak if peak else None,
+        "peak_mem_gib": (devices.peak_memory_bytes(args.device) or 0) / 2**30,
+    }  # fmt: skip
+    engine.close()
+    return row
+
+
+# -- 2. log-prob memory -----------------------------------------------------------
+
+
+def check_logprob_memory(args: argparse.Namespace) -> list[dict]:
+    import torch.nn.functional as F
+    from rlpost.trainers import device as devices
+    from rlpost.trainers.logprobs import token_logprobs_and_entropy
+
+    b, t, d = args.lp_samples, args.lp_tokens, 896
+    v = 150_000 if args.shape != "small" else 4096
+    rows = []
+    for impl in ("materialised", "chunked"):
+        g = torch.Generator().manual_seed(0)
+        h = torch.randn(b, t, d, generator=g).to(args.device, torch.bfloat16).requires_grad_()
+        w = (torch.randn(v, d, generator=g) * d**-0.5).to(args.device, torch.bfloat16)
+        w.requires_grad_()
+        ids = torch.randint(0, v, (b, t), generator=g).to(args.device)
+        sync(args.device)
+        devices.empty_cache(args.device)
+        devices.reset_peak_memory(args.device)
+        base = devices.peak_memory_bytes(args.device) or 0
+        start = time.perf_counter()
+        logits = h @ w.T
+        if impl == "materialised":
+            logp = F.log_softmax(logits.float()[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+        else:
+            logp, _ = token_logprobs_and_entropy(logits, ids, 1.0)
+        (-logp.sum() / logp.numel()).backward()
+        sync(args.device)
+        peak = devices.peak_memory_bytes(args.device)
+        rows.append({
+            "check": "logprob_memory", "impl": impl, "samples": b, "tokens": t, "vocab": v,
+            "peak_extra_gib": None if peak is None else (peak - base) / 2**30,
+            "seconds": time.perf_counter() - start,
+        })  # fmt: skip
+        del h, w, ids, logits, logp
+    return rows
+
+
+# -- 3. CUDA-IPC hand-off --------------------------------------------------------
+
+
+def _receiver(conn, shapes: list, device: str) -> None:  # type: ignore[no-untyped-def]
+    """The rollout side: its own weights, filled from each bucket's handle."""
+    from rlpost.trainers.weight_sync import open_ipc, unpack
+
+    own = {n: torch.empty(s, dtype=torch.bfloat16, device=device) for n, s in shapes}
+    conn.send("ready")
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            break
+        slots, handle = msg
+        bucket = open_ipc(handle)
+        for name, tensor in unpack(slots, bucket):
+            own[name].copy_(tensor)
+        torch.cuda.synchronize()
+        del bucket
+        conn.send("done")
+    conn.send(sum(float(t.float().sum()) for t in own.values()))
+
+
+def check_ipc(args: argparse.Namespace, shape: str) -> dict:
+    import torch.multiprocessing as mp
+    from rlpost.trainers.weight_sync import ipc_handles, pack, plan_buckets
+    from transformers import Qwen2ForCausalLM
+
+    with torch.device("meta"):
+        meta = Qwen2ForCausalLM(qwen2_config(shape))
+    shapes = [(n, tuple(p.shape)) for n, p in meta.state_dict().items()]
+    g = torch.Generator(device=args.device).manual_seed(0)
+    weights = {
+        n: torch.randn(s, generator=g, device=args.device, dtype=torch.bfloat16) for n, s in shapes
+    }
+    plan = plan_buckets([(n, s, torch.bfloat16) for n, s in shapes], args.bucket_mb << 20)
+    ctx = mp.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    child = ctx.Process(target=_receiver, args=(theirs, shapes, args.device))
+    child.start()
+    assert ours.recv() == "ready"
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    pending: list = []  # buckets the receiver may still be reading: at most two alive
+    for slots, size in zip(plan.buckets, plan.sizes):
+        buffer = torch.empty(size, dtype=torch.uint8, device=args.device)
+        pack(slots, [weights[s.name] for s in slots], buffer)
+        torch.cuda.synchronize()
+        ours.send((slots, ipc_handles(buffer)))
+        pending.append(buffer)
+        if len(pending) == 2:
+            assert ours.recv() == "done"
+            pending.pop(0)
+    while pending:
+        assert ours.recv() == "done"
+        pending.pop(0)
+    seconds = time.perf_counter() - start
+    ours.send(None)
+    their_sum = ours.recv()
+    child.join(timeout=60)
+    our_sum = sum(float(t.float().sum()) for t in weights.values())
+    return {
+        "check": "ipc", "shape": shape, "params": sum(t.numel() for t in weights.values()),
+        "bytes": plan.total_bytes, "buckets": len(plan.buckets), "bucket_mb": args.bucket_mb,
+        "seconds": seconds, "gb_per_s": plan.total_bytes / seconds / 1e9,
+        "exact": abs(their_sum - our_sum) <= 1e-6 * max(1.0, abs(our_sum)),
+    }  # fmt: skip
+
+
+# -- the report -----------------------------------------------------------------
+
+
+def device_name(device: str) -> str:
+    if device == "cpu":
+        return platform.processor() or platform.machine()
+    return torch.cuda.get_device_name()
+
+
+def markdown(rows: list[dict], args: argparse.Namespace) -> str:
+    lines = [
+        "# Accelerator check",
+        "",
+        f"Written by `bench/gpu_check.py` on {device_name(args.device)}, torch {torch.__version__}.",
+        "",
+        "| check | what | figure |",
+        "| --- | --- | --- |",
+    ]
+    for r in rows:
+        if r["check"] == "update":
+            mfu = f", MFU {r['mfu']:.1%}" if r["mfu"] is not None else ""
+            what = f"FSDP2 bf16 update, {r['shape']} shape ({r['params'] / 1e6:.0f} M params), {r['tokens']} tokens"
+            fig = f"{r['tokens_per_s']:,.0f} tokens/s ({r['update_s']:.2f} s){mfu}, peak {r['peak_mem_gib']:.1f} GiB"
+        elif r["check"] == "logprob_memory":
+            what = f"log-probs + backward, {r['impl']}, {r['samples']}x{r['tokens']} tokens, vocab {r['vocab']:,}"
+            peak = r["peak_extra_gib"]
+            fig = (
+                f"{peak:.2f} GiB extra" if peak is not None else "n/a on the CPU"
+            ) + f", {r['seconds']:.2f} s"
+        else:
+            what = f"CUDA-IPC hand-off, {r['shape']} shape, {r['buckets']} buckets of {r['bucket_mb']} MB"
+            fig = f"{r['gb_per_s']:.1f} GB/s ({r['bytes'] / 1e9:.2f} GB in {r['seconds']:.2f} s), exact: {r['exact']}"
+        lines.append(f"| {r['check']} | {what} | {fig} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--small", action="store_true", help="tiny shapes (a smoke test of the code)")
+    p.add_argument("--samples", type=int, default=32)
+    p.add_argument("--prompt", type=int, default=128)
+    p.add_argument("--response", type=int, default=384)
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--updates", type=int, default=3)
+    p.add_argument("--lp-samples", type=int, default=8)
+    p.add_argument("--lp-tokens", type=int, default=1024)
+    p.add_argument("--bucket-mb", type=int, default=512)
+    p.add_argument("--peak-tflops", type=float, default=None)
+    p.add_argument("--out", type=Path, default=RESULTS / "gpu_check")
+    args = p.parse_args()
+    args.shape = "small" if args.small else "0.5B"
+    if args.small:
+        args.samples, args.prompt, args.response, args.updates = 4, 8, 8, 1
+        args.lp_samples, args.lp_tokens, args.micro_batch = 2, 16, 2
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("no CUDA device: run with --device cpu --small to try the code on the CPU")
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        steps = [
+            ("update", lambda: [check_update(args, random_model_dir(args.shape, Path(tmp) / "m"))]),
+            ("logprob_memory", lambda: check_logprob_memory(args)),
+        ]
+        if args.device == "cuda":
+            shapes = ["small"] if args.small else ["0.5B", "1.5B"]
+            steps += [(f"ipc {s}", lambda s=s: [check_ipc(args, s)]) for s in shapes]
+        for name, step in steps:
+            start = time.perf_counter()
+            got = step()
+            rows += got
+            print(f"{name}: {time.perf_counter() - start:.1f} s", json.dumps(got), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{args.out}.json").write_text(json.dumps(rows, indent=1) + "\n")
+    text = markdown(rows, args)
+    Path(f"{args.out}.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
