@@ -4,7 +4,7 @@ fields (``FSDPEngineConfig``, ``MegatronEngineConfig``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -20,7 +20,10 @@ class EngineConfig:
 
     model_path: str
     dtype: str = "float32"
-    lr: float = 1e-3
+    # No defaults of their own for what the run config sets (its schema holds the
+    # defaults, rlpost/plan/engines.py turns it into this): built by hand, say them.
+    lr: float = field(kw_only=True)
+    lr_warmup_steps: int = field(kw_only=True)
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.99)
     max_grad_norm: float = 1.0
@@ -29,7 +32,6 @@ class EngineConfig:
     device: str = "cpu"
     backend: str = "gloo"
     threads: int = 1
-    lr_warmup_steps: int = 0
     trainable: bool = True  # False: a frozen reference policy (no optimizer state)
     micro_batch_tokens: int = 0  # > 0: micro-batches by token budget, not micro_batch_size
     packing: bool = False  # one unpadded row per micro-batch, positions restart per sample

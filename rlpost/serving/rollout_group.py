@@ -7,7 +7,7 @@ of a conversation reaches the replica whose prefix cache holds it (see
 one replica travel in one call to its asyncio actor (``PendingGeneration``),
 and a replica batches whatever it has.
 
-    group = RolloutGroup.from_config(cfg, model_path, device)
+    group = RolloutGroup(engine_cfg, replicas=2)
     pending = group.generate_async(requests)   # returns at once
     ...                                        # e.g. train on the previous batch
     results = pending.result()                 # input order
@@ -26,6 +26,9 @@ same engine config and placement starts in the background and loads the
 group's last weights (and LoRA adapter), and only then does the router send it
 requests again. With no other replica left, requests wait for the new one.
 ``stats()`` reports ``rollout/replica_restarts``.
+
+The replica pools and a request's route through them live in ``pools``, the
+metrics ``stats()`` computes from the engines' counters in ``replica_stats``.
 """
 
 from __future__ import annotations
@@ -39,37 +42,17 @@ from typing import Any, TypeVar
 import ray
 
 from rlpost.rollout.base import GenerationRequest, GenerationResult
-from rlpost.rollout.pd import (
-    FILE_CONNECTORS,
-    PDEngineConfig,
-    PDRouter,
-    no_transfer_reason,
-    prefill_request,
-)
+from rlpost.rollout.pd import FILE_CONNECTORS, PDEngineConfig, PDRouter, prefill_request
 from rlpost.rollout.router import Router
 from rlpost.serving.pending import Hops, PendingGeneration
+from rlpost.serving.pools import Pool, route, router_of
+from rlpost.serving.replica_stats import ReplicaStats
 from rlpost.workers import WORKER_ENV
 from rlpost.workers.rollout_worker import RolloutWorker
 
 log = logging.getLogger(__name__)
 QUIET = {"env_vars": WORKER_ENV}
 T = TypeVar("T")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Pool:
-    """Replicas ``workers[first : first + router.num_replicas]`` of one role.
-
-    A request visits one replica of every pool of its group, in order: PD mode
-    has a prefill pool and a decode pool, otherwise there is one pool. The last
-    pool's replica returns the samples; ``role`` names the per-replica metrics."""
-
-    role: str
-    first: int
-    router: Router
-
-    def __contains__(self, worker: int) -> bool:
-        return self.first <= worker < self.first + self.router.num_replicas
 
 
 class RolloutGroup:
@@ -146,20 +129,13 @@ class RolloutGroup:
         if self.pd is not None:
             pools = PDRouter(self.pd.prefill_replicas, self.pd.decode_replicas, vnodes)
             first = self.pd.prefill_replicas
-            self.pools = [_Pool("prefill", 0, pools.prefill), _Pool("decode", first, pools.decode)]
+            self.pools = [Pool("prefill", 0, pools.prefill), Pool("decode", first, pools.decode)]
         else:
-            self.pools = [_Pool("replica", 0, Router(replicas, vnodes))]
+            self.pools = [Pool("replica", 0, Router(replicas, vnodes))]
         # The last pool's: where sessions stick and samples come from.
         self.router = self.pools[-1].router
-        # Engine counters at the previous stats(): prefix cache and KV connector
-        # (queries, hits, queries, hits).
-        self._last_cache: list[tuple[float, ...]] = [(0.0,) * 4] * replicas
-        # Each replica's engine seconds busy at the previous stats() (perf/rollout_idle_frac).
-        self._last_busy: dict[int, float] = {}
-        self._last_stats_t = time.perf_counter()
-        # PD mode: the longest prompt sent, for the warning when no KV moves (once).
-        self._longest_prompt = 0
-        self._warned_no_transfer = False
+        # The engines' counters at the previous stats(), and what the metrics need.
+        self._stats = ReplicaStats(replicas, self.pd)
 
     def wait_ready(self) -> None:
         """Block until every replica has started its engine (``wait=False`` at
@@ -219,16 +195,12 @@ class RolloutGroup:
             pass  # _collect marks the replica and sends the request again
         return self._collect(request, hops)
 
-    def _route(self, session_id: str | None) -> list[int]:
-        """The worker index of each replica a request visits, one per pool."""
-        return [pool.first + pool.router.pick(session_id) for pool in self.pools]
-
     def _submit(self, request: GenerationRequest) -> Hops:
         """Send ``request`` along its route; nothing here waits. PD mode: the
         prefill call, then a decode call that Ray starts once the prefill is done
         (it resolves the ``after`` argument first)."""
-        *prefill, last = self._pick(lambda: self._route(request.session_id))
-        self._longest_prompt = max(self._longest_prompt, len(request.prompt_ids))
+        *prefill, last = self._pick(lambda: route(self.pools, request.session_id))
+        self._stats.saw_prompt(len(request.prompt_ids))
         for worker in (*prefill, last):
             self._begin(worker)
         hops = [(w, self.workers[w].generate_one.remote(prefill_request(request))) for w in prefill]
@@ -333,7 +305,7 @@ class RolloutGroup:
     def _restart(self, worker: int, exc: BaseException) -> None:
         """Start a new actor for dead ``worker`` (same engine config and placement);
         it returns to the router once it has loaded the group's current weights."""
-        router, index = self._router_of(worker)
+        router, index = router_of(self.pools, worker)
         router.mark_unhealthy(index)
         why = " ".join(str(exc).split())[:300]
         if self.restarts[worker] >= self.max_restarts:
@@ -356,8 +328,7 @@ class RolloutGroup:
             self._configs[worker], self._threads, self._engine
         )
         self.restarts[worker] += 1
-        self._last_cache[worker] = (0.0,) * 4
-        self._last_busy.pop(worker, None)
+        self._stats.forget(worker)
         self._resync(worker, start)
 
     def _resync(self, worker: int, start: float) -> None:
@@ -388,7 +359,7 @@ class RolloutGroup:
             if version != self._version:  # weights were loaded meanwhile: those too
                 self._resync(i, start)
                 continue
-            router, index = self._router_of(i)
+            router, index = router_of(self.pools, i)
             router.mark_healthy(index)
             seconds = time.perf_counter() - start
             log.warning("rollout replica %d restarted and synced in %.1f s", i, seconds)
@@ -428,17 +399,12 @@ class RolloutGroup:
                 self._restart(i, exc)
         return out
 
-    def _router_of(self, worker: int) -> tuple[Router, int]:
-        """The router that routes to ``self.workers[worker]``, and its index there."""
-        pool = next(p for p in self.pools if worker in p)
-        return pool.router, worker - pool.first
-
     def _begin(self, worker: int) -> None:
-        router, index = self._router_of(worker)
+        router, index = router_of(self.pools, worker)
         router.begin(index)
 
     def _end(self, worker: int) -> None:
-        router, index = self._router_of(worker)
+        router, index = router_of(self.pools, worker)
         router.end(index)
 
     def stats(self) -> dict[str, float]:
@@ -455,50 +421,7 @@ class RolloutGroup:
         The first call in PD mode whose decode side computed prompt tokens and
         loaded none through the connector logs one warning with the reason."""
         engine_stats = self._call_live("stats")  # a replica restarting has none
-        out: dict[str, float] = {}
-        clock = time.perf_counter()
-        busy = {i: s["busy_s"] for i, s in engine_stats.items() if "busy_s" in s}
-        if busy and clock > self._last_stats_t:
-            # Share of the replicas' time since the last call with nothing to step.
-            worked = sum(max(0.0, b - self._last_busy.get(i, 0.0)) for i, b in busy.items())
-            idle = 1.0 - worked / ((clock - self._last_stats_t) * len(busy))
-            out["perf/rollout_idle_frac"] = min(1.0, max(0.0, idle))
-            self._last_busy.update(busy)
-        self._last_stats_t = clock
-        totals = []  # per pool: (prefix queries, hits, connector queries, hits)
-        for pool in self.pools:
-            total = [0.0] * 4
-            for k in range(pool.router.num_replicas):
-                i = pool.first + k
-                delta = (0.0,) * 4
-                if i in engine_stats:
-                    s = engine_stats[i]
-                    now = (
-                        s["prefix_cache_queries"],
-                        s["prefix_cache_hits"],
-                        s.get("kv_transfer_queries", 0.0),
-                        s.get("kv_transfer_hits", 0.0),
-                    )
-                    delta = tuple(a - b for a, b in zip(now, self._last_cache[i]))
-                    self._last_cache[i] = now
-                total = [t + d for t, d in zip(total, delta)]
-                out[f"rollout/{pool.role}{k}/requests"] = float(pool.router.requests[k])
-                out[f"rollout/{pool.role}{k}/prefix_cache_hit_rate"] = _rate(delta[1], delta[0])
-            totals.append(total)
-        out["rollout/prefix_cache_hit_rate"] = _rate(totals[0][1], totals[0][0])
-        if self.pd is not None:
-            out["rollout/pd/kv_transfer_rate"] = _rate(totals[-1][3], totals[-1][2])
-            if totals[-1][2] and not totals[-1][3] and not self._warned_no_transfer:
-                self._warned_no_transfer = True
-                log.warning(
-                    no_transfer_reason(self.pd.decode, int(totals[-1][2]), self._longest_prompt)
-                )
-        out["rollout/replica_restarts"] = float(sum(self.restarts))
-        # Requests a weight load stopped and continued (partial rollout), in all.
-        out["rollout/interrupted_requests"] = sum(
-            s.get("interrupted", 0.0) for s in engine_stats.values()
-        )
-        return out
+        return self._stats.metrics(engine_stats, self.pools, self.restarts)
 
     def reset_prefix_cache(self) -> None:
         """Empty every replica's prefix cache (e.g. between benchmark runs)."""
@@ -522,7 +445,3 @@ class RolloutGroup:
 
 def _is_sglang_pd(engine_cfg: Any) -> bool:
     return type(engine_cfg).__name__ == "SGLangPDConfig"
-
-
-def _rate(hits: float, queries: float) -> float:
-    return hits / queries if queries else 0.0

@@ -83,7 +83,7 @@ def step_fsdp(arch: str, work: Path) -> dict[str, Outcome]:
     vl = is_vl(arch)
     engine = FSDPEngine(
         FSDPEngineConfig(
-            model_path=path, lr=1e-3, device=device.kind, backend=device.backend, seed=0,
+            model_path=path, lr=1e-3, lr_warmup_steps=0, device=device.kind, backend=device.backend, seed=0,
             freeze_vision=not vl,
         ),
         rank=0,

@@ -30,6 +30,10 @@ after it are dropped from the trajectory. A streamed response is sent as
 server-sent events once the completion is done. Each session has a budget, the
 episode's model turns and response tokens: past it a call returns no text with
 ``finish_reason="length"`` and marks the episode truncated.
+
+The sessions and their registry live in ``sessions``; the OpenAI message format
+(normalised requests, tool calls as OpenAI sends them, error bodies) in
+``openai_messages``; this module is the server and the capture of each call.
 """
 
 from __future__ import annotations
@@ -37,162 +41,29 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import secrets
 import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from rlpost.rollout.agent.capture import Call
 from rlpost.rollout.agent.chat import ChatTokens
-from rlpost.rollout.agent.loop import AgentLoopConfig, _seed, assistant_message
+from rlpost.rollout.agent.loop import _seed, assistant_message
+from rlpost.rollout.agent.openai_messages import (
+    RequestError,
+    comparable,
+    normalise_message,
+    openai_tool_calls,
+)
 from rlpost.rollout.agent.parsers import ParsedTurn, get_parser
+from rlpost.rollout.agent.sessions import Session, SessionRegistry
 from rlpost.rollout.base import Completion, SamplingConfig
 
 log = logging.getLogger(__name__)
 
 GenerateFn = Callable[[list[int], SamplingConfig, str], Awaitable[Completion]]
-
-
-class RequestError(Exception):
-    """A request the endpoint refuses: an OpenAI-style error body and HTTP status."""
-
-    def __init__(
-        self, status: int, message: str, param: str | None = None, code: str | None = None
-    ):
-        super().__init__(message)
-        self.status, self.param, self.code = status, param, code
-
-    def body(self) -> dict:
-        kind = {401: "authentication_error", 404: "not_found_error"}.get(
-            self.status, "invalid_request_error" if self.status < 500 else "server_error"
-        )
-        return {
-            "error": {"message": str(self), "type": kind, "param": self.param, "code": self.code}
-        }
-
-
-@dataclass
-class Session:
-    """One episode's calls, with the sampling and limits of the run that opened it."""
-
-    key: str
-    session_id: str  # routing id: one replica serves all its calls
-    index: int  # the episode's index, for per-call seeds
-    sampling: SamplingConfig  # the run's (temperature, top_p, seed)
-    limits: AgentLoopConfig
-    calls: list[Call] = field(default_factory=list)
-    truncated: bool = False  # a call hit the budget
-    sampling_overridden: int = 0  # requests whose temperature / top_p were ignored
-    segment_start: int = 0  # prompt length of the current segment's first call
-
-
-class SessionRegistry:
-    """Open sessions by API key; thread-safe (programs open and close sessions on their
-    own loops, the server reads them on its own)."""
-
-    def __init__(self) -> None:
-        self._open: dict[str, Session] = {}
-        self._lock = threading.Lock()
-
-    def open(
-        self, session_id: str, index: int, sampling: SamplingConfig, limits: AgentLoopConfig
-    ) -> Session:
-        session = Session("rlp-" + secrets.token_urlsafe(24), session_id, index, sampling, limits)
-        with self._lock:
-            self._open[session.key] = session
-        return session
-
-    def get(self, key: str) -> Session | None:
-        with self._lock:
-            return self._open.get(key)
-
-    def close(self, key: str) -> Session | None:
-        """End a session: its key is refused from now on."""
-        with self._lock:
-            return self._open.pop(key, None)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._open)
-
-
-def normalise_message(message: Any, where: str) -> dict:
-    """A request message in the form the chat template and the history match use:
-    text content (``None`` -> ``""``, text parts joined), tool-call arguments parsed
-    from their JSON string into a dict."""
-    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-        raise RequestError(400, f"{where} must be an object with a 'role'", "messages")
-    out: dict[str, Any] = {"role": message["role"], "content": _text(message.get("content"), where)}
-    for key in ("name", "tool_call_id"):
-        if message.get(key) is not None:
-            out[key] = message[key]
-    calls = message.get("tool_calls")
-    if calls:
-        if not isinstance(calls, list):
-            raise RequestError(400, f"{where}.tool_calls must be a list", "messages")
-        out["tool_calls"] = [_tool_call(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(calls)]
-    return out
-
-
-def _text(content: Any, where: str) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text":
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise RequestError(
-                    400, f"{where}.content: only text parts are supported, got {kind!r}", "messages"
-                )
-            texts.append(str(part.get("text", "")))
-        return "".join(texts)
-    raise RequestError(400, f"{where}.content must be a string or a list of text parts", "messages")
-
-
-def _tool_call(call: Any, where: str) -> dict:
-    fn = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-        raise RequestError(400, f"{where} must hold a function with a name", "messages")
-    args = fn.get("arguments")
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
-            pass  # kept as the string the agent sent; the template renders it as it is
-    return {
-        "id": call.get("id"),
-        "type": "function",
-        "function": {"name": fn["name"], "arguments": args},
-    }
-
-
-def _comparable(message: dict) -> tuple:
-    calls = tuple(
-        (c["function"]["name"], json.dumps(c["function"]["arguments"], sort_keys=True))
-        for c in message.get("tool_calls") or []
-    )
-    return message["role"], message.get("content") or "", calls
-
-
-def openai_tool_calls(message: dict) -> list[dict]:
-    """An assistant message's tool calls as OpenAI sends them: arguments a JSON string."""
-    return [
-        {
-            "id": c["id"],
-            "type": "function",
-            "function": {
-                "name": c["function"]["name"],
-                "arguments": json.dumps(c["function"]["arguments"]),
-            },
-        }
-        for c in message.get("tool_calls") or []
-    ]
 
 
 class ChatEndpoint:
@@ -450,8 +321,8 @@ class ChatEndpoint:
             last = session.calls[-1]
             history = [*last.request_messages, last.message]
             k = len(history)
-            if len(msgs) > k and [_comparable(m) for m in msgs[:k]] == [
-                _comparable(m) for m in history
+            if len(msgs) > k and [comparable(m) for m in msgs[:k]] == [
+                comparable(m) for m in history
             ]:
                 end = chat.decode(last.sampled_ids[-1:]) if last.ended else None
                 delta = chat.delta_ids(history, msgs[k:], end)

@@ -30,9 +30,10 @@ from typing import Any
 
 from rlpost.rollout.agent.capture import segments
 from rlpost.rollout.agent.chat import ChatTokens
-from rlpost.rollout.agent.endpoint import ChatEndpoint, Session
+from rlpost.rollout.agent.endpoint import ChatEndpoint
 from rlpost.rollout.agent.env import prompt_messages
 from rlpost.rollout.agent.loop import AgentLoopConfig, Episode, Turn
+from rlpost.rollout.agent.sessions import Session
 from rlpost.rollout.agent.specs import SPEC_FORMS, load_object
 from rlpost.rollout.base import SamplingConfig
 

@@ -20,103 +20,15 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
-from rlpost.rollout.base import Completion, GenerationRequest, GenerationResult, SamplingConfig
-from rlpost.rollout.pd import KVTransferSpec, clear_kv_store
-
-
-@dataclass(frozen=True)
-class VLLMEngineConfig:
-    model_path: str
-    dtype: str = "float32"
-    max_model_len: int = 256
-    kv_cache_gib: float = 1.0
-    gpu_memory_utilization: float = 0.5
-    enforce_eager: bool = True
-    seed: int = 0
-    device: str = "cpu"
-    # Tokens per KV-cache block; prefix caching reuses whole blocks only.
-    # None: vLLM's default (128 on CPU, 16 on GPU).
-    block_size: int | None = None
-    # LoRA adapter serving (rollout.lora_sync=adapter): the adapter's rank, 0 = off.
-    lora: int = 0
-    # PD disaggregation: this replica's side of the KV connector; None = no transfer.
-    kv_transfer: KVTransferSpec | None = None
-    # CPU only: the cores vLLM's OpenMP threads are bound to ("auto": vLLM decides).
-    cpu_threads_bind: str = "auto"
-    # Vision-language models: most images in one prompt (vLLM sizes its budget by it).
-    max_images: int = 1
-
-
-class _PrefixCacheCounter:
-    """Totals of vLLM's per-step prefix-cache stats (prompt tokens looked up / found cached).
-
-    Handed to vLLM as a per-engine stat logger (the factory returns this one
-    object), so the totals belong to this engine even with several in a process.
-    """
-
-    def __init__(self) -> None:
-        self.queries = 0
-        self.hits = 0
-        # Prompt tokens a KV connector was asked for / supplied (PD decode side).
-        self.kv_queries = 0
-        self.kv_hits = 0
-
-    def record(
-        self,
-        scheduler_stats: Any,
-        iteration_stats: Any,
-        mm_cache_stats: Any = None,
-        engine_idx: int = 0,
-    ) -> None:
-        stats = getattr(scheduler_stats, "prefix_cache_stats", None)
-        if stats is not None:
-            self.queries += stats.queries
-            self.hits += stats.hits
-        kv = getattr(scheduler_stats, "connector_prefix_cache_stats", None)
-        if kv is not None:
-            self.kv_queries += kv.queries
-            self.kv_hits += kv.hits
-
-    def log_engine_initialized(self) -> None:
-        pass
-
-    def log(self) -> None:
-        pass
-
-    def record_sleep_state(self, is_awake: int, level: int) -> None:
-        pass
-
-
-def _no_prometheus() -> Any:
-    """A stand-in for vLLM's Prometheus stat logger, which the engine adds unless
-    given one: nothing reads its metrics here, and recording them took ~10 % of a
-    short-completion batch on the CPU (the prefix-cache counter needs the stats on)."""
-    from vllm.v1.metrics.loggers import PrometheusStatLogger
-
-    class NoPrometheus(PrometheusStatLogger):
-        def __init__(self, vllm_config: Any, engine_indexes: Any = None) -> None:
-            pass
-
-        def record(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-        def record_sleep_state(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-        def record_admission_rejection(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-        def log_engine_initialized(self) -> None:
-            pass
-
-        def log(self) -> None:
-            pass
-
-    return NoPrometheus
+from rlpost.rollout.base import Completion, GenerationRequest, GenerationResult
+from rlpost.rollout.pd import clear_kv_store
+from rlpost.rollout.vllm.config import VLLMEngineConfig, engine_args
+from rlpost.rollout.vllm.outputs import Interrupted, child_sampling, continuation, to_result
+from rlpost.rollout.vllm.stats import PrefixCacheCounter, no_prometheus
 
 
 class VLLMEngine:
@@ -144,52 +56,21 @@ class VLLMEngine:
 
         start = time.perf_counter()
         self.cfg = cfg
-        kwargs: dict[str, Any] = dict(
-            model=cfg.model_path,
-            dtype=cfg.dtype,
-            max_model_len=cfg.max_model_len,
-            enforce_eager=cfg.enforce_eager,
-            seed=cfg.seed,
-            enable_prefix_caching=True,
-            # Log-probs after temperature, as the trainer computes them.
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls="rlpost.rollout.vllm.worker_ext.WeightSyncExtension",
-            disable_log_stats=False,  # the prefix-cache counter needs scheduler stats
-        )
-        if cfg.block_size is not None:
-            kwargs["block_size"] = cfg.block_size
-        # Images per prompt a vision-language model accepts (0: a text model); no video.
+        # Images per prompt a vision-language model accepts (0: a text model).
         self._image_limit = cfg.max_images if vision else 0
         self._never_sample: dict[int, float] | None = None
         if self._image_limit:
-            kwargs["limit_mm_per_prompt"] = {"image": self._image_limit, "video": 0}
             # vLLM's largest bias: p ~ e^-100 (the trainer masks the same tokens)
             config, _ = PretrainedConfig.get_config_dict(cfg.model_path)
             self._never_sample = {i: -100.0 for i in placeholder_token_ids(config)}
-        if cfg.kv_transfer is not None:
-            kwargs["kv_transfer_config"] = cfg.kv_transfer.vllm_config()
-        if cfg.device == "cpu":
-            kwargs["kv_cache_memory_bytes"] = int(cfg.kv_cache_gib * 2**30)
-            # A seeded request whose prefill is split over two engine steps fails on
-            # the CPU ("CPU Generator does not use offset"): many long multi-turn
-            # prompts at once split. Whole prefills only; a step fits any one prompt.
-            kwargs["enable_chunked_prefill"] = False
-            kwargs["max_num_batched_tokens"] = max(cfg.max_model_len, 4096)
-            # DeepSeek needs vLLM's PyTorch rotary path here (CPU_NATIVE_ROTARY_MODEL_TYPES).
-            custom_ops = cpu_custom_ops(_model_type(cfg.model_path))
-            if custom_ops is not None:
-                kwargs["compilation_config"] = {"custom_ops": custom_ops}
-        else:
-            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
-        self._cache = _PrefixCacheCounter()
-        if cfg.lora:
-            kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=_lora_slot(cfg.lora))
+        self._cache = PrefixCacheCounter()
         self._lora_request: Any = None  # set by load_lora_adapter
         self._lora_dir: str | None = None
         self._lora_version = 0
         counter: Any = lambda vllm_config, engine_index=0: self._cache  # noqa: E731
         self.engine = LLMEngine.from_engine_args(
-            EngineArgs(**kwargs), stat_loggers=[counter, _no_prometheus()]
+            EngineArgs(**engine_args(cfg, self._image_limit)),
+            stat_loggers=[counter, no_prometheus()],
         )
         self.tokenizer = self.engine.get_tokenizer()
         self._ids = itertools.count()
@@ -215,7 +96,7 @@ class VLLMEngine:
         while pending:
             self._step()
             pending -= self._done.keys()
-        return [_result(r, self._done.pop(i), self.tokenizer) for r, i in zip(requests, ids)]
+        return [to_result(r, self._done.pop(i), self.tokenizer) for r, i in zip(requests, ids)]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load new weights in place; call with no request in flight."""
@@ -252,7 +133,10 @@ class VLLMEngine:
         if s.n == 1:
             return await self._agenerate_one(request)
         parts = await asyncio.gather(
-            *(self._agenerate_one(replace(request, sampling=_child(s, i))) for i in range(s.n))
+            *(
+                self._agenerate_one(replace(request, sampling=child_sampling(s, i)))
+                for i in range(s.n)
+            )
         )
         completions = [c for part in parts for c in part.completions]
         return GenerationResult(prompt_ids=parts[0].prompt_ids, completions=completions)
@@ -266,7 +150,7 @@ class VLLMEngine:
         versions: list[int] = []
         while True:
             await self._open.wait()
-            part = _continuation(request, ids, segment=len(set(versions)))
+            part = continuation(request, ids, segment=len(set(versions)))
             version = self.version
             rid = self._add(part)
             future = asyncio.get_running_loop().create_future()
@@ -279,12 +163,12 @@ class VLLMEngine:
                 if self._waiting.pop(rid, None) is not None:
                     self.engine.abort_request([rid])
                 raise
-            if isinstance(out, _Interrupted):
+            if isinstance(out, Interrupted):
                 ids += out.token_ids
                 logprobs += out.logprobs
                 versions += [version] * len(out.token_ids)
                 continue
-            result = _result(part, out, self.tokenizer)
+            result = to_result(part, out, self.tokenizer)
             if not ids:
                 result.completions[0].versions = [version] * len(result.completions[0].token_ids)
                 return result
@@ -360,7 +244,7 @@ class VLLMEngine:
             self.engine.abort_request([rid])
             del self._waiting[rid]
             if not future.done():
-                future.set_result(_Interrupted(ids, lps))
+                future.set_result(Interrupted(ids, lps))
             self._interrupted += 1
 
     async def _step_loop(self) -> None:
@@ -395,7 +279,7 @@ class VLLMEngine:
             min_tokens=min(s.min_tokens, s.max_tokens),
             seed=s.seed,
             logprobs=0,
-            # Text is decoded once per completion in _result: vLLM's incremental
+            # Text is decoded once per completion in to_result: vLLM's incremental
             # detokenizer also decodes every sampled log-prob's token, which cost
             # ~15 % of a short-completion batch on the CPU.
             detokenize=False,
@@ -483,81 +367,3 @@ class VLLMEngine:
             out["kv_transfer_queries"] = float(self._cache.kv_queries)
             out["kv_transfer_hits"] = float(self._cache.kv_hits)
         return out
-
-
-@dataclass
-class _Interrupted:
-    """What a request sampled before a weight load stopped it."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-
-
-def _child(s: SamplingConfig, i: int) -> SamplingConfig:
-    """Sample ``i`` of ``n`` as a request of its own (vLLM seeds child ``i`` ``seed + i``)."""
-    return replace(s, n=1, seed=None if s.seed is None else s.seed + i)
-
-
-def _continuation(request: GenerationRequest, ids: list[int], segment: int) -> GenerationRequest:
-    """``request`` continued after ``ids``: they join the prompt and count against
-    its token limits; a seeded request draws a fresh stream per segment."""
-    if not ids:
-        return request
-    s = request.sampling
-    sampling = replace(
-        s,
-        max_tokens=s.max_tokens - len(ids),
-        min_tokens=max(0, s.min_tokens - len(ids)),
-        seed=None if s.seed is None else s.seed + 1_000_003 * segment,
-    )
-    return replace(request, prompt_ids=request.prompt_ids + ids, sampling=sampling)
-
-
-def _result(request: GenerationRequest, out: Any, tokenizer: Any) -> GenerationResult:
-    completions = []
-    all_ids = [list(c.token_ids) for c in out.outputs]
-    texts = tokenizer.batch_decode(all_ids, skip_special_tokens=True)
-    for c, ids, text in zip(out.outputs, all_ids, texts, strict=True):
-        # logprobs=0 returns the sampled token's log-prob at every position.
-        lps = [step[tok].logprob for step, tok in zip(c.logprobs or [], ids) if step]
-        completions.append(
-            Completion(
-                token_ids=ids,
-                logprobs=lps,
-                text=text,
-                finish_reason="length" if c.finish_reason == "length" else "stop",
-            )
-        )
-    # With images the engine expanded their placeholders: its prompt ids are the real ones.
-    prompt = out.prompt_token_ids if request.images else request.prompt_ids
-    return GenerationResult(prompt_ids=list(prompt), completions=completions)
-
-
-# vLLM-CPU's fused ``rotary_embedding`` op rotates a 3-D (tokens, heads, dim) query
-# wrongly; 2-D (tokens, heads * dim) is fine. DeepSeek's multi-head latent attention
-# passes the 3-D layout, and its log-probs came out 4-5 nats off transformers'.
-# With the op off, vLLM's PyTorch rotary path runs and they agree to 1e-5.
-CPU_NATIVE_ROTARY_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
-
-
-def cpu_custom_ops(model_type: str | None) -> list[str] | None:
-    """vLLM ``custom_ops`` for ``model_type`` on the CPU; None keeps vLLM's default."""
-    if model_type in CPU_NATIVE_ROTARY_MODEL_TYPES:
-        return ["all", "-rotary_embedding"]  # "all": vLLM's CPU kernels for every other op
-    return None
-
-
-def _model_type(model_path: str) -> str | None:
-    """``model_type`` of the checkpoint's config.json (None if it has none)."""
-    from transformers import PretrainedConfig
-
-    config, _ = PretrainedConfig.get_config_dict(model_path)
-    return config.get("model_type")
-
-
-def _lora_slot(rank: int) -> int:
-    """The smallest rank vLLM allocates (1, 8, 16, ...) that holds ``rank``."""
-    for slot in (1, 8, 16, 32, 64, 128, 256, 320, 512):
-        if rank <= slot:
-            return slot
-    raise ValueError(f"LoRA rank {rank} is above vLLM's largest (512)")

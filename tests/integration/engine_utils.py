@@ -29,6 +29,7 @@ def spawn(fn, args: tuple, nprocs: int = 1) -> None:
 
 
 def engine(model_dir: str, rank: int, world_size: int, port: int, **kw) -> FSDPEngine:
+    kw = {"lr": 1e-3, "lr_warmup_steps": 0, **kw}  # these tests' own rate, no warm-up
     cfg = FSDPEngineConfig(model_path=model_dir, **kw)
     return FSDPEngine(cfg, rank, world_size, f"tcp://127.0.0.1:{port}")
 

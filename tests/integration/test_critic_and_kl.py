@@ -41,7 +41,7 @@ def _spawn(fn, args):
 
 
 def _critic_worker(rank, model_dir, port, out):
-    cfg = FSDPEngineConfig(model_path=model_dir, lr=1e-2, micro_batch_size=3)
+    cfg = FSDPEngineConfig(model_path=model_dir, lr=1e-2, lr_warmup_steps=0, micro_batch_size=3)
     critic = CriticEngine(cfg, 0, 1, f"tcp://127.0.0.1:{port}")
     batch = _batch()
     initial = critic.values(batch)
@@ -94,10 +94,15 @@ def test_critic_values_align_and_fit_returns(tmp_path):
 
 def _kl_worker(rank, model_dir, port, out):
     init = f"tcp://127.0.0.1:{port}"
-    cfg = FSDPEngineConfig(model_path=model_dir, lr=1e-2, micro_batch_size=4)
+    cfg = FSDPEngineConfig(model_path=model_dir, lr=1e-2, lr_warmup_steps=0, micro_batch_size=4)
     policy = FSDPEngine(cfg, 0, 1, init)
     ref = FSDPEngine(
-        FSDPEngineConfig(model_path=model_dir, micro_batch_size=4, trainable=False), 0, 1, init
+        FSDPEngineConfig(
+            model_path=model_dir, lr=0.0, lr_warmup_steps=0, micro_batch_size=4, trainable=False
+        ),
+        0,
+        1,
+        init,
     )
     batch = _batch()
     batch.ref_logp_bt = ref.logprobs(batch)

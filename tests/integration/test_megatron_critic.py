@@ -63,7 +63,7 @@ def _fsdp_worker(rank: int, model_dir: str, port: int, out: str) -> None:
     from rlpost.trainers.fsdp.critic import CriticEngine
     from rlpost.trainers.fsdp.engine import FSDPEngineConfig
 
-    cfg = FSDPEngineConfig(model_path=model_dir, lr=LR, micro_batch_size=8)
+    cfg = FSDPEngineConfig(model_path=model_dir, lr=LR, lr_warmup_steps=0, micro_batch_size=8)
     critic = CriticEngine(cfg, 0, 1, f"tcp://127.0.0.1:{port}")
     torch.save(_updates(critic, _batch()), out)
     critic.close()
@@ -76,7 +76,11 @@ def _megatron_worker(
     from rlpost.trainers.megatron.critic import MegatronCriticEngine
 
     cfg = MegatronEngineConfig(
-        model_path=model_dir, lr=LR, micro_batch_size=3, parallel=MegatronParallel(**parallel)
+        model_path=model_dir,
+        lr=LR,
+        lr_warmup_steps=0,
+        micro_batch_size=3,
+        parallel=MegatronParallel(**parallel),
     )
     critic = MegatronCriticEngine(cfg, rank, world_size, f"tcp://127.0.0.1:{port}")
     torch.save(_updates(critic, _batch(rank, world_size)), f"{out}.{rank}")

@@ -58,6 +58,7 @@ def _megatron(model_dir: str, rank: int, world_size: int, port: int, parallel: d
     )
 
     kw.setdefault("lr", LR)
+    kw.setdefault("lr_warmup_steps", 0)
     cfg = MegatronEngineConfig(model_path=model_dir, parallel=MegatronParallel(**parallel), **kw)
     return MegatronEngine(cfg, rank, world_size, f"tcp://127.0.0.1:{port}")
 

@@ -50,7 +50,11 @@ def _save_worker(
     )
 
     cfg = MegatronEngineConfig(
-        model_path=model_dir, parallel=MegatronParallel(**parallel), lr=1e-2, micro_batch_size=8
+        model_path=model_dir,
+        parallel=MegatronParallel(**parallel),
+        lr=1e-2,
+        lr_warmup_steps=0,
+        micro_batch_size=8,
     )
     engine = MegatronEngine(cfg, rank, world, f"tcp://127.0.0.1:{port}")
     engine.update_sft(make_batch(seed=2).shard(rank, world))

@@ -53,7 +53,11 @@ def _megatron_worker(
     )
 
     cfg = MegatronEngineConfig(
-        model_path=model_dir, lr=LR, micro_batch_size=3, parallel=MegatronParallel(**parallel)
+        model_path=model_dir,
+        lr=LR,
+        lr_warmup_steps=0,
+        micro_batch_size=3,
+        parallel=MegatronParallel(**parallel),
     )
     engine = MegatronEngine(cfg, rank, world_size, f"tcp://127.0.0.1:{port}")
     batch = _batch().shard(rank, world_size)

@@ -39,7 +39,7 @@ def test_an_interrupted_request_continues_under_the_new_weights(tmp_path):
     with torch.no_grad():
         for p in new.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    engine = VLLMEngine(VLLMEngineConfig(model_path=str(path), max_model_len=256))
+    engine = VLLMEngine(VLLMEngineConfig(model_path=str(path), max_model_len=256, kv_cache_gib=1.0))
     prompt = [5, 17, 33, 61, 9, 12]
     # n=2 goes in as two requests seeded as vLLM seeds its children. (No min_tokens:
     # vLLM's log-probs are then of a distribution without the end token.)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 from rlpost.rollout.agent.capture import Call, segments
-from rlpost.rollout.agent.endpoint import Session
 from rlpost.rollout.agent.loop import AgentLoopConfig, episode_metrics
 from rlpost.rollout.agent.program import ProgramError, _outcome, load_program, session_episode
+from rlpost.rollout.agent.sessions import Session
 from rlpost.rollout.base import SamplingConfig
 
 

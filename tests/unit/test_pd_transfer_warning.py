@@ -57,16 +57,18 @@ def _group(longest_prompt: int, counters: list[tuple[float, float]]):
     pytest.importorskip("ray")
     from rlpost.rollout.router import Router
 
-    from rlpost.serving.rollout_group import RolloutGroup, _Pool
+    from rlpost.serving.pools import Pool
+    from rlpost.serving.replica_stats import ReplicaStats
+    from rlpost.serving.rollout_group import RolloutGroup
 
     spec = KVTransferSpec("ExampleConnector", "kv_consumer", "/tmp/kv")
     side = SimpleNamespace(block_size=32, kv_transfer=spec)
     group = RolloutGroup.__new__(RolloutGroup)
     group.pd = PDEngineConfig(side, side, 1, 1)
-    group.pools = [_Pool("prefill", 0, Router(1)), _Pool("decode", 1, Router(1))]
+    group.pools = [Pool("prefill", 0, Router(1)), Pool("decode", 1, Router(1))]
     group.restarts = [0, 0]
-    group._last_cache = [(0.0,) * 4] * 2
-    group._longest_prompt, group._warned_no_transfer = longest_prompt, False
+    group._stats = ReplicaStats(2, group.pd)
+    group._stats.saw_prompt(longest_prompt)
     calls = iter(counters)
 
     def call_live(method: str) -> dict:
@@ -82,7 +84,7 @@ def _group(longest_prompt: int, counters: list[tuple[float, float]]):
 def test_a_step_that_moves_no_kv_warns_once_with_the_reason(caplog):
     # Three steps of 9-token prompts: 72 prompt tokens computed per step, none loaded.
     group = _group(9, [(72.0, 0.0), (144.0, 0.0), (216.0, 0.0)])
-    with caplog.at_level(logging.WARNING, logger="rlpost.serving.rollout_group"):
+    with caplog.at_level(logging.WARNING, logger="rlpost.serving.replica_stats"):
         rates = [group.stats()["rollout/pd/kv_transfer_rate"] for _ in range(3)]
     assert rates == [0.0, 0.0, 0.0]
     (warning,) = [r.getMessage() for r in caplog.records]  # once, not every step
@@ -95,7 +97,7 @@ def test_a_step_that_moves_no_kv_warns_once_with_the_reason(caplog):
 
 def test_long_prompts_that_move_no_kv_point_at_the_connector(caplog):
     group = _group(80, [(160.0, 0.0)])
-    with caplog.at_level(logging.WARNING, logger="rlpost.serving.rollout_group"):
+    with caplog.at_level(logging.WARNING, logger="rlpost.serving.replica_stats"):
         group.stats()
     (warning,) = [r.getMessage() for r in caplog.records]
     assert "although prompts of up to 80 tokens (rollout.block_size=32)" in warning
@@ -105,6 +107,6 @@ def test_long_prompts_that_move_no_kv_point_at_the_connector(caplog):
 def test_a_step_that_moves_kv_warns_nothing(caplog):
     # 160 uncached tokens, 128 from the connector: rate 0.8.
     group = _group(80, [(160.0, 128.0)])
-    with caplog.at_level(logging.WARNING, logger="rlpost.serving.rollout_group"):
+    with caplog.at_level(logging.WARNING, logger="rlpost.serving.replica_stats"):
         assert group.stats()["rollout/pd/kv_transfer_rate"] == pytest.approx(0.8)
     assert not caplog.records

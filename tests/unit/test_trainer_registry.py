@@ -16,7 +16,9 @@ def test_configs_name_their_trainer():
     assert FSDPEngineConfig.trainer == "fsdp"
     assert MegatronEngineConfig.trainer == "megatron"
     # a class attribute, not a field: the checkpoint's engine.json does not change
-    assert "trainer" not in dataclasses.asdict(FSDPEngineConfig(model_path="unused"))
+    assert "trainer" not in dataclasses.asdict(
+        FSDPEngineConfig(model_path="unused", lr=1e-3, lr_warmup_steps=0)
+    )
 
 
 def test_every_entry_names_a_class():
@@ -27,7 +29,7 @@ def test_every_entry_names_a_class():
 
 
 def test_unknown_names_list_the_choices():
-    cfg = FSDPEngineConfig(model_path="unused")
+    cfg = FSDPEngineConfig(model_path="unused", lr=1e-3, lr_warmup_steps=0)
     with pytest.raises(KeyError, match=r"unknown trainer 'jax'.*\['fsdp', 'megatron'\]"):
         build_engine("jax", "policy", cfg, 0, 1, "tcp://127.0.0.1:1")
     with pytest.raises(KeyError, match=r"no 'reward' engine; it has \['critic', 'policy', 're"):

@@ -1,0 +1,105 @@
+"""The OpenAI chat format as the endpoint reads and writes it: request messages
+normalised for the chat template and the history match, an assistant message's
+tool calls sent back as OpenAI sends them, and the error a refused request returns
+(an OpenAI-style body with its HTTP status)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+class RequestError(Exception):
+    """A request the endpoint refuses: an OpenAI-style error body and HTTP status."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None
+    ):
+        super().__init__(message)
+        self.status, self.param, self.code = status, param, code
+
+    def body(self) -> dict:
+        kind = {401: "authentication_error", 404: "not_found_error"}.get(
+            self.status, "invalid_request_error" if self.status < 500 else "server_error"
+        )
+        return {
+            "error": {"message": str(self), "type": kind, "param": self.param, "code": self.code}
+        }
+
+
+def normalise_message(message: Any, where: str) -> dict:
+    """A request message in the form the chat template and the history match use:
+    text content (``None`` -> ``""``, text parts joined), tool-call arguments parsed
+    from their JSON string into a dict."""
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise RequestError(400, f"{where} must be an object with a 'role'", "messages")
+    out: dict[str, Any] = {"role": message["role"], "content": _text(message.get("content"), where)}
+    for key in ("name", "tool_call_id"):
+        if message.get(key) is not None:
+            out[key] = message[key]
+    calls = message.get("tool_calls")
+    if calls:
+        if not isinstance(calls, list):
+            raise RequestError(400, f"{where}.tool_calls must be a list", "messages")
+        out["tool_calls"] = [_tool_call(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(calls)]
+    return out
+
+
+def _text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise RequestError(
+                    400, f"{where}.content: only text parts are supported, got {kind!r}", "messages"
+                )
+            texts.append(str(part.get("text", "")))
+        return "".join(texts)
+    raise RequestError(400, f"{where}.content must be a string or a list of text parts", "messages")
+
+
+def _tool_call(call: Any, where: str) -> dict:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise RequestError(400, f"{where} must hold a function with a name", "messages")
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            pass  # kept as the string the agent sent; the template renders it as it is
+    return {
+        "id": call.get("id"),
+        "type": "function",
+        "function": {"name": fn["name"], "arguments": args},
+    }
+
+
+def comparable(message: dict) -> tuple:
+    """What two messages must share to be the same turn of a chat: role, text, and
+    tool calls by name and arguments (ids left out)."""
+    calls = tuple(
+        (c["function"]["name"], json.dumps(c["function"]["arguments"], sort_keys=True))
+        for c in message.get("tool_calls") or []
+    )
+    return message["role"], message.get("content") or "", calls
+
+
+def openai_tool_calls(message: dict) -> list[dict]:
+    """An assistant message's tool calls as OpenAI sends them: arguments a JSON string."""
+    return [
+        {
+            "id": c["id"],
+            "type": "function",
+            "function": {
+                "name": c["function"]["name"],
+                "arguments": json.dumps(c["function"]["arguments"]),
+            },
+        }
+        for c in message.get("tool_calls") or []
+    ]

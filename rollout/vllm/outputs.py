@@ -1,0 +1,59 @@
+"""Between rlpost's requests and vLLM's: a ``GenerationResult`` from a vLLM
+``RequestOutput``, an ``n``-sample request as ``n`` one-sample requests, and a
+request continued after a weight load interrupted it (partial rollout)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from rlpost.rollout.base import Completion, GenerationRequest, GenerationResult, SamplingConfig
+
+
+@dataclass
+class Interrupted:
+    """What a request sampled before a weight load stopped it."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+def child_sampling(s: SamplingConfig, i: int) -> SamplingConfig:
+    """Sample ``i`` of ``n`` as a request of its own (vLLM seeds child ``i`` ``seed + i``)."""
+    return replace(s, n=1, seed=None if s.seed is None else s.seed + i)
+
+
+def continuation(request: GenerationRequest, ids: list[int], segment: int) -> GenerationRequest:
+    """``request`` continued after ``ids``: they join the prompt and count against
+    its token limits; a seeded request draws a fresh stream per segment."""
+    if not ids:
+        return request
+    s = request.sampling
+    sampling = replace(
+        s,
+        max_tokens=s.max_tokens - len(ids),
+        min_tokens=max(0, s.min_tokens - len(ids)),
+        seed=None if s.seed is None else s.seed + 1_000_003 * segment,
+    )
+    return replace(request, prompt_ids=request.prompt_ids + ids, sampling=sampling)
+
+
+def to_result(request: GenerationRequest, out: Any, tokenizer: Any) -> GenerationResult:
+    """vLLM's finished ``out`` for ``request``: each sample's ids, log-probs and text."""
+    completions = []
+    all_ids = [list(c.token_ids) for c in out.outputs]
+    texts = tokenizer.batch_decode(all_ids, skip_special_tokens=True)
+    for c, ids, text in zip(out.outputs, all_ids, texts, strict=True):
+        # logprobs=0 returns the sampled token's log-prob at every position.
+        lps = [step[tok].logprob for step, tok in zip(c.logprobs or [], ids) if step]
+        completions.append(
+            Completion(
+                token_ids=ids,
+                logprobs=lps,
+                text=text,
+                finish_reason="length" if c.finish_reason == "length" else "stop",
+            )
+        )
+    # With images the engine expanded their placeholders: its prompt ids are the real ones.
+    prompt = out.prompt_token_ids if request.images else request.prompt_ids
+    return GenerationResult(prompt_ids=list(prompt), completions=completions)
