@@ -194,3 +194,16 @@ def current_device(name: str) -> Any:
     if module is None:
         return torch.device("cpu")
     return torch.device(name, module.current_device())
+
+
+def weight_group_backend(device: Any) -> str:
+    """The backend of a weight-transfer group between processes on ``device`` (a
+    ``torch.device`` or None for the CPU): gloo on the CPU, NCCL on CUDA. Ascend's
+    HCCL group is not built yet (``rollout.weight_sync=collective`` is refused
+    there before a run starts)."""
+    kind_name = getattr(device, "type", CPU)
+    if kind_name == CUDA:
+        return KINDS[CUDA].backend
+    if kind_name == CPU:
+        return KINDS[CPU].backend
+    raise ValueError(f"no weight-transfer group for {kind_name} devices; use the object store")

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from rlpost.trainers import device as devices
 
 ALIGN = 64  # bytes: every tensor's offset in its bucket is a multiple of this
 DTYPES = {str(d).removeprefix("torch."): d for d in (
@@ -163,18 +164,18 @@ class SyncGroup:
         self.rank, self.world_size, self.backend = rank, world_size, backend
         self.device = device or torch.device("cpu")
         timeout = timedelta(seconds=timeout_s)
-        self.store = dist.TCPStore(
+        self.store: Any = dist.TCPStore(
             host, port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=False
         )
         prefixed = dist.PrefixStore(f"rlpost-weights-{generation}", self.store)
         if backend == "gloo":
             self.pg: Any = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
-        elif backend == "nccl":  # CUDA only; not run on the CPU test machines
+        elif backend == devices.kind(devices.CUDA).backend:  # CUDA; not run on the CPU here
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
             self.pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
         else:
-            raise ValueError(f"weight sync backend {backend!r}: expected gloo or nccl")
+            raise ValueError(f"weight sync backend {backend!r}: expected gloo (CPU) or CUDA's")
         self.plan: BucketPlan | None = None  # what the receiver last got, or the sender sent
 
     def broadcast(self, tensor: torch.Tensor) -> None:

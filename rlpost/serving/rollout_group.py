@@ -37,7 +37,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import ray
 
@@ -49,6 +49,9 @@ from rlpost.serving.pools import Pool, route, router_of
 from rlpost.serving.replica_stats import ReplicaStats
 from rlpost.workers import WORKER_ENV
 from rlpost.workers.rollout_worker import RolloutWorker
+
+if TYPE_CHECKING:
+    from rlpost.serving.weight_group import CollectiveSync
 
 log = logging.getLogger(__name__)
 QUIET = {"env_vars": WORKER_ENV}
@@ -114,6 +117,8 @@ class RolloutGroup:
         self._cls, self._configs, self._where = cls, configs, where
         self._threads, self._engine = threads, engine
         self._weights: Any = None
+        # The last collective weight sync's figures (rollout.weight_sync=collective).
+        self.weight_sync_metrics: dict[str, float] = {}
         self._adapter: Any = None
         self._version = 0
         # The policy version every replica serves (``load_weights``).
@@ -259,6 +264,21 @@ class RolloutGroup:
         self._call_live("load_weights", ref, self.policy_version, interrupt and self.pd is None)
         return time.perf_counter() - start
 
+    def load_weights_collective(
+        self,
+        sync: CollectiveSync,
+        trainer: Any,
+        version: int | None = None,
+        interrupt: bool = False,
+    ) -> dict[str, float]:
+        """``load_weights`` over the weight group (``rollout.weight_sync=collective``):
+        ``trainer`` (a ``TrainerGroup``) sends its weights to every replica's workers
+        in buckets, no copy in the object store. Returns the sync's figures."""
+        self._drain()
+        self._version += 1
+        self.policy_version = self.policy_version + 1 if version is None else version
+        return sync.sync(trainer, self.policy_version, interrupt and self.pd is None)
+
     def _drain(self) -> None:
         """PD mode: wait until every request sent so far has finished on both pools.
 
@@ -332,7 +352,10 @@ class RolloutGroup:
         self._resync(worker, start)
 
     def _resync(self, worker: int, start: float) -> None:
-        sync = self.workers[worker].resync.remote(self._weights, self._adapter, self.policy_version)
+        # Under rollout.weight_sync=collective no copy is kept: a zero-argument call
+        # gives the trainer's current weights through the object store.
+        weights = self._weights() if callable(self._weights) else self._weights
+        sync = self.workers[worker].resync.remote(weights, self._adapter, self.policy_version)
         self._restarting[worker] = (sync, self._version, start)
 
     def _poll_restarts(self, wait: bool = False) -> None:
@@ -421,7 +444,8 @@ class RolloutGroup:
         The first call in PD mode whose decode side computed prompt tokens and
         loaded none through the connector logs one warning with the reason."""
         engine_stats = self._call_live("stats")  # a replica restarting has none
-        return self._stats.metrics(engine_stats, self.pools, self.restarts)
+        metrics = self._stats.metrics(engine_stats, self.pools, self.restarts)
+        return {**metrics, **self.weight_sync_metrics}
 
     def reset_prefix_cache(self) -> None:
         """Empty every replica's prefix cache (e.g. between benchmark runs)."""

@@ -93,6 +93,29 @@ class RolloutWorker:
         self.version = version
         return time.perf_counter() - start
 
+    async def open_weight_group(
+        self, address: str, base_rank: int, world_size: int, generation: int, timeout_s: float
+    ) -> int:
+        """Join the trainer's weight group (``rollout.weight_sync=collective``) as rank
+        ``base_rank`` (and up, one per engine worker); returns how many ranks it took."""
+        open_group = getattr(self.engine, "open_weight_group", None)
+        if open_group is None:
+            raise ValueError(
+                f"{type(self.engine).__name__} cannot receive weights over a process group; "
+                "use rollout.weight_sync=object_store"
+            )
+        open_group(address.removeprefix("tcp://"), base_rank, world_size, generation, timeout_s)
+        return 1
+
+    async def receive_weights(self, version: int | None = None, interrupt: bool = False) -> float:
+        """Seconds until the weights rank 0 of the weight group sends are in, as
+        ``load_weights`` (``version``, ``interrupt``)."""
+        start = time.perf_counter()
+        version = self.version + 1 if version is None else version
+        await self.engine.areceive_weights(version=version, interrupt=interrupt)
+        self.version = version
+        return time.perf_counter() - start
+
     async def load_lora_adapter(
         self, adapter: Any, version: int | None = None, interrupt: bool = False
     ) -> float:

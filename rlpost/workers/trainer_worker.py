@@ -60,6 +60,34 @@ class TrainerWorker:
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.engine, method)(*args, **kwargs)
 
+    def open_weight_group(
+        self, address: str, world_size: int, generation: int, timeout_s: float
+    ) -> None:
+        """Rank 0 of the weight group shared with the rollout replicas' workers
+        (``rollout.weight_sync=collective``): its TCP store listens at ``address``
+        (``tcp://host:port``, from ``address()``). Blocks until every member joined."""
+        from rlpost.trainers.device import weight_group_backend
+        from rlpost.trainers.weight_sync import SyncGroup
+
+        host, _, port = address.removeprefix("tcp://").rpartition(":")
+        old = getattr(self, "weight_group", None)
+        if old is not None:
+            old.close()
+        device = getattr(self.engine, "device", None)
+        self.weight_group = SyncGroup(
+            host, int(port), 0, world_size, backend=weight_group_backend(device), timeout_s=timeout_s,
+            generation=generation, device=device if isinstance(device, torch.device) else None,
+        )  # fmt: skip
+
+    def send_weights(self, bucket_bytes: int) -> dict[str, int]:
+        """Every rank: gather the full weights (collective); rank 0 sends them over
+        the weight group in buckets of ``bucket_bytes``."""
+        named = self.engine.named_weights()
+        if named is None:  # not rank 0
+            return {}
+        stats = self.weight_group.send(iter(named), bucket_bytes)
+        return {"buckets": stats.buckets, "bytes": stats.bytes, "peak": stats.peak_bucket_bytes}
+
 
 class TrainerGroup:
     """``world_size`` ranks of one engine kind (``policy`` or ``critic``); data-parallel
@@ -163,6 +191,22 @@ class TrainerGroup:
         refs = [w.call.remote("adapter_weights") for w in self.workers]
         _gather(refs[1:])
         return refs[0]
+
+    def open_weight_group(
+        self, world_size: int, generation: int, timeout_s: float
+    ) -> tuple[str, ray.ObjectRef]:
+        """The weight group's address on rank 0's node and the call that opens it
+        there (it returns once the replicas' workers have joined)."""
+        address = ray.get(self.workers[0].address.remote())
+        opened = self.workers[0].open_weight_group.remote(
+            address, world_size, generation, timeout_s
+        )
+        return address, opened
+
+    def send_weights(self, bucket_bytes: int) -> list[ray.ObjectRef]:
+        """Every rank gathers the weights, rank 0 sends them (``open_weight_group``);
+        the calls, rank 0's first (its bucket counts)."""
+        return [w.send_weights.remote(bucket_bytes) for w in self.workers]
 
     def weights_ref(self) -> ray.ObjectRef:
         """An object-store reference to rank 0's full weights (one copy, fetched by replicas)."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlpost.rollout.pd import KVTransferSpec
+from rlpost.trainers import device as devices
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ def engine_args(cfg: VLLMEngineConfig, image_limit: int) -> dict[str, Any]:
         logprobs_mode="processed_logprobs",
         worker_extension_cls="rlpost.rollout.vllm.worker_ext.WeightSyncExtension",
         disable_log_stats=False,  # the prefix-cache counter needs scheduler stats
+        use_tqdm_on_load=False,  # its own bar ignores TQDM_DISABLE; nothing to act on
     )
     if cfg.block_size is not None:
         kwargs["block_size"] = cfg.block_size
@@ -68,6 +70,8 @@ def engine_args(cfg: VLLMEngineConfig, image_limit: int) -> dict[str, Any]:
             kwargs["compilation_config"] = {"custom_ops": custom_ops}
     else:
         kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+    if cfg.device == devices.NPU:
+        kwargs.update(ascend_engine_args())
     if cfg.lora:
         kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=lora_slot(cfg.lora))
     return kwargs
@@ -101,3 +105,19 @@ def lora_slot(rank: int) -> int:
         if rank <= slot:
             return slot
     raise ValueError(f"LoRA rank {rank} is above vLLM's largest (512)")
+
+
+# What RL needs from vLLM on Ascend (vllm-ascend's platform plugin, which vLLM
+# picks up when it is installed). Not run here: no NPU was available.
+ASCEND_ENV = {
+    # Weights in Ascend's NZ layout lose precision when reloaded in place after an
+    # update; verl sets this too (verl/workers/rollout/vllm_rollout, 2026-01).
+    "VLLM_ASCEND_ENABLE_NZ": "0",
+}
+
+
+def ascend_engine_args() -> dict[str, Any]:
+    """Engine arguments for Ascend: eager mode, because a captured ACL graph keeps
+    the weights' addresses and an in-place weight update breaks its replay
+    (vllm-project/vllm-ascend RFC #10072; verl and ms-swift run eager for RL)."""
+    return {"enforce_eager": True}

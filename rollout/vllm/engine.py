@@ -26,9 +26,10 @@ from typing import Any
 import torch
 from rlpost.rollout.base import Completion, GenerationRequest, GenerationResult
 from rlpost.rollout.pd import clear_kv_store
-from rlpost.rollout.vllm.config import VLLMEngineConfig, engine_args
+from rlpost.rollout.vllm.config import ASCEND_ENV, VLLMEngineConfig, engine_args
 from rlpost.rollout.vllm.outputs import Interrupted, child_sampling, continuation, to_result
 from rlpost.rollout.vllm.stats import PrefixCacheCounter, no_prometheus
+from rlpost.trainers import device as devices
 
 
 class VLLMEngine:
@@ -43,6 +44,9 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if cfg.device == "cpu":
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_threads_bind
+        if cfg.device == devices.NPU:
+            for key, value in ASCEND_ENV.items():
+                os.environ.setdefault(key, value)
         from rlpost.trainers.hf_format import is_vision_language, placeholder_token_ids
         from transformers import PretrainedConfig
 
@@ -104,6 +108,35 @@ class VLLMEngine:
             raise RuntimeError("load_weights with requests in flight; use aload_weights")
         weights = [(name, t.detach().to("cpu").contiguous()) for name, t in named_tensors]
         self.engine.collective_rpc("rlpost_load_weights", args=(weights,))
+        self._weights_changed()
+
+    # -- weights over a process group of their own (rollout.weight_sync=collective) --
+
+    def open_weight_group(
+        self, address: str, base_rank: int, world_size: int, generation: int, timeout_s: float
+    ) -> None:
+        """Join the weight group whose rank 0 (the trainer) listens at ``address``
+        (``host:port``): each of this engine's workers as rank ``base_rank`` plus its
+        own rank. Blocks until every member has joined."""
+        self.engine.collective_rpc(
+            "rlpost_open_weight_group", args=(address, base_rank, world_size, generation, timeout_s)
+        )
+
+    def receive_weights(self) -> dict[str, int]:
+        """Load the weights rank 0 sends, bucket by bucket; call with no request in
+        flight. Returns the first worker's bucket counts."""
+        if self.engine.has_unfinished_requests():
+            raise RuntimeError("receive_weights with requests in flight; use areceive_weights")
+        stats = self.engine.collective_rpc("rlpost_receive_weights")[0]
+        self._weights_changed()
+        return stats
+
+    async def areceive_weights(self, version: int | None = None, interrupt: bool = False) -> None:
+        """``receive_weights`` between two engine steps, as ``aload_weights``."""
+        await self._paused(self.receive_weights, version=version, interrupt=interrupt)
+
+    def _weights_changed(self) -> None:
+        """Forget what the old weights computed."""
         # Cached prefixes, and KV a connector stored, were computed by the old weights.
         self.engine.reset_prefix_cache()
         if self._image_limit:
@@ -209,7 +242,7 @@ class VLLMEngine:
         )
 
     async def _paused(
-        self, change: Callable[[], None], version: int | None = None, interrupt: bool = False
+        self, change: Callable[[], object], version: int | None = None, interrupt: bool = False
     ) -> None:
         """Run ``change`` with no request in flight and none admitted meanwhile."""
         self._open.clear()

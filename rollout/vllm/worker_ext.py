@@ -5,6 +5,8 @@ Names are prefixed ``rlpost_`` so they never clash with the worker's own.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 # Parameters vLLM computes from loaded ones after loading, with no checkpoint name:
@@ -22,11 +24,44 @@ class WeightSyncExtension:
         name where it expects per-expert ones) raises, naming it, instead of leaving
         the rollout sampling from stale weights.
         """
+        return self._rlpost_reload(iter(named_tensors))
+
+    def rlpost_open_weight_group(
+        self, address: str, base_rank: int, world_size: int, generation: int, timeout_s: float
+    ) -> None:
+        """Join the weight group (``rlpost.trainers.weight_sync.SyncGroup``) as rank
+        ``base_rank`` plus this worker's rank in its engine; the trainer is rank 0."""
+        from rlpost.trainers.device import weight_group_backend
+        from rlpost.trainers.weight_sync import SyncGroup
+
+        host, _, port = address.rpartition(":")
+        old = getattr(self, "_rlpost_weight_group", None)
+        if old is not None:
+            old.close()
+        device = getattr(self, "device", None)
+        self._rlpost_weight_group = SyncGroup(
+            host, int(port), base_rank + int(getattr(self, "rank", 0)), world_size,
+            backend=weight_group_backend(device), timeout_s=timeout_s, generation=generation,
+            device=device if isinstance(device, torch.device) else None,
+        )  # fmt: skip
+
+    def rlpost_receive_weights(self) -> dict[str, int]:
+        """Reload from the buckets rank 0 broadcasts; the tensors go to the model's
+        loader as views of the bucket that holds them, one bucket at a time."""
+        from rlpost.trainers.weight_sync import SyncStats
+
+        stats = SyncStats()
+        self._rlpost_reload(self._rlpost_weight_group.receive(stats))
+        return {"buckets": stats.buckets, "bytes": stats.bytes, "peak": stats.peak_bucket_bytes}
+
+    def _rlpost_reload(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> int:
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
         if not any(name.endswith("lm_head") for name, _ in model.named_modules()):
             # A tied head without a module of its own (vLLM's Gemma 2 computes logits
             # from the embedding): the tied copy has nowhere to go, its twin does.
-            named_tensors = [(n, t) for n, t in named_tensors if not n.startswith("lm_head.")]
+            named_tensors = ((n, t) for n, t in named_tensors if not n.startswith("lm_head."))
+        given: list[str] = []
+        named_tensors = _counted(named_tensors, given)
         expected = {
             name.replace(".base_layer.", ".")
             for name, _ in model.named_parameters()
@@ -53,13 +88,21 @@ class WeightSyncExtension:
         _repack_cpu_experts(model)
         missing = sorted(expected - written) if checked else []
         if missing:
-            given = [name for name, _ in named_tensors[:3]]
             raise ValueError(
                 f"weight sync left {len(missing)} rollout parameter(s) unwritten, e.g. "
-                f"{missing[:5]}; the trainer sent {len(named_tensors)} tensors named like "
-                f"{given}: the names do not match what the engine's loader expects"
+                f"{missing[:5]}; the trainer sent {len(given)} tensors named like "
+                f"{given[:3]}: the names do not match what the engine's loader expects"
             )
-        return len(named_tensors)
+        return len(given)
+
+
+def _counted(
+    named_tensors: Iterator[tuple[str, torch.Tensor]], names: list[str]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The same tensors, each name recorded in ``names`` as it passes."""
+    for name, tensor in named_tensors:
+        names.append(name)
+        yield name, tensor
 
 
 def _repack_cpu_experts(model: torch.nn.Module) -> int:

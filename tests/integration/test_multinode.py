@@ -121,6 +121,8 @@ def test_fsdp_group_spans_both_nodes_and_trains(joined, cluster, tmp_path: Path)
         "trainer.world_size=2", "trainer.placement=separate",
         "trainer.placement_strategy=strict_spread", "trainer.lr=1e-2",
         "trainer.lr_warmup_steps=0", "reward=custom", f"reward.fn={reward}:score",
+        # the weights go to the replica over a weight group spanning the nodes
+        "rollout.weight_sync=collective", "rollout.weight_sync_bucket_mb=0.1",
     ]  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-m", "rlpost.main", *args],
@@ -144,8 +146,10 @@ def test_fsdp_group_spans_both_nodes_and_trains(joined, cluster, tmp_path: Path)
     assert len(steps) == STEPS
     assert all(math.isfinite(h["actor/loss"]) and h["actor/grad_norm"] > 0 for h in steps)
     assert all("val/reward_mean" in h for h in history)  # a custom reward: no accuracy
-    # The replica sampled from the weights the two ranks trained (sync across nodes).
+    # The replica sampled from the weights the two ranks trained (sync across nodes),
+    # sent in buckets over the weight group, not through the object store.
     assert max(h["rollout/logprob_abs_diff_max"] for h in steps) < 1e-3
+    assert all(h["rollout/weight_sync/buckets"] >= 3 for h in steps)
     # The update changed the policy that rank 0 gathered and saved.
     from transformers import AutoModelForCausalLM
 

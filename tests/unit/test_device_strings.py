@@ -47,3 +47,13 @@ def test_the_check_finds_what_it_forbids(tmp_path):
         assert FORBIDDEN.search(line), line
     for line in ("devices.set_device(devices.CUDA, 0)", "kind.backend", "# on CUDA"):
         assert not FORBIDDEN.search(line), line
+
+
+def test_vllm_on_ascend_runs_eager_with_the_nz_layout_off():
+    from rlpost.rollout.vllm.config import ASCEND_ENV, VLLMEngineConfig, engine_args
+
+    npu = engine_args(
+        VLLMEngineConfig(model_path="m", kv_cache_gib=1.0, device="npu", enforce_eager=False), 0
+    )
+    assert npu["enforce_eager"] is True and "kv_cache_memory_bytes" not in npu
+    assert ASCEND_ENV == {"VLLM_ASCEND_ENABLE_NZ": "0"}

@@ -68,6 +68,7 @@ def _group(longest_prompt: int, counters: list[tuple[float, float]]):
     group.pools = [Pool("prefill", 0, Router(1)), Pool("decode", 1, Router(1))]
     group.restarts = [0, 0]
     group._stats = ReplicaStats(2, group.pd)
+    group.weight_sync_metrics = {}
     group._stats.saw_prompt(longest_prompt)
     calls = iter(counters)
 

@@ -1,0 +1,145 @@
+"""The policy's weights to every replica over a process group of their own
+(``rollout.weight_sync=collective``), without a copy in Ray's object store.
+
+The group: rank 0 is the trainer's rank 0, ranks 1.. the replicas' engine
+workers (``rlpost.trainers.weight_sync.SyncGroup``: its own TCP store, gloo on
+the CPU, NCCL on CUDA, a timeout on every collective). It is opened at the
+first sync and opened again, under a new generation, whenever its members
+change: a replica restarted or left out.
+
+Faults keep the guarantees of the object-store path:
+
+- a replica that dies during a transfer is found by the failed collective; it
+  is restarted (``RolloutGroup._restart``), the group is made again without it
+  and the same weights are sent again to the others;
+- a restarted replica catches up from the trainer's current weights through
+  the object store (one copy, that once), as every replica did before; at the
+  next sync it is a member of the group again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+if TYPE_CHECKING:
+    from rlpost.serving.rollout_group import RolloutGroup
+    from rlpost.workers.trainer_worker import TrainerGroup
+
+log = logging.getLogger(__name__)
+
+
+def weight_sync_mode(setting: str, rollout_name: str, device_kind: str) -> str:
+    """What ``rollout.weight_sync`` means for this run: ``auto`` is ``collective``
+    on CUDA with vLLM (the GPU path, not measured on this project's CPU machines)
+    and the object store elsewhere."""
+    if setting != "auto":
+        return setting
+    from rlpost.trainers import device as devices
+
+    return (
+        "collective" if device_kind == devices.CUDA and rollout_name == "vllm" else "object_store"
+    )
+
+
+def collective_sync(cfg: Any, rollout: Any) -> CollectiveSync | None:
+    """The run's collective weight sync, or None where weights go through the
+    object store (``rollout.weight_sync``; a rollout group of another kind, e.g.
+    a test's stand-in, keeps the object store)."""
+    from rlpost.device import resolve_device
+    from rlpost.serving.rollout_group import RolloutGroup
+
+    r = cfg.rollout
+    mode = weight_sync_mode(r.weight_sync, r.name, resolve_device(cfg.trainer.device).kind)
+    if mode != "collective" or not isinstance(rollout, RolloutGroup):
+        return None
+    return CollectiveSync(rollout, r.weight_sync_bucket_mb, r.weight_sync_timeout_s)
+
+
+class CollectiveSync:
+    """Send ``trainer``'s weights to ``group``'s replicas, bucket by bucket."""
+
+    def __init__(self, group: RolloutGroup, bucket_mb: float, timeout_s: float):
+        self.group = group
+        self.bucket_bytes = max(1, int(bucket_mb * 2**20))
+        self.timeout_s = timeout_s
+        self.generation = -1
+        self.members: tuple[tuple[int, str], ...] = ()  # (replica, actor id) by rank 1..
+        self.rebuilds = 0  # groups made again after a member changed or died
+
+    def _live(self) -> tuple[tuple[int, str], ...]:
+        g = self.group
+        g._poll_restarts()
+        return tuple(
+            (i, w._actor_id.hex())
+            for i, w in enumerate(g.workers)
+            if i not in g._restarting and i not in g._left_out
+        )
+
+    def _open(self, trainer: TrainerGroup, members: tuple[tuple[int, str], ...]) -> None:
+        if self.generation >= 0:
+            self.rebuilds += 1
+        self.generation += 1
+        world = 1 + len(members)
+        address, opened = trainer.open_weight_group(world, self.generation, self.timeout_s)
+        joins = [
+            self.group.workers[i].open_weight_group.remote(
+                address, rank, world, self.generation, self.timeout_s
+            )
+            for rank, (i, _) in enumerate(members, start=1)
+        ]
+        ray.get([opened, *joins])
+        self.members = members
+
+    def sync(self, trainer: TrainerGroup, version: int, interrupt: bool) -> dict[str, float]:
+        """One sync as policy ``version``; returns bucket figures of the last
+        attempt (``rollout/weight_sync/*``)."""
+        g = self.group
+        g._weights = trainer.weights_ref  # what a restarted replica catches up from
+        for _ in range(2 + g.max_restarts * len(g.workers)):
+            members = self._live()
+            if not members:  # every replica is restarting: each catches up by itself
+                return {}
+            if members != self.members:
+                self._open(trainer, members)
+            start = time.perf_counter()
+            sends = trainer.send_weights(self.bucket_bytes)
+            receives = {
+                i: g.workers[i].receive_weights.remote(version, interrupt) for i, _ in members
+            }
+            died, failed = [], []
+            for i, ref in receives.items():
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as exc:
+                    if not g._is_current(i, exc):
+                        raise
+                    died.append(i)
+                    g._restart(i, exc)
+                except ray.exceptions.RayTaskError as exc:  # its collective failed
+                    failed.append(exc)
+            try:
+                sent = ray.get(sends)[0]
+            except ray.exceptions.RayTaskError as exc:
+                failed.append(exc)
+                sent = {}
+            if failed and not died:  # nobody died: a real error
+                raise failed[0]
+            if not died:
+                return {
+                    "rollout/weight_sync/buckets": float(sent.get("buckets", 0)),
+                    "rollout/weight_sync/mb": sent.get("bytes", 0) / 2**20,
+                    "rollout/weight_sync/peak_bucket_mb": sent.get("peak", 0) / 2**20,
+                    "rollout/weight_sync/seconds": time.perf_counter() - start,
+                    "rollout/weight_sync/rebuilds": float(self.rebuilds),
+                }
+            log.warning(
+                "rollout replica(s) %s died during a weight transfer; the weight group is "
+                "made again and the weights sent again",
+                died,
+            )
+            self.members = ()  # made again at the next attempt
+        raise RuntimeError("weight sync: replicas kept dying during the transfer")
