@@ -1,5 +1,6 @@
 """Pure tensor math for RL post-training: advantages, policy and value losses, KL,
-entropy, loss aggregation, sample filters and off-policy corrections. Imports torch only.
+entropy, loss aggregation, sample filters, off-policy corrections and on-policy
+distillation's advantage. Imports torch only.
 
 Importing the package imports every ``loss_*`` module, which registers its losses in
 ``POLICY_LOSSES``."""
@@ -19,6 +20,7 @@ from rlpost.algos.advantages import (
 )
 from rlpost.algos.aggregation import AGGREGATIONS, aggregate, masked_mean
 from rlpost.algos.config import AdvantageConfig, LossNorm, OffPolicyConfig, PolicyLossConfig
+from rlpost.algos.distill import DistillConfig, opd_advantage
 from rlpost.algos.entropy import entropy_from_logits
 from rlpost.algos.filters import overlong_penalty, truncated_is_weight, zero_std_groups
 from rlpost.algos.kl import (
@@ -63,6 +65,7 @@ __all__ = [
     "PREFERENCE_LOSSES",
     "AdaptiveKLController",
     "AdvantageConfig",
+    "DistillConfig",
     "FixedKLController",
     "LossNorm",
     "OffPolicyConfig",
@@ -91,6 +94,7 @@ __all__ = [
     "last_token_rewards",
     "masked_mean",
     "masked_whiten",
+    "opd_advantage",
     "overlong_penalty",
     "ppo_clip_loss",
     "register_advantage",

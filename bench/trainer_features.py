@@ -64,7 +64,9 @@ def main() -> None:
         "| --- | --- | --- | --- |",
     ]
     for name, kw in ROWS.items():
-        cfg = FSDPEngineConfig(model_path=model, micro_batch_size=16, lr=1e-4, lr_warmup_steps=0, **kw)
+        cfg = FSDPEngineConfig(
+            model_path=model, micro_batch_size=16, lr=1e-4, lr_warmup_steps=0, **kw
+        )
         eng = FSDPEngine(cfg, 0, 1, "tcp://127.0.0.1:29581")
         b.old_logp_bt = eng.logprobs(b)
         times = []

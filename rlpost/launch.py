@@ -107,8 +107,9 @@ class Launch:
         return self.trainer_group("policy", engine_cfg, wcfg.trainer.world_size)
 
     def build_trainers(self, model_path: str) -> TrainerGroups:
-        """Policy, reference and critic groups; first closes any from before (the
-        controller rebuilds them all when a rank dies)."""
+        """Policy, reference, critic and teacher groups (those the plan's roles name);
+        first closes any from before (the controller rebuilds them all when a rank
+        dies)."""
         for group in self.trainers:
             group.close()
         self.trainers.clear()
@@ -119,7 +120,9 @@ class Launch:
                 role, engine_cfg, self.cfg.trainer.world_size, self.plan.engine_kind(role)
             )
             self.trainers.append(groups[role])
-        return groups["policy"], groups.get("reference"), groups.get("critic")
+        return (
+            groups["policy"], groups.get("reference"), groups.get("critic"), groups.get("teacher")
+        )  # fmt: skip
 
     def reward_members(self) -> list[tuple[str, Any]]:
         """``reward.model``'s worker and ``reward.judge``'s engine, each started on its
@@ -225,7 +228,7 @@ class Launch:
             scheduling=self.placement.scheduling("rollout"),
             wait=False,
         )
-        policy, reference, critic = self.build_trainers(model_path)
+        policy, reference, critic, teacher = self.build_trainers(model_path)
         self.rollout.wait_ready()
         t = cfg.trainer
         from rlpost.config.compose import to_dict
@@ -237,7 +240,7 @@ class Launch:
             example = plan.train_rows[0] if plan.train_rows else None
             agent = self.agent = AgentRollout(cfg, self.rollout, tokenizer, example)
         return Controller(
-            plan, self.run_dir, Workers(policy, self.rollout, reference, critic), tokenizer,
+            plan, self.run_dir, Workers(policy, self.rollout, reference, critic, teacher), tokenizer,
             self.scorer, self.tracker, rebuild_trainers=lambda: self.build_trainers(model_path),
             stop_requested=self.stop.requested if self.stop is not None else None,
             agent=agent,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
+from rlpost.config.distill_checks import distill_checks
 from rlpost.config.groups import PREFERENCE_PRESETS
 from rlpost.config.preference_checks import preference_checks
 
@@ -19,7 +20,7 @@ def cross_checks(cfg: Config) -> list[str]:
     by the schema); every problem is reported, not only the first."""
     checks = (
         algo_checks, rollout_checks, data_checks, agent_checks, trainer_checks, async_checks,
-        eval_checks, preference_checks,
+        eval_checks, preference_checks, distill_checks,
     )  # fmt: skip
     return [problem for check in checks for problem in check(cfg)]
 
@@ -87,6 +88,17 @@ def rollout_checks(cfg: Config) -> list[str]:
             "no adapter to send; set model.lora.rank (e.g. model.lora.rank=8) or drop "
             "rollout.lora_sync=adapter"
         )
+    if cfg.rollout.weight_sync == "collective":
+        if cfg.rollout.name != "vllm":
+            problems.append(
+                f"rollout.weight_sync=collective: rollout.name={cfg.rollout.name} loads weights "
+                "only through the object store; use rollout.weight_sync=object_store (or auto)"
+            )
+        if cfg.trainer.device == "npu":
+            problems.append(
+                "rollout.weight_sync=collective: no HCCL weight group on Ascend yet; use "
+                "rollout.weight_sync=object_store (or auto)"
+            )
     pd = cfg.rollout.pd
     if pd.enabled:
         total = pd.prefill_replicas + pd.decode_replicas

@@ -1,14 +1,26 @@
 """The run config's schema: one frozen dataclass per Hydra group, validated by
 ``rlpost.config.schema``; ``Config`` holds them all. The task side (data,
-reward, eval) is in ``rlpost.config.task_groups``."""
+reward, eval) is in ``rlpost.config.task_groups``, the algorithm group's parts
+in ``rlpost.config.algo_groups``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rlpost.config.algo_groups import (
+    AdvantageSchema,
+    DPOSchema,
+    DynamicSamplingSchema,
+    KLSchema,
+    OffPolicySchema,
+    OPDSchema,
+    OverlongSchema,
+    PolicyLossSchema,
+    RMSchema,
+)
 from rlpost.config.schema import spec
-from rlpost.config.task_groups import DataConfig, EvalConfig, RewardConfig
+from rlpost.config.task_groups import DataConfig, EvalConfig, RewardConfig, TeacherConfig
 
 GROUPS = ("algo", "model", "rollout", "trainer", "data", "reward", "agent")
 
@@ -27,152 +39,11 @@ ALGO_PRESETS = (
     "sft",
     "dpo",
     "rm",
+    "opd",
 )
 # Offline presets that train on preference pairs (rlpost.loop.preference).
 PREFERENCE_PRESETS = ("dpo", "rm")
 PREFERENCE_LOSS_NAMES = ("sigmoid", "ipo", "hinge", "simpo", "orpo")
-AGGREGATIONS = (
-    "token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-)
-KL_TYPES = ("k1", "k2", "k3", "abs")
-
-
-@dataclass(frozen=True)
-class AdvantageSchema:
-    estimator: str = spec(
-        "grpo",
-        help="grpo, rloo, reinforce_pp, reinforce_pp_baseline, gae, gdpo, or a registered name",
-    )
-    norm_by_std: bool = spec(True, help="grpo: divide by the group std (false: Dr.GRPO)")
-    eps: float = spec(1e-6, gt=0, help="added to standard deviations")
-    gamma: float = spec(1.0, ge=0, le=1, help="discount (gae, reinforce_pp)")
-    lam: float = spec(0.95, ge=0, le=1, help="GAE lambda")
-
-
-@dataclass(frozen=True)
-class PolicyLossSchema:
-    name: str = spec(
-        "ppo_clip",
-        help="ppo_clip, gspo, cispo, sapo, geo_mean (= gmpo), clip_cov, kl_cov, or a registered name",
-    )
-    clip_low: float = spec(
-        0.2,
-        ge=0,
-        le=1,
-        help="lower clip: ratio >= 1 - clip_low (1: no lower bound; geo_mean: log-ratio >= -clip_low)",
-    )
-    clip_high: float = spec(
-        0.2,
-        ge=0,
-        help="upper clip: ratio <= 1 + clip_high (DAPO: > clip_low; geo_mean: log-ratio <= clip_high)",
-    )
-    clip_c: float | None = spec(None, help="dual-clip bound for negative advantages (null = off)")
-    agg: str = spec(
-        "token-mean", choices=AGGREGATIONS, help="loss aggregation over the global batch"
-    )
-    tau_pos: float = spec(1.0, gt=0, help="sapo: gate temperature for positive advantages")
-    tau_neg: float = spec(1.05, gt=0, help="sapo: gate temperature for negative advantages")
-    clip_cov_ratio: float = spec(
-        2e-4, gt=0, le=1, help="clip_cov: share of a micro-batch's tokens whose gradient is dropped"
-    )
-    clip_cov_lb: float = spec(1.0, help="clip_cov: lower end of the covariance band")
-    clip_cov_ub: float = spec(5.0, help="clip_cov: upper end of the covariance band")
-    kl_cov_ratio: float = spec(
-        2e-4, gt=0, le=1, help="kl_cov: share of a micro-batch's tokens given the KL term"
-    )
-    ppo_kl_coef: float = spec(
-        1.0, ge=0, help="kl_cov: coefficient of abs(log ratio) on those tokens"
-    )
-
-
-@dataclass(frozen=True)
-class KLSchema:
-    loss_coef: float = spec(0.0, ge=0, help="KL-to-reference loss coefficient (0 = off)")
-    loss_type: str = spec("k3", choices=KL_TYPES, help="estimator in the loss")
-    reward_coef: float = spec(0.0, ge=0, help="KL penalty in the reward (0 = off)")
-    reward_type: str = spec("k1", choices=KL_TYPES, help="estimator in the reward")
-    adaptive: bool = spec(False, help="adapt reward_coef towards target (Ziegler et al. 2019)")
-    target: float = spec(0.1, gt=0, help="adaptive controller's target KL")
-    horizon: float = spec(10000.0, gt=0, help="adaptive controller's horizon (samples)")
-
-
-@dataclass(frozen=True)
-class DynamicSamplingSchema:
-    enabled: bool = spec(False, help="DAPO: drop groups whose rewards all agree, refill")
-    max_rounds: int = spec(
-        3, ge=1, help="generation rounds per step before training on what is kept"
-    )
-
-
-@dataclass(frozen=True)
-class OverlongSchema:
-    enabled: bool = spec(False, help="DAPO: penalise completions near rollout.max_tokens")
-    buffer: int = spec(4, ge=1, help="penalty ramps linearly over the last `buffer` tokens")
-    factor: float = spec(1.0, ge=0, help="scale of the penalty (-factor beyond the limit)")
-
-
-@dataclass(frozen=True)
-class OffPolicySchema:
-    name: str = spec(
-        "token_is",
-        help="correction for tokens the rollout sampled off the trainer's policy: none, token_is, "
-        "seq_is, decoupled, icepop, mis, opsm, or a registered name (docs/algorithms.md)",
-    )
-    is_cap: float = spec(
-        2.0,
-        gt=0,
-        help="C: token_is min(rho_t, C), seq_is min(prod rho_t, C), decoupled drops tokens with rho_t > C "
-        "(verl rollout_is_threshold)",
-    )
-    lo: float | None = spec(
-        None,
-        gt=0,
-        help="icepop, mis: lower ratio kept (verl rollout_rs_threshold_lower; null: 1 / hi)",
-    )
-    hi: float = spec(2.0, gt=0, help="icepop, mis: upper ratio kept (verl rollout_rs_threshold)")
-    delta: float = spec(
-        1e-3,
-        ge=0,
-        help="opsm: a negative-advantage sample whose mean log(pi_rollout / pi) exceeds this is masked",
-    )
-
-
-@dataclass(frozen=True)
-class DPOSchema:
-    """``algo=dpo``: the preference loss and its settings (docs/preference.md)."""
-
-    loss: str = spec(
-        "sigmoid",
-        help="sigmoid (DPO), ipo, hinge (SLiC), simpo (reference-free, length-normalised), orpo (odds ratio + NLL, reference-free), or a registered name",
-    )
-    beta: float = spec(
-        0.1, gt=0, help="KL strength (sigmoid, ipo, hinge); reward scale (simpo); lambda (orpo)"
-    )
-    label_smoothing: float = spec(
-        0.0,
-        ge=0,
-        le=0.5,
-        help="share of flipped labels assumed, below 0.5 (conservative DPO; sigmoid only)",
-    )
-    simpo_gamma: float = spec(0.5, help="simpo: target reward margin gamma")
-    precompute_ref: bool = spec(
-        False,
-        help="the reference log-probs of every pair once at the start, instead of per batch (saves a forward pass a step)",
-    )
-
-
-@dataclass(frozen=True)
-class RMSchema:
-    """``algo=rm``: a Bradley-Terry reward model on the policy's backbone."""
-
-    center_rewards_coef: float = spec(
-        0.0,
-        ge=0,
-        help="weight of mean((r_c + r_r)^2), keeping rewards near 0 (TRL's center_rewards_coefficient)",
-    )
 
 
 @dataclass(frozen=True)
@@ -197,6 +68,11 @@ class AlgoConfig:
     mini_batches: int = spec(1, ge=1, help="optimizer steps per pass over the batch")
     dpo: DPOSchema = field(default_factory=DPOSchema)
     rm: RMSchema = field(default_factory=RMSchema)
+    opd: OPDSchema = field(default_factory=OPDSchema)
+
+    @property
+    def needs_teacher(self) -> bool:
+        return self.name == "opd"
 
     @property
     def needs_critic(self) -> bool:
@@ -297,6 +173,16 @@ class PDConfig:
 class RolloutConfig:
     lora_sync: Literal["merged", "adapter"] = spec(
         "merged", help="with model.lora: send merged weights, or the adapter itself (vLLM LoRA)"
+    )
+    weight_sync: Literal["auto", "object_store", "collective"] = spec(
+        "auto",
+        help="how weights reach the replicas: object_store (one copy in Ray's object store), collective (buckets over a process group of their own: gloo on CPU, NCCL on CUDA); auto: collective on CUDA with vLLM, else object_store",
+    )
+    weight_sync_bucket_mb: float = spec(
+        512.0, gt=0, help="rollout.weight_sync=collective: bucket size; each side holds one more"
+    )
+    weight_sync_timeout_s: float = spec(
+        120.0, gt=0, help="rollout.weight_sync=collective: longest wait of one transfer step"
     )
     name: Literal["vllm", "hf", "sglang"] = spec(
         "vllm",
@@ -553,6 +439,7 @@ class Config:
     agent: AgentConfig = field(default_factory=AgentConfig)
     async_: AsyncConfig = field(default_factory=AsyncConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
 
 
 SCHEMAS: dict[str, type] = {
@@ -565,8 +452,9 @@ SCHEMAS: dict[str, type] = {
     "agent": AgentConfig,
     "async": AsyncConfig,
     "eval": EvalConfig,
+    "teacher": TeacherConfig,
 }
 # Groups whose Config field is named differently (a Python keyword).
 FIELDS = {"async": "async_"}
 # Groups that may be left out of a config (newer than the rest; they have defaults).
-OPTIONAL_GROUPS = ("agent", "async", "eval")
+OPTIONAL_GROUPS = ("agent", "async", "eval", "teacher")

@@ -1,6 +1,7 @@
 """The task side of the run config: the data a run trains on (``data``), how its
-samples are scored (``reward``: functions, a reward model, a judge) and how a
-trained model is evaluated (``eval``). The other groups and ``Config`` are in
+samples are scored (``reward``: functions, a reward model, a judge; ``teacher``:
+``algo=opd``'s teacher, which scores them token by token) and how a trained model
+is evaluated (``eval``). The other groups and ``Config`` are in
 ``rlpost.config.groups``."""
 
 from __future__ import annotations
@@ -151,3 +152,14 @@ class EvalConfig:
         help="folder for eval.json and eval.md (null: <model.path>/eval for a local model, else outputs/eval-<time>)",
     )
     max_prompts: int = spec(0, ge=0, help="evaluate the first this many held-out rows (0: all)")
+
+
+@dataclass(frozen=True)
+class TeacherConfig:
+    """``algo=opd``: the model whose log-probs the student's samples are distilled
+    towards, run as a frozen trainer group placed like the reference policy."""
+
+    path: str | None = spec(
+        None,
+        help="algo=opd: the teacher's HF model directory or hub id (e.g. a GRPO run's run_dir/final); it may be larger than the student, but its tokenizer's vocabulary must be the student's",
+    )

@@ -2,15 +2,14 @@
 
 The controller holds no tensor math; it moves data between the rollout
 replica, the reward functions, ``algos`` and the training worker groups
-(policy, and where the algorithm needs them a frozen reference policy and a
-critic). Sending prompts and scoring samples is the ``Collector``'s
+(policy, and where the algorithm needs them a frozen reference policy, a
+critic and ``algo=opd``'s teacher, ``rlpost.loop.distill``). Sending prompts and scoring samples is the ``Collector``'s
 (``rlpost.loop.collect``); checkpoints, restarts and stops are the
 ``Recovery``'s (``rlpost.loop.recovery``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -26,8 +25,8 @@ from rlpost.data.images import row_images
 from rlpost.data.rows import PromptStream
 from rlpost.data.samples import rollout_batch
 from rlpost.data.tasks import task_correctness
-from rlpost.evaluation.metrics import validation_metrics
-from rlpost.loop.collect import Collector, Pending, Rollouts, sampled_versions
+from rlpost.loop.collect import Collector, Pending, Rollouts
+from rlpost.loop.distill import Distillation
 from rlpost.loop.preference import PreferenceSteps
 from rlpost.loop.recovery import Recovery
 from rlpost.loop.roles import TrainerGroups, Workers
@@ -37,15 +36,18 @@ from rlpost.loop.step_metrics import (
     logprob_parity,
     results_from_json,
     results_to_json,
+    staleness_metrics,
     whole_step,
 )
 from rlpost.loop.streaming import GroupProducer
 from rlpost.loop.tracking import Tracker
+from rlpost.loop.validation import held_out_metrics
 from rlpost.plan.algo import kl_controller
 from rlpost.plan.plan import RunPlan
 from rlpost.result import RunResult
 from rlpost.rewards.scoring import RewardScorer
-from rlpost.rollout.base import GenerationResult, SamplingConfig
+from rlpost.rollout.base import GenerationResult
+from rlpost.serving.weight_group import collective_sync
 from rlpost.trainers.batch import TrajectoryBatch
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,7 @@ class Controller:
         model's image processor (``rlpost.models.vl_inputs``)."""
         cfg = plan.cfg
         self.cfg, self.run_dir, self.workers = cfg, run_dir, workers
+        self.collective = collective_sync(cfg, workers.rollout)
         self.tokenizer, self.tracker = tokenizer, tracker
         self.val_rows = plan.val_rows
         self.agent, self.image_inputs = agent, image_inputs
@@ -102,6 +105,10 @@ class Controller:
                 cfg, workers, tokenizer, self.stream, self.val_rows, self.collector.request,
                 self.sync_weights,
             )  # fmt: skip
+        # algo=opd: the teacher's reverse KL is the advantage (rlpost.loop.distill)
+        self.distill: Distillation | None = None
+        if cfg.algo.needs_teacher:
+            self.distill = Distillation(cfg, workers, self.sampling.temperature)
         # the task's own correctness, for val/accuracy when the reward has none (a reward model)
         self.task_correctness = task_correctness(cfg.data.name)
 
@@ -423,6 +430,8 @@ class Controller:
             token_rewards_bt=token_rewards,
             values_bt=batch.old_values_bt,
         )
+        if self.distill is not None:  # the teacher scores the samples token by token
+            self.distill.apply(batch, metrics)
 
     def update_policy(self, batch: TrajectoryBatch) -> dict[str, float]:
         """The policy update; the off-policy correction of ``algo.off_policy`` is
@@ -454,86 +463,14 @@ class Controller:
         rollout = self.workers.rollout
         if self.cfg.model.lora.rank and self.cfg.rollout.lora_sync == "adapter":
             rollout.load_lora_adapter(self.workers.policy.adapter_ref(), self.version, interrupt)
+        elif self.collective is not None:
+            rollout.weight_sync_metrics = rollout.load_weights_collective(
+                self.collective, self.workers.policy, self.version, interrupt
+            )
         else:
             rollout.load_weights(self.workers.policy.weights_ref(), self.version, interrupt)
         return time.perf_counter() - start
 
     def validate(self, step: int) -> dict[str, float]:
-        """Greedy completions of the held-out prompts, scored by the reward:
-        ``val/reward_mean`` always, ``val/accuracy`` only where the reward has a
-        correctness signal (a named reward ``correctness``, as the built-in tasks'),
-        never a mean reward under another name; where the reward has none (a reward
-        model) on a built-in task, the task's own correctness gives ``val/accuracy``.
-        The preference presets add their held-out pairs' figures (``algo=rm``: those
-        alone). ``step``: the step it follows."""
-        start = time.perf_counter()
-        pairs = self.preference.validate() if self.preference is not None else {}
-        if self.preference is not None and not self.preference.generates:
-            return {**pairs, "timing/val_s": time.perf_counter() - start}
-        greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=self.sampling.max_tokens)
-        results = self.collector.request(self.val_rows, greedy, seed=None).result()
-        scores, metrics = self.collector.score(results, self.val_rows, repeat=1)
-        if self.samples.enabled:
-            self.samples.write(
-                "val", step, sample_rows(step, self.val_rows, results, scores, self.samples.limit)
-            )
-        sampled = self.validate_sampled() if self.cfg.trainer.val_n > 1 else {}
-        out = {
-            "val/reward_mean": float(scores["total"].mean()),
-            "val/reward_errors": metrics["reward/errors"],
-            "timing/val_s": time.perf_counter() - start,
-        }
-        if "correctness" in scores:
-            out["val/accuracy"] = float(scores["correctness"].mean())
-        elif self.task_correctness is not None:  # e.g. a reward model: the task's own check
-            texts = [c.text for r in results for c in r.completions]
-            right = [self.task_correctness(x, row) for x, row in zip(texts, self.val_rows)]
-            out["val/accuracy"] = sum(right) / max(len(right), 1)
-        if self.cfg.algo.name == "sft" and self.image_inputs is None:
-            out["val/nll"] = self.heldout_nll()
-        return {**out, **sampled, **pairs}
-
-    def validate_sampled(self) -> dict[str, float]:
-        """``trainer.val_n`` samples of each held-out prompt at the run's sampling
-        temperature: val/mean@n, val/pass@k, val/maj@<val_n> (``rlpost.evaluation``)."""
-        n = self.cfg.trainer.val_n
-        sampling = dataclasses.replace(self.sampling, n=n)
-        results = self.collector.request(self.val_rows, sampling, seed=None).result()
-        scores, _ = self.collector.score(results, self.val_rows, repeat=n)
-        return validation_metrics(
-            self.val_rows, results, scores, n, self.cfg.eval.correct_threshold,
-            self.collector.scorer,
-        )  # fmt: skip
-
-    def heldout_nll(self) -> float:
-        """SFT: the policy's token-mean negative log-likelihood of the held-out rows'
-        targets (their ``messages``' assistant turns, ``response``, else ``answer``),
-        the training loss's own measure on data it does not train on."""
-        from rlpost.data.samples import sft_batch
-
-        rows = [
-            r if "messages" in r or "response" in r else {**r, "response": str(r["answer"])}
-            for r in self.val_rows
-            if "messages" in r or "response" in r or "answer" in r
-        ]
-        batch = sft_batch(self.tokenizer, rows)
-        logp_bt = self.workers.policy.logprobs(batch, temperature=1.0)
-        mask_bt = batch.response_mask_bt.float()
-        return float(-(logp_bt * mask_bt).sum() / mask_bt.sum().clamp(min=1.0))
-
-
-def staleness_metrics(results: list[GenerationResult], version: int) -> dict[str, float]:
-    """How many updates behind the trainer (at ``version``) each sampled token is,
-    and the share of samples whose tokens span more than one version (partial
-    rollouts). ``rollout/staleness`` is the mean, as earlier releases reported it."""
-    lags = [version - v for v in sampled_versions(results) if v >= 0]
-    spans = [
-        len({v for v in (c.versions or []) if v >= 0}) > 1 for r in results for c in r.completions
-    ]
-    mean = sum(lags) / len(lags) if lags else 0.0
-    return {
-        "async/staleness_mean": mean,
-        "async/staleness_max": float(max(lags, default=0)),
-        "async/partial_frac": sum(spans) / len(spans) if spans else 0.0,
-        "rollout/staleness": mean,
-    }
+        """The held-out figures after ``step`` (``rlpost.loop.validation``)."""
+        return held_out_metrics(self, step)

@@ -49,7 +49,7 @@ class Recovery:
         stop_requested: Callable[[], int | None] | None = None,
     ):
         """``rebuild_trainers`` closes the trainer groups and starts new ones (policy,
-        reference, critic) after a rank died; ``stop_requested`` returns the signal
+        reference, critic, teacher) after a rank died; ``stop_requested`` returns the signal
         that asked the run to stop, polled between steps."""
         self.cfg, self.run_dir, self.workers = cfg, run_dir, workers
         self.stream, self.kl_ctl, self.tracker = stream, kl_ctl, tracker
@@ -163,7 +163,7 @@ class Recovery:
         trainer rank; a ``RunError`` naming ``trainer.max_restarts`` when the restarts
         are used up."""
         w = self.workers
-        groups = [g for g in (w.policy, w.reference, w.critic) if g is not None]
+        groups = [g for g in (w.policy, w.reference, w.critic, w.teacher) if g is not None]
         limit = self.cfg.trainer.max_restarts
         if self.rebuild_trainers is None or not any(g.owns(exc.actor_id) for g in groups):
             raise exc
@@ -179,7 +179,7 @@ class Recovery:
         self.trainer_restarts += 1
         start = time.perf_counter()
         log.warning("a trainer rank died; restart %d of %d: %s", self.trainer_restarts, limit, why)
-        w.policy, w.reference, w.critic = self.rebuild_trainers()
+        w.policy, w.reference, w.critic, w.teacher = self.rebuild_trainers()
         path = pick_checkpoint("auto", self.run_dir, self.cfg.trainer.keep_last)
         path = path or self.resumed_from
         step = self.restore(path) if path is not None else self.rewind()

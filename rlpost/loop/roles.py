@@ -14,6 +14,8 @@ class Workers:
     rollout: RolloutGroup
     reference: TrainerGroup | None = None
     critic: TrainerGroup | None = None
+    teacher: TrainerGroup | None = None  # algo=opd: the frozen teacher (teacher.path)
 
 
-TrainerGroups = tuple[TrainerGroup, TrainerGroup | None, TrainerGroup | None]
+# policy, reference, critic, teacher
+TrainerGroups = tuple[TrainerGroup, TrainerGroup | None, TrainerGroup | None, TrainerGroup | None]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from rlpost.loop.collect import sampled_versions
 from rlpost.rollout.base import Completion, GenerationResult
 from rlpost.trainers.batch import TrajectoryBatch
 
@@ -68,3 +69,20 @@ def results_from_json(rows: list[dict]) -> list[GenerationResult]:
     return [
         GenerationResult(r["prompt_ids"], [Completion(**c) for c in r["completions"]]) for r in rows
     ]
+
+
+def staleness_metrics(results: list[GenerationResult], version: int) -> dict[str, float]:
+    """How many updates behind the trainer (at ``version``) each sampled token is,
+    and the share of samples whose tokens span more than one version (partial
+    rollouts). ``rollout/staleness`` is the mean, as earlier releases reported it."""
+    lags = [version - v for v in sampled_versions(results) if v >= 0]
+    spans = [
+        len({v for v in (c.versions or []) if v >= 0}) > 1 for r in results for c in r.completions
+    ]
+    mean = sum(lags) / len(lags) if lags else 0.0
+    return {
+        "async/staleness_mean": mean,
+        "async/staleness_max": float(max(lags, default=0)),
+        "async/partial_frac": sum(spans) / len(spans) if spans else 0.0,
+        "rollout/staleness": mean,
+    }

@@ -9,6 +9,8 @@ from rlpost.config.groups import Config
 from rlpost.device import DeviceSpec, resolve_device
 from rlpost.workers.placement import cpu_threads
 
+FROZEN_ROLES = ("reference", "teacher")  # trainer groups that only compute log-probs
+
 
 def rollout_engine_config(cfg: Any, model_path: str, device_kind: str) -> Any:
     """The engine config for ``cfg.rollout.name`` from the run config."""
@@ -152,18 +154,19 @@ def trainer_engine_config(
     lr: float | None = None,
     lr_warmup_steps: int | None = None,
 ) -> Any:
-    """The engine config of trainer group ``role`` (policy, reference or critic):
-    the reference is a frozen policy, the critic has its own learning rate and
-    runs padded. ``lr`` and ``lr_warmup_steps`` override the role's (the warm-up's)."""
+    """The engine config of trainer group ``role`` (policy, reference, teacher or
+    critic): the reference and ``algo=opd``'s teacher are frozen policies, the critic
+    has its own learning rate and runs padded. ``lr`` and ``lr_warmup_steps``
+    override the role's (the warm-up's)."""
     from rlpost.trainers.fsdp import FSDPEngineConfig, LoraSettings
 
     t, m = cfg.trainer, cfg.model
     kind = "critic" if role == "critic" else "policy"
-    trainable = role != "reference"
+    trainable = role not in FROZEN_ROLES
     if lr is None:
         lr = t.critic_lr if role == "critic" else t.lr
     if lr_warmup_steps is None:
-        lr_warmup_steps = 0 if role == "reference" else t.lr_warmup_steps
+        lr_warmup_steps = 0 if role in FROZEN_ROLES else t.lr_warmup_steps
     if t.name == "megatron":
         return megatron_engine_config(
             cfg, model_path, lr, lr_warmup_steps, trainable, kind == "policy", device

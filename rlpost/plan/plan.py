@@ -30,6 +30,7 @@ from rlpost.plan.checks import (
 from rlpost.plan.engines import rollout_engine_config, trainer_engine_config
 from rlpost.plan.inputs import drop_long_prompts, load_data
 from rlpost.plan.pd_prompts import check_pd_prompts
+from rlpost.plan.teacher import check_teacher
 from rlpost.rewards.combine import (
     build_scorer,
     check_names,
@@ -43,7 +44,7 @@ from rlpost.rewards.reward_model import check_model_folder, check_reward_model
 from rlpost.rewards.scoring import call_plan
 
 log = logging.getLogger(__name__)
-ROLES = ("policy", "reference", "critic")
+ROLES = ("policy", "reference", "teacher", "critic")
 
 
 @dataclass
@@ -66,9 +67,12 @@ class RunPlan:
     @property
     def roles(self) -> tuple[str, ...]:
         """The trainer groups the algorithm needs. Under LoRA the reference is the
-        policy with its adapter disabled: no group of its own."""
+        policy with its adapter disabled: no group of its own. ``algo=opd``'s teacher
+        is a frozen group of its own model (``teacher.path``), placed like the
+        reference."""
         a, lora = self.cfg.algo, self.cfg.model.lora.rank > 0
         wanted = {"policy": True, "reference": a.needs_reference and not lora}
+        wanted["teacher"] = a.needs_teacher
         wanted["critic"] = a.needs_critic
         return tuple(r for r in ROLES if wanted[r])
 
@@ -80,7 +84,11 @@ class RunPlan:
         return "reward_model" if self.cfg.algo.name == "rm" else "policy"
 
     def trainer_engine(self, role: str, model_path: str, cfg: Config | None = None) -> Any:
-        """The engine config of trainer group ``role`` (``cfg``: the warm-up's own)."""
+        """The engine config of trainer group ``role`` (``cfg``: the warm-up's own); the
+        teacher's model is ``teacher.path``, not the student's ``model_path``."""
+        if role == "teacher":
+            assert self.cfg.teacher.path is not None
+            model_path = self.cfg.teacher.path
         return trainer_engine_config(cfg or self.cfg, role, model_path, self.device)
 
     @property
@@ -138,21 +146,11 @@ def check_judge(cfg: Config, specs: list[str], columns: set[str]) -> list[str]:
     return problems
 
 
-def build_plan(cfg: Config) -> RunPlan:
-    """Resolve and check everything ``cfg`` implies; a ``ConfigError`` lists every
-    problem found, so one run names them all."""
+def load_rewards(cfg: Config, specs: list[str]) -> tuple[list[RewardFn], list[str]]:
+    """The reward functions ``specs`` (``reward.fn``) name, loaded, and the problems
+    with them and with the reward model's settings (a function that fails to load
+    is left out of the list)."""
     problems: list[str] = []
-    device, found = check_device(cfg)
-    problems += found
-    try:
-        check_model_path(cfg)
-        problems += check_model_length(cfg)
-        problems += check_megatron_model(cfg)
-        if device is not None:
-            problems += check_lora_adapter(cfg, device.kind)
-    except ConfigError as exc:
-        problems += exc.problems
-    specs = reward_specs(cfg.reward.fn)
     reward_fns: list[RewardFn] = []
     if not specs and cfg.reward.model.path is None and cfg.reward.judge.path is None:
         problems.append(
@@ -172,6 +170,27 @@ def build_plan(cfg: Config) -> RunPlan:
             reward_fns.append(load_reward_fn(spec))
         except RewardError as exc:
             problems.append(f"reward.fn: {exc}")
+    return reward_fns, problems
+
+
+def build_plan(cfg: Config) -> RunPlan:
+    """Resolve and check everything ``cfg`` implies; a ``ConfigError`` lists every
+    problem found, so one run names them all."""
+    problems: list[str] = []
+    device, found = check_device(cfg)
+    problems += found
+    try:
+        check_model_path(cfg)
+        problems += check_model_length(cfg)
+        problems += check_megatron_model(cfg)
+        if device is not None:
+            problems += check_lora_adapter(cfg, device.kind)
+    except ConfigError as exc:
+        problems += exc.problems
+    problems += check_teacher(cfg)
+    specs = reward_specs(cfg.reward.fn)
+    reward_fns, found = load_rewards(cfg, specs)
+    problems += found
     rows: tuple[list[dict], list[dict], int] = ([], [], 0)
     try:
         rows = load_data(cfg)

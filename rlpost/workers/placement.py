@@ -8,7 +8,7 @@ fails with a message instead of starting half its workers and hanging.
 ``trainer.placement``:
 
 - ``colocated``: one placement group for every role (policy ranks first, then
-  reference, critic, rollout), so the strategy packs them together;
+  reference, teacher, critic, rollout), so the strategy packs them together;
 - ``separate``: one placement group per role, each placed on its own.
 
 ``trainer.placement_strategy`` is Ray's: ``pack`` puts a group's bundles on as
@@ -234,6 +234,8 @@ def bundles(cfg: Config, device_opts: dict[str, Any]) -> dict[str, list[dict[str
     out: dict[str, list[dict[str, float]]] = {"policy": [dict(rank) for _ in range(t.world_size)]}
     if cfg.algo.needs_reference:
         out["reference"] = [dict(rank) for _ in range(t.world_size)]
+    if cfg.algo.needs_teacher:  # algo=opd: a frozen group, placed like the reference
+        out["teacher"] = [dict(rank) for _ in range(t.world_size)]
     if cfg.algo.needs_critic:
         out["critic"] = [dict(rank) for _ in range(t.world_size)]
     out["rollout"] = [{"CPU": cfg.rollout.num_cpus, **device} for _ in range(cfg.rollout.replicas)]

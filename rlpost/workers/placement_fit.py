@@ -127,7 +127,7 @@ def remedies(cfg: Config, requested: Requested, nodes: list[dict[str, float]]) -
             (
                 "trainer.num_cpus_per_worker",
                 t.num_cpus_per_worker,
-                ("policy", "reference", "critic"),
+                ("policy", "reference", "teacher", "critic"),
             ),
             ("rollout.num_cpus", r.num_cpus, ("rollout",)),
         )

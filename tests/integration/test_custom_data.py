@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -205,6 +206,27 @@ def test_outputs_config_curves_and_trained_final_model(run):
     # Adam's first steps move each weight with a gradient by about lr = 1e-3.
     assert change > 1e-4, change
     assert all(torch.isfinite(v).all() for v in after.values())
+
+
+# What Ray, vLLM, Triton and torch print in a run that a user cannot act on; each
+# was in every run's console before the workers started quiet (WORKER_ENV, the
+# rollout worker's own vLLM logger, the private Ray's token-auth logger).
+NOISE = [
+    "Token authentication is",  # the private Ray's token-auth note
+    "doesn't include CPU backend",  # vLLM on Triton: "Triton is installed, but ..."
+    "FutureWarning",  # a deprecation inside vLLM's Triton dispatcher
+    "NUMA",  # torch's and vLLM's CPU binding notes
+    "Loading safetensors checkpoint shards",  # vLLM's own load bar (ignores TQDM_DISABLE)
+]
+
+
+def test_the_console_holds_no_notes_a_user_cannot_act_on(run):
+    assert run.proc.returncode == 0, run.output[-4000:]
+    for note in NOISE:
+        assert note not in run.output, (note, run.output[-4000:])
+    # nor vLLM's INFO/WARNING records from the workers ("INFO 12-01 23:45:22 [file.py:12] ...")
+    vllm_record = re.compile(r"Worker pid=\d+\).*\b(INFO|WARNING) \d\d-\d\d [\d:]{8} \[")
+    assert not [ln for ln in run.output.splitlines() if vllm_record.search(ln)]
 
 
 def test_wandb_logs_offline_under_the_run_dir(run):

@@ -17,7 +17,9 @@ def test_seeded_long_prompts_in_one_batch_are_reproducible(tmp_path):
     from rlpost.rollout.vllm.engine import VLLMEngine
 
     model = build_tiny_model("micro", tmp_path / "m", seed=0)
-    engine = VLLMEngine(VLLMEngineConfig(model_path=str(model), max_model_len=256, kv_cache_gib=1.0))
+    engine = VLLMEngine(
+        VLLMEngineConfig(model_path=str(model), max_model_len=256, kv_cache_gib=1.0)
+    )
     # 128 prompts x 150 tokens = 19,200 prompt tokens: several engine steps' worth
     prompts = [[5 + (j * 7 + i) % 90 for j in range(150)] for i in range(128)]
     requests = [

@@ -66,7 +66,11 @@ def test_rollout_logprobs_match_trainer_after_sync(cluster, tmp_path, kind):
         path = str(build_tiny_model("micro", tmp_path / "m", seed=0, init_std=0.3))
     tokenizer = AutoTokenizer.from_pretrained(path)
     trainer = TrainerGroup(
-        FSDPEngineConfig(model_path=path, lr=5e-2, lr_warmup_steps=0, micro_batch_size=8), 1, 1.0, 1, {}
+        FSDPEngineConfig(model_path=path, lr=5e-2, lr_warmup_steps=0, micro_batch_size=8),
+        1,
+        1.0,
+        1,
+        {},
     )
     actor = ray.remote(num_cpus=1)(RolloutWorker)
     rollout = actor.remote(VLLMEngineConfig(model_path=path, kv_cache_gib=0.0625), 1)

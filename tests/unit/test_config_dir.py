@@ -77,7 +77,7 @@ def test_help_lists_the_users_presets_and_the_search_path(user_dir, capsys):
     assert main(["--config-dir", str(user_dir), "--help"]) == 0
     out = capsys.readouterr().out
     (line,) = [x for x in out.splitlines() if x.strip().startswith("algo ")]
-    assert "grpo*, gspo, mine, ppo" in line
+    assert "grpo*, gspo, mine, opd, ppo" in line
     assert f"  {user_dir.resolve()}\n  {config_dir()}\n" in out
 
 
