@@ -20,31 +20,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(ROOT / "bench"))
+
+from timed_cli import timed_cli  # noqa: E402
+
 PROGRAM = "agent.program=examples/agents/openai_calculator.py:run"
 
 
 def run(name: str, extra: list[str], steps: int, out: Path, cache: Path) -> dict:
     run_dir = out / name
-    cmd = [
-        sys.executable, "-m", "rlpost.main", "algo=grpo", "agent=calculator",
-        f"trainer.total_steps={steps}", "trainer.val_every=0", "trainer.seed=0",
-        f"model.cache_dir={cache}", f"trainer.run_dir={run_dir}", *extra,
-    ]  # fmt: skip
-    start = time.perf_counter()
-    with open(out / f"{name}.log", "w") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                              env={**os.environ, "TQDM_DISABLE": "1"})  # fmt: skip
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"{name} failed ({proc.returncode}); see {out / name}.log")
+    wall = timed_cli([
+        "algo=grpo", "agent=calculator", f"trainer.total_steps={steps}", "trainer.val_every=0",
+        "trainer.seed=0", f"model.cache_dir={cache}", f"trainer.run_dir={run_dir}", *extra,
+    ], out, name)  # fmt: skip
     history = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     val = [h["val/accuracy"] for h in history if "val/accuracy" in h]
     trained = [h for h in history if h["step"] > 1]

@@ -26,30 +26,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(ROOT / "bench"))
+
+from timed_cli import timed_cli  # noqa: E402
+
 MARGIN = 0.05  # "within 5 points of the teacher"
 
 
 def run(name: str, args: list[str], steps: int, out: Path) -> tuple[list[dict], float]:
     """One CLI run; returns its metrics history and its wall seconds."""
     run_dir = out / name
-    cmd = [
-        sys.executable, "-m", "rlpost.main", *args, f"trainer.total_steps={steps}",
-        "trainer.val_every=10", "trainer.seed=0", f"trainer.run_dir={run_dir}",
-    ]  # fmt: skip
-    start = time.perf_counter()
-    with open(out / f"{name}.log", "w") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                              env={**os.environ, "TQDM_DISABLE": "1"})  # fmt: skip
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"{name} failed ({proc.returncode}); see {out / name}.log")
+    wall = timed_cli([
+        *args, f"trainer.total_steps={steps}", "trainer.val_every=10", "trainer.seed=0",
+        f"trainer.run_dir={run_dir}",
+    ], out, name)  # fmt: skip
     return read(run_dir), wall
 
 

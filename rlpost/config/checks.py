@@ -99,6 +99,19 @@ def rollout_checks(cfg: Config) -> list[str]:
                 "rollout.weight_sync=collective: no HCCL weight group on Ascend yet; use "
                 "rollout.weight_sync=object_store (or auto)"
             )
+    if cfg.rollout.sleep == "on":
+        if cfg.trainer.device == "cpu" or cfg.rollout.name != "vllm":
+            problems.append(
+                f"rollout.sleep=on: needs vLLM on an accelerator (trainer.device="
+                f"{cfg.trainer.device}, rollout.name={cfg.rollout.name}): vLLM's CPU build has "
+                "no sleep mode; use rollout.sleep=auto or off"
+            )
+        if cfg.trainer.async_mode != "sync":
+            problems.append(
+                f"rollout.sleep=on: trainer.async_mode={cfg.trainer.async_mode} generates while "
+                "it trains, so the replicas cannot sleep during the update; use "
+                "trainer.async_mode=sync or rollout.sleep=off"
+            )
     pd = cfg.rollout.pd
     if pd.enabled:
         total = pd.prefill_replicas + pd.decode_replicas

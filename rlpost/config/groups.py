@@ -181,6 +181,10 @@ class RolloutConfig:
     weight_sync_bucket_mb: float = spec(
         512.0, gt=0, help="rollout.weight_sync=collective: bucket size; each side holds one more"
     )
+    sleep: Literal["auto", "on", "off"] = spec(
+        "auto",
+        help="free the replicas' device memory during each update (vLLM sleep mode); auto: on when colocated on an accelerator in sync mode",
+    )
     weight_sync_timeout_s: float = spec(
         120.0, gt=0, help="rollout.weight_sync=collective: longest wait of one transfer step"
     )

@@ -25,8 +25,10 @@ from rlpost.data.images import row_images
 from rlpost.data.rows import PromptStream
 from rlpost.data.samples import rollout_batch
 from rlpost.data.tasks import task_correctness
+from rlpost.device import resolve_device
 from rlpost.loop.collect import Collector, Pending, Rollouts
 from rlpost.loop.distill import Distillation
+from rlpost.loop.memory import colocated_memory
 from rlpost.loop.preference import PreferenceSteps
 from rlpost.loop.recovery import Recovery
 from rlpost.loop.roles import TrainerGroups, Workers
@@ -73,6 +75,9 @@ class Controller:
         cfg = plan.cfg
         self.cfg, self.run_dir, self.workers = cfg, run_dir, workers
         self.collective = collective_sync(cfg, workers.rollout)
+        self.memory = colocated_memory(
+            cfg, resolve_device(cfg.trainer.device).kind, workers.rollout
+        )
         self.tokenizer, self.tracker = tokenizer, tracker
         self.val_rows = plan.val_rows
         self.agent, self.image_inputs = agent, image_inputs
@@ -303,6 +308,8 @@ class Controller:
         if self.cfg.algo.filter_truncated:
             metrics["response/filtered_truncated"] = self.filter_truncated(batch, rollouts.results)
 
+        if sync and self.memory is not None:  # the trainer has the device to itself
+            metrics.update(self.memory.before_training())
         t0 = time.perf_counter()
         self.compute_logprobs(batch, metrics, step)
         metrics["timing/logprob_s"] = time.perf_counter() - t0
@@ -326,7 +333,9 @@ class Controller:
         if self.updates_policy(step):
             metrics.update(self.update_policy(batch))
         self.version = step
-        if sync and self.updates_policy(step):
+        if sync and self.memory is not None:  # asleep replicas always take the weights back
+            metrics.update(self.memory.after_training(self.sync_weights))
+        elif sync and self.updates_policy(step):
             metrics["timing/weight_sync_s"] = self.sync_weights()
         tokens = float(batch.response_mask_bt.sum())
         metrics["perf/gen_tokens_per_s"] = tokens / max(metrics["timing/generate_s"], 1e-9)

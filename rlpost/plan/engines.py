@@ -63,6 +63,7 @@ def rollout_engine_config(cfg: Any, model_path: str, device_kind: str) -> Any:
         cpu_threads_bind=str(r.cpu_threads_bind),
         lora=cfg.model.lora.rank if r.lora_sync == "adapter" else 0,
         max_images=r.max_images,
+        sleep_mode=sleeps(cfg, device_kind),
     )
     if not r.pd.enabled:
         return base
@@ -180,4 +181,18 @@ def trainer_engine_config(
         packing=t.packing and kind == "policy",
         freeze_vision=m.freeze_vision,
         mixed_precision=t.mixed_precision,
+    )
+
+
+def sleeps(cfg: Any, device_kind: str) -> bool:
+    """What ``rollout.sleep`` means for this run: ``auto`` is on for a colocated
+    placement on an accelerator with vLLM, in sync mode."""
+    r = cfg.rollout
+    if r.sleep != "auto":
+        return bool(r.sleep == "on")
+    return (
+        device_kind != "cpu"
+        and cfg.trainer.placement == "colocated"
+        and r.name == "vllm"
+        and cfg.trainer.async_mode == "sync"
     )

@@ -447,6 +447,13 @@ class RolloutGroup:
         metrics = self._stats.metrics(engine_stats, self.pools, self.restarts)
         return {**metrics, **self.weight_sync_metrics}
 
+    def sleep(self, level: int) -> None:
+        """Every replica frees its device memory (``rlpost.loop.memory``)."""
+        self._call_live("sleep", level)
+
+    def wake(self, tags: list[str]) -> None:
+        self._call_live("wake", tags)
+
     def reset_prefix_cache(self) -> None:
         """Empty every replica's prefix cache (e.g. between benchmark runs)."""
         ray.get([w.reset_prefix_cache.remote() for w in self.workers])

@@ -138,18 +138,21 @@ class RolloutWorker:
     def _interruptible(self) -> bool:
         return hasattr(self.engine, "version")
 
-    async def sleep(self) -> None:
-        """Free the engine's GPU memory for colocated training (engines with ``asleep``)."""
-        await self._memory_call("asleep")
+    async def sleep(self, level: int | None = None) -> None:
+        """Free the engine's GPU memory for colocated training (engines with
+        ``asleep``); ``level`` (vLLM): 1 keeps the weights in host memory, 2 drops them."""
+        await self._memory_call("asleep", level)
 
-    async def wake(self) -> None:
-        await self._memory_call("awake")
+    async def wake(self, tags: list[str] | None = None) -> None:
+        """Take the memory back; ``tags`` (vLLM): ``["weights"]`` or ``["kv_cache"]``
+        alone, so that a weight sync can run between the two."""
+        await self._memory_call("awake", tags)
 
-    async def _memory_call(self, name: str) -> None:
+    async def _memory_call(self, name: str, arg: Any = None) -> None:
         call = getattr(self.engine, name, None)
         if call is None:
             raise ValueError(f"{type(self.engine).__name__} cannot release its memory")
-        await call()
+        await (call() if arg is None else call(arg))
 
     def stats(self) -> dict[str, float]:
         return self.engine.stats()

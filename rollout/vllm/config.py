@@ -33,6 +33,8 @@ class VLLMEngineConfig:
     cpu_threads_bind: str = "auto"
     # Vision-language models: most images in one prompt (vLLM sizes its budget by it).
     max_images: int = 1
+    # Colocated on an accelerator (rollout.sleep): the engine can free its memory.
+    sleep_mode: bool = False
 
 
 def engine_args(cfg: VLLMEngineConfig, image_limit: int) -> dict[str, Any]:
@@ -72,6 +74,8 @@ def engine_args(cfg: VLLMEngineConfig, image_limit: int) -> dict[str, Any]:
         kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
     if cfg.device == devices.NPU:
         kwargs.update(ascend_engine_args())
+    if cfg.sleep_mode:
+        kwargs["enable_sleep_mode"] = True
     if cfg.lora:
         kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=lora_slot(cfg.lora))
     return kwargs

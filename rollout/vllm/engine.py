@@ -135,6 +135,26 @@ class VLLMEngine:
         """``receive_weights`` between two engine steps, as ``aload_weights``."""
         await self._paused(self.receive_weights, version=version, interrupt=interrupt)
 
+    # -- memory, when the trainer shares the device (rollout.sleep) -------------
+
+    async def asleep(self, level: int = 2) -> None:
+        """Free the device memory between two generations: level 1 moves the
+        weights to host memory and drops the KV cache, level 2 drops both (the next
+        weight sync writes every weight). Needs ``sleep_mode`` in the config."""
+        if not self.cfg.sleep_mode:
+            raise RuntimeError("asleep() needs VLLMEngineConfig(sleep_mode=True)")
+        self._open.clear()  # no request is admitted until it is fully awake
+        while self._stepper is not None and not self._stepper.done():
+            await asyncio.shield(self._stepper)
+        self.engine.sleep(level=level)
+
+    async def awake(self, tags: list[str] | None = None) -> None:
+        """Take back ``tags`` (``weights``, ``kv_cache``; None: both). A sync goes
+        between the two, so the KV cache is not held while the weights arrive;
+        requests are admitted again once both are back."""
+        if self.engine.wake_up(tags):
+            self._open.set()
+
     def _weights_changed(self) -> None:
         """Forget what the old weights computed."""
         # Cached prefixes, and KV a connector stored, were computed by the old weights.
