@@ -25,7 +25,6 @@ from rlpost.data.images import row_images
 from rlpost.data.rows import PromptStream
 from rlpost.data.samples import rollout_batch
 from rlpost.data.tasks import task_correctness
-from rlpost.device import resolve_device
 from rlpost.loop.collect import Collector, Pending, Rollouts
 from rlpost.loop.distill import Distillation
 from rlpost.loop.memory import colocated_memory
@@ -74,10 +73,8 @@ class Controller:
         model's image processor (``rlpost.models.vl_inputs``)."""
         cfg = plan.cfg
         self.cfg, self.run_dir, self.workers = cfg, run_dir, workers
-        self.collective = collective_sync(cfg, workers.rollout)
-        self.memory = colocated_memory(
-            cfg, resolve_device(cfg.trainer.device).kind, workers.rollout
-        )
+        self.collective = collective_sync(cfg, plan.device.kind, workers.rollout)
+        self.memory = colocated_memory(cfg, plan.device.kind, workers.rollout)
         self.tokenizer, self.tracker = tokenizer, tracker
         self.val_rows = plan.val_rows
         self.agent, self.image_inputs = agent, image_inputs

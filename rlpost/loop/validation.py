@@ -6,17 +6,34 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any, Protocol
 
+from rlpost.config.groups import Config
 from rlpost.evaluation.metrics import validation_metrics
-from rlpost.loop.sample_log import sample_rows
+from rlpost.loop.collect import Collector
+from rlpost.loop.preference import PreferenceSteps
+from rlpost.loop.roles import Workers
+from rlpost.loop.sample_log import SampleLog, sample_rows
 from rlpost.rollout.base import SamplingConfig
 
-if TYPE_CHECKING:
-    from rlpost.loop.controller import Controller
+
+class Run(Protocol):
+    """What the held-out figures read of a run (the controller has it all)."""
+
+    cfg: Config
+    collector: Collector
+    samples: SampleLog
+    sampling: SamplingConfig
+    val_rows: list[dict]
+    preference: PreferenceSteps | None
+    task_correctness: Callable[[str, dict], bool] | None
+    image_inputs: Any
+    tokenizer: Any
+    workers: Workers
 
 
-def held_out_metrics(ctrl: Controller, step: int) -> dict[str, float]:
+def held_out_metrics(ctrl: Run, step: int) -> dict[str, float]:
     """Greedy completions of the held-out prompts, scored by the reward:
     ``val/reward_mean`` always, ``val/accuracy`` only where the reward has a
     correctness signal (a named reward ``correctness``, as the built-in tasks'),
@@ -52,7 +69,7 @@ def held_out_metrics(ctrl: Controller, step: int) -> dict[str, float]:
     return {**out, **sampled, **pairs}
 
 
-def sampled_metrics(ctrl: Controller) -> dict[str, float]:
+def sampled_metrics(ctrl: Run) -> dict[str, float]:
     """``trainer.val_n`` samples of each held-out prompt at the run's sampling
     temperature: val/mean@n, val/pass@k, val/maj@<val_n> (``rlpost.evaluation``)."""
     n = ctrl.cfg.trainer.val_n
@@ -65,7 +82,7 @@ def sampled_metrics(ctrl: Controller) -> dict[str, float]:
     )  # fmt: skip
 
 
-def heldout_nll(ctrl: Controller) -> float:
+def heldout_nll(ctrl: Run) -> float:
     """SFT: the policy's token-mean negative log-likelihood of the held-out rows'
     targets (their ``messages``' assistant turns, ``response``, else ``answer``),
     the training loss's own measure on data it does not train on."""

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import ray
 
 if TYPE_CHECKING:
-    from rlpost.serving.rollout_group import RolloutGroup
     from rlpost.workers.trainer_worker import TrainerGroup
 
 log = logging.getLogger(__name__)
@@ -45,16 +44,31 @@ def weight_sync_mode(setting: str, rollout_name: str, device_kind: str) -> str:
     )
 
 
-def collective_sync(cfg: Any, rollout: Any) -> CollectiveSync | None:
+class Replicas(Protocol):
+    """What a weight sync reads and calls of the rollout group
+    (``rlpost.serving.rollout_group.RolloutGroup``): its replicas' actors, which of
+    them are restarting or left out, and its restart path."""
+
+    workers: list[Any]
+    max_restarts: int
+    _weights: Any
+    _restarting: dict[int, Any]
+    _left_out: set[int]
+
+    def _poll_restarts(self, wait: bool = False) -> None: ...
+
+    def _is_current(self, worker: int, exc: BaseException) -> bool: ...
+
+    def _restart(self, worker: int, exc: BaseException) -> None: ...
+
+
+def collective_sync(cfg: Any, device_kind: str, rollout: Any) -> CollectiveSync | None:
     """The run's collective weight sync, or None where weights go through the
     object store (``rollout.weight_sync``; a rollout group of another kind, e.g.
     a test's stand-in, keeps the object store)."""
-    from rlpost.device import resolve_device
-    from rlpost.serving.rollout_group import RolloutGroup
-
     r = cfg.rollout
-    mode = weight_sync_mode(r.weight_sync, r.name, resolve_device(cfg.trainer.device).kind)
-    if mode != "collective" or not isinstance(rollout, RolloutGroup):
+    mode = weight_sync_mode(r.weight_sync, r.name, device_kind)
+    if mode != "collective" or not hasattr(rollout, "load_weights_collective"):
         return None
     return CollectiveSync(rollout, r.weight_sync_bucket_mb, r.weight_sync_timeout_s)
 
@@ -62,7 +76,7 @@ def collective_sync(cfg: Any, rollout: Any) -> CollectiveSync | None:
 class CollectiveSync:
     """Send ``trainer``'s weights to ``group``'s replicas, bucket by bucket."""
 
-    def __init__(self, group: RolloutGroup, bucket_mb: float, timeout_s: float):
+    def __init__(self, group: Replicas, bucket_mb: float, timeout_s: float):
         self.group = group
         self.bucket_bytes = max(1, int(bucket_mb * 2**20))
         self.timeout_s = timeout_s
