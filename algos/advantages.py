@@ -163,19 +163,28 @@ def gdpo_advantage(
 # -> (adv_bt, returns_bt | None), all keyword arguments after cfg.
 EstimatorFn = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 ADVANTAGE_ESTIMATORS: dict[str, EstimatorFn] = {}
+# Estimators whose advantage is one number per sample, from statistics over samples
+# (a group's, the batch's): an episode counts once in them, whatever its segments.
+PER_SAMPLE_ESTIMATORS: set[str] = set()
 
 
-def register_advantage(name: str) -> Callable[[EstimatorFn], EstimatorFn]:
+def register_advantage(
+    name: str, *, per_sample: bool = False
+) -> Callable[[EstimatorFn], EstimatorFn]:
     """Decorator adding an estimator to ``ADVANTAGE_ESTIMATORS`` under ``name``.
 
     The function is called as ``fn(cfg, *, scores_b, group_ids_b, mask_bt,
     token_rewards_bt, values_bt)`` and returns ``(adv_bt, returns_bt | None)``.
+    ``per_sample``: the advantage is the same on every token of a sample (see
+    ``compute_advantages`` for what that changes for split episodes).
     """
 
     def deco(fn: EstimatorFn) -> EstimatorFn:
         if name in ADVANTAGE_ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
         ADVANTAGE_ESTIMATORS[name] = fn
+        if per_sample:
+            PER_SAMPLE_ESTIMATORS.add(name)
         return fn
 
     return deco
@@ -205,13 +214,13 @@ def _per_sample(adv_b: torch.Tensor, mask_bt: torch.Tensor) -> tuple[torch.Tenso
     return adv_b[:, None] * mask_bt.to(adv_b.dtype), None
 
 
-@register_advantage("grpo")
+@register_advantage("grpo", per_sample=True)
 def _grpo(cfg: AdvantageConfig, *, scores_b, group_ids_b, mask_bt, **_):
     adv_b = grpo_advantage(_total(scores_b), group_ids_b, norm_by_std=cfg.norm_by_std, eps=cfg.eps)
     return _per_sample(adv_b, mask_bt)
 
 
-@register_advantage("rloo")
+@register_advantage("rloo", per_sample=True)
 def _rloo(cfg: AdvantageConfig, *, scores_b, group_ids_b, mask_bt, **_):
     return _per_sample(rloo_advantage(_total(scores_b), group_ids_b), mask_bt)
 
@@ -223,7 +232,7 @@ def _reinforce_pp(cfg: AdvantageConfig, *, scores_b, mask_bt, token_rewards_bt, 
     return reinforce_pp_advantage(token_rewards_bt, mask_bt, gamma=cfg.gamma, eps=cfg.eps), None
 
 
-@register_advantage("reinforce_pp_baseline")
+@register_advantage("reinforce_pp_baseline", per_sample=True)
 def _reinforce_pp_baseline(cfg: AdvantageConfig, *, scores_b, group_ids_b, mask_bt, **_):
     adv_bt = reinforce_pp_baseline_advantage(_total(scores_b), group_ids_b, mask_bt, eps=cfg.eps)
     return adv_bt, None
@@ -240,7 +249,7 @@ def _gae(cfg: AdvantageConfig, *, scores_b, mask_bt, token_rewards_bt, values_bt
     )
 
 
-@register_advantage("gdpo")
+@register_advantage("gdpo", per_sample=True)
 def _gdpo(cfg: AdvantageConfig, *, scores_b, group_ids_b, mask_bt, **_):
     # A named reward the weights leave out counts with weight 1.0, as in the total.
     weights = {k: 1.0 for k in scores_b if k != "total"} | dict(cfg.reward_weights)
@@ -260,23 +269,48 @@ def compute_advantages(
     mask_bt: torch.Tensor,
     token_rewards_bt: torch.Tensor | None = None,
     values_bt: torch.Tensor | None = None,
+    owner_b: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the estimator ``cfg.estimator``; returns ``(adv_bt, returns_bt | None)``.
 
     Single-reward estimators read ``scores_b['total']``; per-sample advantages are
     broadcast over ``mask_bt`` (zero on non-response tokens). For gae / reinforce_pp
     without ``token_rewards_bt``, the total score is placed on the last response token.
+
+    ``owner_b`` (``TrajectoryBatch.owner_b``): rows that are further segments of
+    another row's episode, and padding rows (-1). A per-sample estimator then runs
+    on the episodes' own rows only, so each episode counts once in a group's mean
+    and std, and every segment gets its episode's advantage; a token-level one
+    (gae, reinforce_pp) runs on every row, each segment a trajectory that ends in
+    its episode's reward (given in ``scores_b`` per row).
     """
     if cfg.estimator not in ADVANTAGE_ESTIMATORS:
         raise KeyError(
             f"unknown advantage estimator {cfg.estimator!r}; "
             f"choose one of {sorted(ADVANTAGE_ESTIMATORS)}"
         )
-    return ADVANTAGE_ESTIMATORS[cfg.estimator](
+    fn = ADVANTAGE_ESTIMATORS[cfg.estimator]
+    if owner_b is None or cfg.estimator not in PER_SAMPLE_ESTIMATORS:
+        if owner_b is not None:  # padding rows carry no advantage
+            mask_bt = mask_bt * (owner_b >= 0)[:, None].to(mask_bt.dtype)
+        return fn(
+            cfg, scores_b=scores_b, group_ids_b=group_ids_b, mask_bt=mask_bt,
+            token_rewards_bt=token_rewards_bt, values_bt=values_bt,
+        )  # fmt: skip
+    rows_e = torch.nonzero(owner_b == torch.arange(len(owner_b))).flatten()
+    adv_et, _ = fn(
         cfg,
-        scores_b=scores_b,
-        group_ids_b=group_ids_b,
-        mask_bt=mask_bt,
-        token_rewards_bt=token_rewards_bt,
-        values_bt=values_bt,
+        scores_b={k: v[rows_e] for k, v in scores_b.items()},
+        group_ids_b=torch.as_tensor(group_ids_b)[rows_e],
+        mask_bt=mask_bt[rows_e],
+        token_rewards_bt=None,
+        values_bt=None,
     )
+    # The one advantage of each episode: its value on any response token (an
+    # episode's own row always has one: a call samples at least its end token).
+    mask_et = mask_bt[rows_e].to(adv_et.dtype)
+    adv_e = (adv_et * mask_et).sum(-1) / mask_et.sum(-1).clamp(min=1)
+    index_b = torch.zeros(len(owner_b), dtype=torch.long)
+    index_b[rows_e] = torch.arange(len(rows_e))
+    adv_b = torch.where(owner_b >= 0, adv_e[index_b[owner_b.clamp(min=0)]], 0.0)
+    return _per_sample(adv_b, mask_bt)

@@ -53,6 +53,10 @@ class Completion:
     # The policy version (updates applied) that sampled each token; environment
     # tokens of an episode get -1. None: the engine does not say.
     versions: list[int] | None = None
+    # An agent program's trajectory split by prefix breaks: the segments before this
+    # one, each a sample of the same episode (its own prompt, mask and log-probs)
+    # that shares the episode's reward and advantage. None: one segment.
+    segments: list[Completion] | None = None
 
 
 @dataclass

@@ -34,6 +34,19 @@ class TrajectoryBatch:
     # Vision-language samples: each sample's image-processor outputs
     # (``pixel_values``, ``image_grid_thw``, ...); None for text.
     mm_inputs_b: list[dict[str, torch.Tensor]] | None = None
+    # Samples that belong to another sample's episode (an agent program's trajectory
+    # split by prefix breaks): ``owner_b[i]`` is the row of the episode's own sample
+    # (``i`` for that sample), -1 a row that only pads the batch to split over the
+    # ranks (no response tokens, not counted as a sample). None: each row is its own
+    # episode. Row indices hold only in the batch as built (not after ``select``).
+    owner_b: torch.Tensor | None = None
+
+    @property
+    def real_samples(self) -> int:
+        """Rows that are samples (padding rows not counted)."""
+        if self.owner_b is None:
+            return len(self)
+        return int((self.owner_b >= 0).sum())
 
     def __len__(self) -> int:
         return int(self.input_ids_bt.shape[0])

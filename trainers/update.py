@@ -74,7 +74,7 @@ class Backend(Protocol):
 def global_norm(batch: TrajectoryBatch, norm_const: float) -> LossNorm:
     """Response-token and sample counts over every rank's share of the batch."""
     counts = torch.tensor(
-        [float(batch.response_mask_bt.sum()), float(len(batch))], dtype=torch.float64
+        [float(batch.response_mask_bt.sum()), float(batch.real_samples)], dtype=torch.float64
     )
     dist.all_reduce(counts)
     return LossNorm(

@@ -400,6 +400,10 @@ class AgentConfig:
     max_concurrent_episodes: int = spec(
         0, ge=0, help="most agent-program episodes running at once (0: every episode of a batch)"
     )
+    train_segments: Literal["all", "last"] = spec(
+        "all",
+        help="an agent program's trajectory split at a prefix break (agent/prefix_breaks): all trains every segment as a sample of its episode with the episode's reward and advantage; last trains only the segment that holds the final answer (the rest counted in agent/dropped_tokens)",
+    )
     endpoint_host: str = spec(
         "127.0.0.1", help="address the agent programs' OpenAI-compatible endpoint listens on"
     )

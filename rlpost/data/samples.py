@@ -8,7 +8,7 @@ import torch
 
 from rlpost.data.images import row_images
 from rlpost.data.rows import prompt_messages
-from rlpost.rollout.base import GenerationResult
+from rlpost.rollout.base import Completion, GenerationResult
 from rlpost.trainers.batch import TrajectoryBatch, pad_sequences
 
 
@@ -20,20 +20,41 @@ def encode_prompt(tokenizer: Any, row: dict) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def rollout_batch(results: list[GenerationResult], pad_id: int) -> TrajectoryBatch:
+def rollout_batch(
+    results: list[GenerationResult], pad_id: int, multiple: int = 1
+) -> TrajectoryBatch:
     """One row per completion, grouped by prompt (group id = prompt index).
 
     A multi-turn episode's completion carries its own mask (environment tokens 0)
-    and may carry its own prompt."""
-    ids, resp, logps, groups = [], [], [], []
+    and may carry its own prompt. The earlier segments of an agent program's split
+    trajectory (``Completion.segments``) follow every completion's row, in the
+    group of their episode, with ``owner_b`` naming the episode's row; the batch is
+    then padded with empty rows to a multiple of ``multiple`` (the ranks times the
+    mini-batches) when the extra rows broke it."""
+    ids, resp, logps, groups, owners = [], [], [], [], []
+
+    def add(prompt: list[int], c: Completion, g: int, owner: int) -> None:
+        ids.append(prompt + c.token_ids)
+        resp.append([0] * len(prompt) + (c.mask if c.mask is not None else [1] * len(c.token_ids)))
+        logps.append([0.0] * len(prompt) + c.logprobs)
+        groups.append(g)
+        owners.append(owner)
+
+    later: list[tuple[int, int, Completion]] = []
     for g, res in enumerate(results):
         for c in res.completions:
-            prompt = c.prompt_ids if c.prompt_ids is not None else res.prompt_ids
-            p = len(prompt)
-            ids.append(prompt + c.token_ids)
-            resp.append([0] * p + (c.mask if c.mask is not None else [1] * len(c.token_ids)))
-            logps.append([0.0] * p + c.logprobs)
-            groups.append(g)
+            later += [(len(ids), g, s) for s in c.segments or []]
+            add(c.prompt_ids if c.prompt_ids is not None else res.prompt_ids, c, g, len(ids))
+    for owner, g, s in later:
+        assert s.prompt_ids is not None
+        add(s.prompt_ids, s, g, owner)
+    if later:
+        while len(ids) % multiple:  # an empty row: no response token, not a sample
+            ids.append(ids[0][:1])
+            resp.append([0])
+            logps.append([0.0])
+            groups.append(groups[0])
+            owners.append(-1)
     input_ids = pad_sequences(ids, pad_id)
     width = input_ids.shape[1]
     return TrajectoryBatch(
@@ -42,7 +63,17 @@ def rollout_batch(results: list[GenerationResult], pad_id: int) -> TrajectoryBat
         response_mask_bt=pad_sequences(resp, 0),
         rollout_logp_bt=torch.tensor([lp + [0.0] * (width - len(lp)) for lp in logps]),
         group_ids_b=torch.tensor(groups),
+        owner_b=torch.tensor(owners) if later else None,
     )
+
+
+def episode_rows(values_b: torch.Tensor, batch: TrajectoryBatch) -> torch.Tensor:
+    """A per-episode value (one per completion, in ``rollout_batch``'s order) for every
+    row of ``batch``: an episode's segments get its value, padding rows zero."""
+    if batch.owner_b is None:
+        return values_b
+    out_b = values_b[batch.owner_b.clamp(min=0)]
+    return torch.where(batch.owner_b >= 0, out_b, torch.zeros_like(out_b))
 
 
 def _tokens(tokenizer: Any, text: str) -> list[int]:

@@ -23,7 +23,7 @@ from rlpost.algos import compute_advantages, kl_reward_penalty
 from rlpost.config.groups import PREFERENCE_PRESETS
 from rlpost.data.images import row_images
 from rlpost.data.rows import PromptStream
-from rlpost.data.samples import rollout_batch
+from rlpost.data.samples import episode_rows, rollout_batch
 from rlpost.data.tasks import task_correctness
 from rlpost.loop.collect import Collector, Pending, Rollouts
 from rlpost.loop.distill import Distillation
@@ -296,8 +296,10 @@ class Controller:
                 step, rounds, metrics.get("dapo/dropped_groups", 0.0),
             )  # fmt: skip
             return metrics
-        batch = rollout_batch(rollouts.results, self.tokenizer.pad_token_id)
-        batch.scores_b = rollouts.scores
+        batch = rollout_batch(
+            rollouts.results, self.tokenizer.pad_token_id, multiple=self.algo.group_multiple
+        )
+        batch.scores_b = {k: episode_rows(v, batch) for k, v in rollouts.scores.items()}
         if self.image_inputs is not None:  # each sample carries its prompt's images
             per_prompt = [self.image_inputs(row_images(row)) for row in rollouts.rows]
             assert batch.group_ids_b is not None
@@ -336,8 +338,8 @@ class Controller:
             metrics["timing/weight_sync_s"] = self.sync_weights()
         tokens = float(batch.response_mask_bt.sum())
         metrics["perf/gen_tokens_per_s"] = tokens / max(metrics["timing/generate_s"], 1e-9)
-        metrics["response/length_mean"] = tokens / len(batch)
-        metrics["data/samples"] = float(len(batch))
+        metrics["response/length_mean"] = tokens / batch.real_samples
+        metrics["data/samples"] = float(batch.real_samples)
         metrics["response/clip_ratio"] = clip_ratio(rollouts.results)
         metrics["data/malformed_rows"] = float(self.malformed_rows)
         metrics["data/dropped_chars"] = float(self.dropped_chars)
@@ -365,6 +367,7 @@ class Controller:
         truncated = torch.tensor(
             [c.finish_reason == "length" for r in results for c in r.completions]
         )
+        truncated = episode_rows(truncated, batch)  # an episode's segments share its fate
         batch.response_mask_bt[truncated] = 0
         return float(truncated.float().mean())
 
@@ -435,6 +438,7 @@ class Controller:
             mask_bt=mask,
             token_rewards_bt=token_rewards,
             values_bt=batch.old_values_bt,
+            owner_b=batch.owner_b,
         )
         if self.distill is not None:  # the teacher scores the samples token by token
             self.distill.apply(batch, metrics)

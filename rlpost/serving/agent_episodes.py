@@ -33,6 +33,7 @@ from rlpost.config.groups import Config
 from rlpost.result import RunError
 from rlpost.rewards.scoring import RewardScorer
 from rlpost.rollout.agent import AgentLoopConfig, Episode, episode_metrics, load_env, run_episodes
+from rlpost.rollout.agent.capture import Segment
 from rlpost.rollout.agent.endpoint import ChatEndpoint
 from rlpost.rollout.agent.env import EnvFactory, ToolEnv, prompt_messages
 from rlpost.rollout.agent.program import Program, load_program, run_program_episodes
@@ -165,7 +166,7 @@ class AgentRollout:
                     rows, n, program=self.program, endpoint=self.endpoint,
                     tokenizer=self.tokenizer, sampling=sampling, config=self.loop_cfg,
                     session_prefix=prefix, timeout_s=self.cfg.agent.program_timeout_s,
-                    limit=self.limit,
+                    limit=self.limit, all_segments=self.cfg.agent.train_segments == "all",
                 )  # fmt: skip
             return run_episodes(
                 rows, n, generate=self._generate, tokenizer=self.tokenizer,
@@ -271,11 +272,26 @@ def episode_results(episodes: list[Episode], n: int) -> list[GenerationResult]:
                 prompt_ids=e.prompt_ids,
                 episode=e,
                 versions=e.versions or None,
+                segments=[segment_completion(s) for s in e.segments] or None,
             )
             for e in group
         ]
         results.append(GenerationResult(prompt_ids=group[0].prompt_ids, completions=completions))
     return results
+
+
+def segment_completion(segment: Segment) -> Completion:
+    """A segment an agent program's prefix break left before its episode's last, as a
+    sample of its own (``Completion.segments``)."""
+    return Completion(
+        token_ids=segment.response_ids,
+        logprobs=segment.logprobs,
+        text=segment.calls[-1].text if segment.calls else "",
+        finish_reason=segment.calls[-1].finish_reason if segment.calls else "stop",
+        mask=segment.mask,
+        prompt_ids=segment.prompt_ids,
+        versions=segment.versions,
+    )
 
 
 def score_episodes(

@@ -23,6 +23,8 @@ Chosen by a prefix on ``agent.env`` (see ``env.load_env``):
   in the episode one call at a time, since they share the instance's state; the
   episode ends when the model answers without a tool call, and its reward is
   the instance's ``reward`` attribute then (``None``: ``reward.fn`` scores).
+- ``openenv:<url>`` or ``openenv:<module>:<client class>``: an OpenEnv server, one
+  session per episode (``openenv_adapter.py``).
 
 Each library is an optional extra; a missing one, or an id the library does not
 know, is an ``EnvError`` naming what to install or change.
@@ -44,6 +46,7 @@ from rlpost.rollout.agent.env_base import (
     tool_calls_of,
     tool_replies,
 )
+from rlpost.rollout.agent.openenv_adapter import openenv_factory
 from rlpost.rollout.agent.tool_schema import SchemaError, tool_schema
 from rlpost.rollout.agent.tools import Tool, ToolOutcome, run_tool_calls
 
@@ -161,6 +164,7 @@ def textarena_factory(spec: str, game_id: str, kwargs: Mapping[str, Any]) -> Cal
 LIBRARIES: dict[str, Callable[[str, str, Mapping[str, Any]], Callable[[], Any]]] = {
     "skyrl_gym": skyrl_gym_factory,
     "textarena": textarena_factory,
+    "openenv": openenv_factory,
 }
 
 

@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
+from rlpost.rollout.agent.capture import Segment
 from rlpost.rollout.agent.chat import ChatTokens
 from rlpost.rollout.agent.env import Env, EnvFactory
 from rlpost.rollout.agent.parsers import ParsedTurn, get_parser
@@ -97,10 +98,12 @@ class Episode:
     versions: list[int] = field(default_factory=list)
     # Agent programs (``program.py``): how the program ended ("ok", "error",
     # "timeout", "no_calls"; None: the native loop), the prefix breaks of its
-    # trajectory, the sampled tokens of the segments before the last one (not
-    # trained), and requests whose temperature / top_p the endpoint ignored.
+    # trajectory, the segments before the last one that are trained as samples of
+    # this episode (``agent.train_segments=all``) or else the sampled tokens they
+    # held (not trained), and requests whose temperature / top_p the endpoint ignored.
     program: str | None = None
     prefix_breaks: int = 0
+    segments: list[Segment] = field(default_factory=list)
     dropped_tokens: int = 0
     sampling_overridden: int = 0
 
@@ -288,6 +291,7 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
             out[f"agent/program_{key}"] = float(sum(e.program == status for e in episodes))
         out["agent/prefix_breaks"] = float(sum(e.prefix_breaks for e in episodes))
         out["agent/dropped_tokens"] = float(sum(e.dropped_tokens for e in episodes))
+        out["agent/split_samples"] = float(sum(len(e.segments) for e in episodes))
         out["agent/sampling_overridden"] = float(sum(e.sampling_overridden for e in episodes))
     return out
 

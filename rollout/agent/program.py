@@ -107,9 +107,12 @@ async def run_program_episodes(
     session_prefix: str,
     timeout_s: float,
     limit: threading.Semaphore | None = None,
+    all_segments: bool = True,
 ) -> list[Episode]:
     """``n`` episodes of ``program`` per row, concurrently (at most as many at once as
-    ``limit`` allows across every batch sharing it); row by row, like ``run_episodes``."""
+    ``limit`` allows across every batch sharing it); row by row, like ``run_episodes``.
+    ``all_segments``: a trajectory split by prefix breaks trains every segment
+    (``agent.train_segments=all``), else only its last."""
     import openai
 
     chat = ChatTokens(tokenizer)
@@ -135,7 +138,9 @@ async def run_program_episodes(
             endpoint.sessions.close(session.key)
             if limit is not None:
                 limit.release()
-        return session_episode(session, chat, rows[i], i, status, reward, answer)
+        return session_episode(
+            session, chat, rows[i], i, status, reward, answer, all_segments=all_segments
+        )
 
     try:
         return list(await asyncio.gather(*(one(i, j) for i in range(len(rows)) for j in range(n))))
@@ -198,10 +203,12 @@ def session_episode(
     status: str,
     reward: float | None,
     answer: str | None,
+    all_segments: bool = True,
 ) -> Episode:
     """The episode a finished session trains on: its last segment (the one that holds
-    the final answer). Earlier segments, left by prefix breaks, are counted in
-    ``prefix_breaks`` and their sampled tokens in ``dropped_tokens``."""
+    the final answer) and, with ``all_segments``, the segments before it, left by
+    prefix breaks (``Episode.segments``), as samples of the same episode; without,
+    their sampled tokens are counted in ``dropped_tokens``, not trained."""
     parts = segments(session.calls)
     if not parts:  # the program never called the model: nothing it sampled to train
         prompt = chat.prompt_ids(prompt_messages(row))
@@ -237,6 +244,7 @@ def session_episode(
         versions=last.versions,
         program=status,
         prefix_breaks=len(parts) - 1,
-        dropped_tokens=sum(sum(p.mask) for p in parts[:-1]),
+        segments=parts[:-1] if all_segments else [],
+        dropped_tokens=0 if all_segments else sum(sum(p.mask) for p in parts[:-1]),
         sampling_overridden=session.sampling_overridden,
     )

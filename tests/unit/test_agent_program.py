@@ -43,18 +43,35 @@ def test_a_prompt_shorter_than_the_sequence_so_far_breaks():
     assert len(parts) == 2
 
 
-def test_the_episode_trains_the_last_segment_and_counts_the_break():
+def _broken_session() -> Session:
     session = Session("k", "s-0-0", 0, SamplingConfig(), AgentLoopConfig(3, 64, 128))
     session.calls = [call([1, 2], [3, 4], "a"), call([7], [8, 9, 10], "final")]
     session.sampling_overridden = 2
-    episode = session_episode(session, chat=None, row={"prompt": "q"}, group=5,
-                              status="ok", reward=None, answer=None)  # fmt: skip
+    return session
+
+
+def test_with_train_segments_last_the_episode_trains_its_last_segment_and_counts_the_rest():
+    episode = session_episode(_broken_session(), chat=None, row={"prompt": "q"}, group=5,
+                              status="ok", reward=None, answer=None,
+                              all_segments=False)  # fmt: skip
     assert (episode.prompt_ids, episode.response_ids) == ([7], [8, 9, 10])
     assert episode.final_text == "final" and episode.reward is None and episode.group == 5
-    assert (episode.prefix_breaks, episode.dropped_tokens) == (1, 2)
+    assert (episode.prefix_breaks, episode.dropped_tokens, episode.segments) == (1, 2, [])
     m = episode_metrics([episode])
     assert m["agent/prefix_breaks"] == 1 and m["agent/dropped_tokens"] == 2
+    assert m["agent/split_samples"] == 0
     assert m["agent/sampling_overridden"] == 2 and m["agent/program_errors"] == 0
+
+
+def test_by_default_the_segments_before_a_break_are_samples_of_the_episode():
+    episode = session_episode(_broken_session(), chat=None, row={"prompt": "q"}, group=5,
+                              status="ok", reward=None, answer=None)  # fmt: skip
+    assert (episode.prompt_ids, episode.response_ids) == ([7], [8, 9, 10])
+    (first,) = episode.segments
+    assert (first.prompt_ids, first.response_ids, first.mask) == ([1, 2], [3, 4], [1, 1])
+    assert (episode.prefix_breaks, episode.dropped_tokens) == (1, 0)
+    m = episode_metrics([episode])
+    assert m["agent/split_samples"] == 1 and m["agent/dropped_tokens"] == 0
 
 
 def test_return_values():
