@@ -1,6 +1,5 @@
-"""The real CLI trains GRPO with the Megatron trainer at tensor parallel 2, and PPO
-with a Megatron policy, reference and critic, on the built-in task, and the policy
-gets better (fixed seed).
+"""The real CLI trains PPO with a Megatron policy, reference and critic at
+tensor parallel 2, on the built-in task, and the policy gets better (fixed seed).
 
 The base policy is the one every other e2e test starts from: the warm-up trains
 with its own recipe (one float32 FSDP2 rank, ``rlpost.models.warmup.warmup_config``)
@@ -17,41 +16,28 @@ from tests.e2e.cli import run_cli
 pytest.importorskip("vllm")
 pytest.importorskip("megatron.core")
 
-STEPS = 60
+STEPS = 30
 
 
 @pytest.mark.slow
-def test_grpo_with_megatron_tp2_learns(tmp_path, model_cache):
+def test_ppo_with_megatron_tp2_policy_reference_and_critic_learns(tmp_path, model_cache):
     args = [
-        "algo=grpo",
+        "algo=ppo",
         "trainer=megatron",
         "trainer.megatron.tp=2",
         "trainer.world_size=2",
         f"trainer.total_steps={STEPS}",
-        "trainer.val_every=30",
+        "trainer.val_every=0",
         "trainer.seed=0",
     ]
     history = run_cli(args, tmp_path / "run", model_cache)
-    val = [(h["step"], h["val/accuracy"]) for h in history if "val/accuracy" in h]
-    assert [s for s, _ in val] == [0, 30, STEPS]
-    start, end = val[0][1], val[-1][1]
-    # Seed 0: the warm-up stops near 0.33; GRPO on two tensor-parallel ranks lifts
-    # held-out accuracy well past it, as it does on FSDP2 (tests/e2e/test_grpo_learns.py).
-    assert end - start >= 0.25, val
+    val = [h["val/accuracy"] for h in history if "val/accuracy" in h]
+    # Seed 0: 0.33 -> 0.575 measured; the presets' bar (test_presets_learn.py)
+    assert val[-1] - val[0] >= 0.15, val
     steps = [h for h in history if h["step"] > 0]
+    assert len(steps) == STEPS
     rewards = [h["reward/mean"] for h in steps]
-    assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10 + 0.05
+    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5, rewards
+    assert all("critic/vf_loss" in h and "actor/reward_kl" in h for h in steps)
     # The replica sampled from the weights gathered off both tensor-parallel shards.
     assert max(h["rollout/logprob_abs_diff_max"] for h in steps) < 1e-3
-
-
-@pytest.mark.slow
-def test_ppo_with_a_megatron_critic_learns(tmp_path, model_cache):
-    args = ["algo=ppo", "trainer=megatron", "trainer.total_steps=30", "trainer.val_every=0"]
-    history = run_cli(args, tmp_path / "run", model_cache)
-    val = [h["val/accuracy"] for h in history if "val/accuracy" in h]
-    # Seed 0: 0.33 -> 0.575 measured (twice); the presets' bar (test_presets_learn.py)
-    assert val[-1] - val[0] >= 0.15, val
-    rewards = [h["reward/mean"] for h in history if "reward/mean" in h]
-    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5, rewards
-    assert all("critic/vf_loss" in h and "actor/reward_kl" in h for h in history[1:])

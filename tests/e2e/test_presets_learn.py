@@ -23,12 +23,21 @@ PRESETS = {
     "dr_grpo": [],
     "cispo": [],
     "sapo": [],
-    # Not presets, but the same promise: GRPO with LoRA, with one-step-off and fully
-    # asynchronous rollout (samples at most one update old), and with PD.
-    "grpo_lora": ["model.lora.rank=8", "trainer.lr=2e-3"],
-    "grpo_one_step_off": ["trainer.async_mode=one_step_off"],
+    # Not presets, but the same promise: GRPO with LoRA under one-step-off rollout,
+    # with fully asynchronous rollout (samples at most one update old), and with PD
+    # under fully asynchronous rollout (requests in flight finish under the weights
+    # they started with: PD does not interrupt them).
+    "grpo_lora_one_step_off": [
+        "model.lora.rank=8",
+        "trainer.lr=2e-3",
+        "trainer.async_mode=one_step_off",
+    ],
     "grpo_fully_async": ["trainer.async_mode=fully_async"],
-    "grpo_pd": ["rollout=vllm_pd"],
+    "grpo_pd_fully_async": [
+        "rollout=vllm_pd",
+        "trainer.async_mode=fully_async",
+        "async.partial_rollout=false",
+    ],
 }
 
 
@@ -80,9 +89,11 @@ def test_preset_learns(algo, tmp_path, model_cache, shared_ray):
     last = history[-1]
     if algo == "ppo":
         assert "critic/vf_loss" in last and "actor/reward_kl" in last
-    if algo == "grpo_pd":
+    if algo == "grpo_pd_fully_async":
         assert "rollout/pd/kv_transfer_rate" in last
-    if algo == "grpo_one_step_off":
+        assert all(h["async/staleness_max"] <= 1.0 for h in trained)
+        assert all(h["rollout/interrupted_requests"] == 0 for h in trained)
+    if algo == "grpo_lora_one_step_off":
         assert all(h["rollout/staleness"] == 1.0 for h in history[2:])
     if algo == "grpo_fully_async":
         assert all(h["async/staleness_max"] <= 1.0 for h in trained)
