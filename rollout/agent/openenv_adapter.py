@@ -49,19 +49,15 @@ from typing import Any, get_args, get_origin
 from rlpost.rollout.agent.env_base import EnvError, StepResult, prompt_messages
 from rlpost.rollout.agent.parsers import ToolCall
 from rlpost.rollout.agent.specs import load_object
-from rlpost.rollout.agent.tools import ToolOutcome
+from rlpost.rollout.agent.tools import Status, ToolOutcome
 
 URL_SCHEMES = ("http://", "https://", "ws://", "wss://")
-# agent.env_kwargs keys -> what they take
-OPTIONS = {
-    "base_url": "the server's URL (the client-class form only)",
-    "action_field": "the action field that gets the model's text",
-    "action_defaults": "a mapping: the action's other fields",
-    "observation_field": "the observation field the model reads",
-    "reward": "sum or last",
-    "timeout_s": "seconds a step may take (default 60)",
-    "session_wait_s": "seconds to wait for a session on a full server (default 300)",
-}
+# agent.env_kwargs an OpenEnv environment takes (docs/agents.md says what each does)
+OPTIONS = (
+    "base_url", "action_field", "action_defaults", "observation_field", "reward", "timeout_s",
+    "session_wait_s",
+)  # fmt: skip
+DEFAULTS = {"reward": "sum", "timeout_s": 60.0, "session_wait_s": 300.0}
 SERVER_FIELDS = {"done", "reward", "metadata"}  # every observation's, not the model's
 
 
@@ -76,8 +72,8 @@ class OpenEnvSettings:
     action_defaults: dict[str, Any]
     observation_field: str | None  # None: the observation's fields as JSON
     reward: str  # "sum" or "last"
-    timeout_s: float = 60.0
-    session_wait_s: float = 300.0
+    timeout_s: float
+    session_wait_s: float
 
 
 class OpenEnvEnv:
@@ -107,6 +103,8 @@ class OpenEnvEnv:
         return messages
 
     async def _open(self, reset_kwargs: dict[str, Any]) -> Any:
+        from websockets.exceptions import ConnectionClosed
+
         s = self.settings
         deadline, delay = time.monotonic() + s.session_wait_s, 0.05
         while True:
@@ -115,17 +113,24 @@ class OpenEnvEnv:
                 result = await client.reset(**reset_kwargs)
             except Exception as exc:  # retried while the server is full; else named
                 await client.disconnect()
+                # A full server answers CAPACITY_REACHED and closes the connection; the
+                # close may come first.
                 full = "CAPACITY_REACHED" in str(exc)
-                if full and time.monotonic() < deadline:
+                closed = isinstance(exc, ConnectionClosed)
+                if (full or closed) and time.monotonic() < deadline:
                     await asyncio.sleep(delay)
                     delay = min(2 * delay, 1.0)
                     continue
-                hint = (
-                    f"it stayed at its session limit for session_wait_s={s.session_wait_s}; "
-                    "raise its max_concurrent_envs or agent.env_kwargs.session_wait_s"
-                    if full
-                    else "is the server running?"
-                )
+                wait = f"for agent.env_kwargs.session_wait_s={s.session_wait_s}"
+                if full:
+                    hint = f"it stayed at its session limit {wait}; raise its max_concurrent_envs"
+                elif closed:
+                    hint = (
+                        f"it kept closing new sessions at once {wait} (at its session limit, or "
+                        "its environment fails to start: see the server's log)"
+                    )
+                else:
+                    hint = "is the server running?"
                 raise EnvError(
                     f"OpenEnv server {s.url}: cannot open a session ({type(exc).__name__}: "
                     f"{exc}); {hint}"
@@ -144,13 +149,16 @@ class OpenEnvEnv:
         start = time.monotonic()
         try:
             fields = {**s.action_defaults, s.action_field: text}
-            result = await self.client.step(fields if s.action_cls is None else s.action_cls(**fields))
+            result = await self.client.step(
+                fields if s.action_cls is None else s.action_cls(**fields)
+            )
         except (ValidationError, RuntimeError) as exc:
             if isinstance(exc, RuntimeError) and not str(exc).startswith("Server error"):
                 raise
             # the action was refused or the environment's step raised: the session goes on
-            self._count("error", str(exc), start)
-            return [{"role": "user", "content": f"Error: {exc}"}], False, self.reward
+            error = str(exc).removeprefix("Server error: ")
+            self._count("error", error, start)
+            return [{"role": "user", "content": f"Error: {error}"}], False, self.reward
         except Exception as exc:  # a lost connection, a timeout: the episode ends, counted
             await self.close()
             timeout = isinstance(exc, TimeoutError)
@@ -164,7 +172,7 @@ class OpenEnvEnv:
         content = observation_text(result.observation, s.observation_field)
         return [{"role": "user", "content": content}], False, self.reward
 
-    def _count(self, status: Any, text: str, start: float) -> None:
+    def _count(self, status: Status, text: str, start: float) -> None:
         call = ToolCall("openenv_step", {}, f"step-{len(self.outcomes)}")
         self.outcomes.append(ToolOutcome(call, status, text, time.monotonic() - start))
 
@@ -211,14 +219,19 @@ def openenv_factory(spec: str, ident: str, kwargs: Mapping[str, Any]) -> Callabl
             "pip install 'rlpost[openenv]'"
         ) from None
     kwargs = dict(kwargs)
-    problems = [
-        f"agent.env_kwargs.{k}: not an option of an OpenEnv environment (options: "
-        + "; ".join(f"{o}: {d}" for o, d in OPTIONS.items())
-        + ")"
-        for k in sorted(set(kwargs) - set(OPTIONS))
-    ]
-    if kwargs.get("reward", "sum") not in ("sum", "last"):
-        problems.append(f"agent.env_kwargs.reward={kwargs['reward']}: takes sum or last")
+    options = {**DEFAULTS, **kwargs}
+    problems = []
+    unknown = sorted(set(kwargs) - set(OPTIONS))
+    if unknown:
+        problems.append(
+            f"agent.env_kwargs takes {', '.join(OPTIONS)} for an OpenEnv environment, not {unknown}"
+        )
+    if options["reward"] not in ("sum", "last"):
+        problems.append(f"agent.env_kwargs.reward={options['reward']}: takes sum or last")
+    for key in ("timeout_s", "session_wait_s"):
+        value = options[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            problems.append(f"agent.env_kwargs.{key}={value!r}: takes seconds, a number >= 0")
     defaults = kwargs.get("action_defaults") or {}
     if not isinstance(defaults, Mapping):
         problems.append(f"agent.env_kwargs.action_defaults={defaults!r}: takes a mapping")
@@ -228,8 +241,7 @@ def openenv_factory(spec: str, ident: str, kwargs: Mapping[str, Any]) -> Callabl
         url, client_cls = ident, GenericEnvClient
         if "base_url" in kwargs:
             problems.append(
-                "agent.env_kwargs.base_url: the spec already names the server "
-                f"({ident}); drop one"
+                f"agent.env_kwargs.base_url: the spec already names the server ({ident}); drop one"
             )
     else:
         client_cls = _client_class(spec, ident, EnvClient)
@@ -247,7 +259,7 @@ def openenv_factory(spec: str, ident: str, kwargs: Mapping[str, Any]) -> Callabl
                 "agent.env=openenv:<url>"
             )
         try:
-            inspect.signature(client_cls).bind(base_url=url, message_timeout_s=60.0)
+            inspect.signature(client_cls).bind(base_url=url, message_timeout_s=options["timeout_s"])
         except TypeError as e:
             problems.append(f"{client_cls.__name__}(base_url, message_timeout_s): {e}")
     if problems:
@@ -264,8 +276,8 @@ def openenv_factory(spec: str, ident: str, kwargs: Mapping[str, Any]) -> Callabl
     settings = OpenEnvSettings(
         url=url, client_cls=client_cls, action_cls=action_cls, action_field=action_field,
         action_defaults=dict(defaults), observation_field=observation_field,
-        reward=kwargs.get("reward", "sum"), timeout_s=float(kwargs.get("timeout_s", 60.0)),
-        session_wait_s=float(kwargs.get("session_wait_s", 300.0)),
+        reward=options["reward"], timeout_s=float(options["timeout_s"]),
+        session_wait_s=float(options["session_wait_s"]),
     )  # fmt: skip
     return lambda: OpenEnvEnv(settings)
 

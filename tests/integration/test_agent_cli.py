@@ -141,16 +141,20 @@ def test_an_agent_program_trains_on_exactly_what_its_calls_sampled(model, tmp_pa
         # trainer vs rollout log-probs on every captured (sampled) token
         assert m["rollout/logprob_abs_diff_max"] < 1e-3
     # The masks hold exactly the tokens the endpoint sampled: every call's tokens as
-    # the agent's usage reports them, less the editing rows' first calls (the segment
-    # before the break, counted in agent/dropped_tokens).
+    # the agent's usage reports them. The editing rows' first calls (the segment
+    # before the break) train as samples of their own episodes (agent.train_segments
+    # defaults to all): 16 episodes and 4 more samples a step, nothing dropped.
     logged = [json.loads(x) for x in tokens.read_text().splitlines()]
     train_logged = [r for r in logged if r["split"] == "train"]
     assert len(train_logged) == 2 * 16
     sampled = sum(sum(r["tokens"]) for r in train_logged)
-    dropped = sum(r["tokens"][0] for r in train_logged if r["mode"] == "edit")
-    assert sum(m["agent/dropped_tokens"] for m in steps) == dropped
-    trained = sum(m["agent/model_tokens_mean"] * 16 for m in steps)
-    assert round(trained) == sampled - dropped
+    before_break = sum(r["tokens"][0] for r in train_logged if r["mode"] == "edit")
+    assert before_break > 0 and sum(m["agent/dropped_tokens"] for m in steps) == 0
+    assert all(m["agent/split_samples"] == 4 and m["data/samples"] == 20 for m in steps)
+    in_last_segments = sum(m["agent/model_tokens_mean"] * 16 for m in steps)
+    assert round(in_last_segments) == sampled - before_break
+    trained = sum(m["response/length_mean"] * m["data/samples"] for m in steps)
+    assert round(trained) == sampled
 
 
 LIBRARY_ENVS = {
@@ -227,3 +231,33 @@ def test_bad_agent_specs_are_config_errors_before_ray(override, expected, tmp_pa
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert expected in proc.stderr, proc.stderr[-2000:]
     assert "Ray" not in proc.stderr and not (tmp_path / "run").exists()
+
+
+@pytest.fixture(scope="module")
+def openenv_url():
+    pytest.importorskip("openenv.core")
+    from tests.openenv_server import number_guess_server
+
+    with number_guess_server(max_sessions=32) as (url, _):  # 16 train + 4 val episodes at once
+        yield url
+
+
+def test_an_openenv_server_trains_unchanged(model, openenv_url, tmp_path):
+    # examples/agents/openenv_number_guess.py, served by OpenEnv's own app
+    data = _jsonl(tmp_path / "guess.jsonl", [{"prompt": "Guess.", "seed": i} for i in range(8)])
+    run_dir = tmp_path / "run"
+    proc = _cli([
+        f"model.path={model}", *COMMON, f"data.train_files={data}", f"data.val_files={data}",
+        "data.val_size=4", f"agent.env=openenv:{openenv_url}", "agent.max_turns=2",
+        "agent.max_turn_tokens=16", "agent.max_response_tokens=96", "trainer.total_steps=1",
+        f"trainer.run_dir={run_dir}",
+    ])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (m,) = [m for m in _metrics(run_dir) if m["step"] == 1]
+    # every episode's reward came from the server's environment, none from reward.fn
+    assert m["agent/env_rewarded"] == 16 and m["reward/errors"] == 0
+    assert 1.0 <= m["agent/turns_mean"] <= 2.0
+    assert m["agent/env_tokens_mean"] > 0  # the game's feedback between the turns
+    # the game's rewards: -0.1 a wrong guess, 0 no number, 1.0 the right one
+    assert -0.2 - 1e-6 <= m["reward/mean"] <= 1.0
+    assert m["rollout/logprob_abs_diff_max"] < 1e-3

@@ -1,6 +1,6 @@
 """Other libraries' environments behind reset/step: a TRL-style class, skyrl-gym's
-gsm8k and a TextArena game, each driven by hand-written assistant turns; and their
-config mistakes as EnvErrors that say what to change."""
+gsm8k, a TextArena game and an OpenEnv server, each driven by hand-written
+assistant turns; and their config mistakes as EnvErrors that say what to change."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import asyncio
 
 import pytest
 from rlpost.rollout.agent.env import EnvError, load_env
+
+from tests.openenv_server import number_guess_server
 
 COUNTER = "examples/agents/trl_style_env.py:CounterEnv"
 
@@ -89,3 +91,137 @@ def test_library_mistakes_say_what_to_change():
         load_env("textarena:GuessTheNumbr-v0")
     with pytest.raises(EnvError, match="takes env_config and extras .* not \\['colour'\\]"):
         load_env("skyrl_gym:gsm8k", {"colour": 1})
+
+
+# -- OpenEnv: examples/agents/openenv_number_guess.py served by openenv's own app ------
+GUESS = "examples/agents/openenv_number_guess.py"  # served by tests/openenv_server.py
+CLIENT = f"openenv:{GUESS}:NumberGuessEnv"
+OPENING = "I picked a number between 1 and 20. You have 3 guesses."
+
+
+@pytest.fixture(scope="module")
+def guess_url():
+    """One session at a time: a session an episode does not give back blocks the next."""
+    pytest.importorskip("openenv.core")
+    with number_guess_server(max_sessions=1) as (url, _):
+        yield url
+
+
+def test_openenv_server_plays_a_seeded_game_to_its_summed_reward(guess_url):
+    make = load_env(f"openenv:{guess_url}")
+
+    async def play() -> list:
+        env = make()
+        opening = await env.reset({"prompt": "Play.", "seed": 3})  # secret 1 + 3 % 20 = 4
+        # the reset's observation text goes after the prompt in the last user message
+        assert opening == [{"role": "user", "content": f"Play.\n\n{OPENING}"}]
+        out = [await env.step(answer("10"))]  # -0.1
+        out.append(await env.step(answer("maybe 99?")))  # the env's step raises: no guess used
+        out.append(await env.step(answer("no idea")))  # no reward: counts 0
+        out.append(await env.step(answer("It is 4")))  # 1.0, done
+        assert [o.status for o in env.outcomes] == ["error"]
+        return out
+
+    lower, refused, no_number, correct = asyncio.run(play())
+    assert lower == ([{"role": "user", "content": "Lower."}], False, -0.1)
+    (error,), done, reward = refused
+    assert error["content"].startswith("Error: 99 is not between 1 and 20") and not done
+    assert reward == -0.1  # a refused step adds nothing
+    assert no_number == ([{"role": "user", "content": "Answer with a number."}], False, -0.1)
+    # the episode's reward sums its steps': -0.1 + 0 + 1.0 = 0.9
+    assert correct[:2] == ([], True) and correct[2] == pytest.approx(0.9)
+
+
+def test_openenv_client_class_builds_its_action_with_defaults(guess_url):
+    make = load_env(
+        CLIENT,
+        {"base_url": guess_url, "action_defaults": {"verbose": True}, "reward": "last"},
+    )
+
+    async def play() -> list:
+        env = make()
+        assert env.settings.action_cls.__name__ == "NumberGuessAction"
+        await env.reset({"prompt": "Play.", "seed": 17})  # secret 18
+        return [await env.step(answer("9")), await env.step(answer("18"))]
+
+    higher, correct = asyncio.run(play())
+    # verbose=True from action_defaults: the feedback counts the guesses left (3 - 1)
+    assert higher == ([{"role": "user", "content": "Higher. 2 guesses left."}], False, -0.1)
+    assert correct == ([], True, 1.0)  # reward=last: the last step's, not -0.1 + 1.0
+
+
+def test_openenv_sessions_are_given_back_and_waited_for(guess_url):
+    row = {"prompt": "Play.", "seed": 0}  # secret 1
+
+    async def run() -> None:
+        quick = load_env(f"openenv:{guess_url}", {"session_wait_s": 0.3})
+        cut = quick()
+        await cut.reset(row)  # an episode cut short (agent.max_turns): never done
+        del cut  # its session ends with it, so the server's one slot is free again
+        holder = quick()
+        await holder.reset(row)
+        with pytest.raises(EnvError, match=r"127\.0\.0\.1:\d+: cannot open a session .* limit"):
+            await quick().reset(row)
+        patient = load_env(f"openenv:{guess_url}", {"session_wait_s": 30})()
+
+        async def finish() -> None:
+            await asyncio.sleep(0.5)
+            assert (await holder.step(answer("1")))[1]  # done: its session is closed
+
+        await asyncio.gather(finish(), patient.reset(row))  # waits for the holder's slot
+        assert (await patient.step(answer("1"))) == ([], True, 1.0)
+
+    asyncio.run(run())
+
+
+def test_openenv_a_lost_server_ends_the_episode_counted():
+    pytest.importorskip("openenv.core")
+
+    async def run(url: str, proc) -> tuple:
+        env = load_env(f"openenv:{url}")()
+        await env.reset({"prompt": "Play.", "seed": 3})
+        first = await env.step(answer("10"))
+        proc.kill()
+        proc.wait(timeout=30)
+        return first, await env.step(answer("4")), env.outcomes
+
+    with number_guess_server(max_sessions=1) as (url, proc):
+        first, lost, outcomes = asyncio.run(run(url, proc))
+    assert first[1:] == (False, -0.1)
+    assert lost == ([], True, -0.1)  # what the episode had earned
+    assert [o.status for o in outcomes] == ["error"]
+    with pytest.raises(EnvError, match=f"schema at {url}/schema .*start the server"):
+        load_env(f"openenv:{url}")
+
+
+def test_openenv_mistakes_say_what_to_change(guess_url, monkeypatch):
+    from rlpost.rollout.agent.openenv_adapter import _action_field
+
+    spec = f"openenv:{guess_url}"
+    with pytest.raises(EnvError, match=r"action_field=move: NumberGuessAction has fields guess"):
+        load_env(spec, {"action_field": "move"})
+    with pytest.raises(EnvError, match=r"action_defaults: NumberGuessAction has no fields \['x'\]"):
+        load_env(spec, {"action_defaults": {"x": 1}})
+    with pytest.raises(
+        EnvError, match=r"observation_field=text: .* \['feedback', 'guesses_left'\]"
+    ):
+        load_env(spec, {"observation_field": "text"})
+    with pytest.raises(EnvError, match=r"takes base_url, .* not \['colour'\].*reward=all"):
+        load_env(spec, {"colour": 1, "reward": "all"})
+    with pytest.raises(EnvError, match="base_url: the spec already names the server"):
+        load_env(spec, {"base_url": guess_url})
+    with pytest.raises(EnvError, match="base_url=None: the client class needs the server's URL"):
+        load_env(CLIENT)
+    with pytest.raises(EnvError, match="NumberGuessEnvironment is the server side"):
+        load_env(f"openenv:{GUESS}:NumberGuessEnvironment", {"base_url": guess_url})
+    # two text fields: which one the model writes is the user's to say
+    problems: list[str] = []
+    schema = {"title": "Move", "properties": {"a": {"type": "string"}, "b": {"type": "string"}}}
+    assert _action_field(schema, None, {}, problems) == ""
+    assert (
+        "name the one that gets the model's text with agent.env_kwargs.action_field" in problems[0]
+    )
+    assert _action_field({**schema, "required": ["a", "b"]}, "a", {}, problems[1:]) == "a"
+    monkeypatch.setitem(__import__("sys").modules, "openenv.core", None)
+    with pytest.raises(EnvError, match=r"needs the openenv-core package .*rlpost\[openenv\]"):
+        load_env(spec)
