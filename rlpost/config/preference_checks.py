@@ -85,13 +85,12 @@ def preference_checks(cfg: Config) -> list[str]:
                 f"algo.dpo.label_smoothing={a.dpo.label_smoothing}: conservative DPO smooths "
                 f"the sigmoid loss only, not algo.dpo.loss={a.dpo.loss}"
             )
-    if name == "dpo" and t.name == "megatron":
-        # The update itself is the shared PolicyUpdates.update_preference; what is not
-        # yet verified is that megatron's micro-batching and its model-parallel joins
-        # keep the pairs and their scores_b whole.
+    if name == "dpo" and t.name == "megatron" and t.megatron.vpp > 1:
+        # Interleaved stages pad every micro-batch with empty rows, which would enter
+        # the pair losses' metrics as pairs of their own.
         problems.append(
-            "trainer.name=megatron: algo=dpo is trained and tested with trainer=fsdp only "
-            "so far; use trainer=fsdp"
+            f"trainer.megatron.vpp={t.megatron.vpp}: algo=dpo runs without virtual pipeline "
+            "stages; set trainer.megatron.vpp=1"
         )
     if name == "rm":
         if t.name == "megatron":

@@ -27,6 +27,7 @@ follows them: ``messages`` is always the chat the tokens hold.
 from __future__ import annotations
 
 import asyncio
+import logging
 import hashlib
 import inspect
 import uuid
@@ -42,6 +43,7 @@ from rlpost.rollout.base import AsyncRolloutEngine, Completion, GenerationReques
 
 GenerateFn = Callable[[list[int], SamplingConfig, str], Awaitable[Completion]]
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -147,12 +149,29 @@ async def run_episodes(
     templates: dict[str, ChatTokens] = {}
 
     async def one(i: int, j: int) -> Episode:
-        return await _episode(
-            rows[i], i, f"{prefix}-{i}-{j}", i * n + j, generate, tokenizer, make_env(),
-            sampling, config, parse, templates,
-        )  # fmt: skip
+        env = make_env()
+        try:
+            return await _episode(
+                rows[i], i, f"{prefix}-{i}-{j}", i * n + j, generate, tokenizer, env,
+                sampling, config, parse, templates,
+            )  # fmt: skip
+        finally:  # also when cancelled: an environment's connection or process goes
+            await _close(env)
 
     return list(await asyncio.gather(*(one(i, j) for i in range(len(rows)) for j in range(n))))
+
+
+async def _close(env: Any) -> None:
+    """``env.close()`` when the environment has one (a server session, a process);
+    its failure is logged, never the episode's."""
+    close = getattr(env, "close", None)
+    if not callable(close):
+        return
+    try:
+        await _maybe_await(close())
+    except Exception as exc:  # noqa: BLE001 - a failed close costs nothing the run needs
+        log.warning("agent.env: %s.close() raised %s: %s", type(env).__name__,
+                    type(exc).__name__, exc)  # fmt: skip
 
 
 async def _episode(

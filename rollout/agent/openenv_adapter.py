@@ -41,7 +41,6 @@ import json
 import time
 import urllib.error
 import urllib.request
-import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, get_args, get_origin
@@ -84,7 +83,6 @@ class OpenEnvEnv:
         self.client: Any = None
         self.reward = 0.0
         self.outcomes: list[ToolOutcome] = []
-        self._finalizer: weakref.finalize | None = None
 
     async def reset(self, row: dict) -> list[dict]:
         seed = row.get("seed")
@@ -135,10 +133,7 @@ class OpenEnvEnv:
                     f"OpenEnv server {s.url}: cannot open a session ({type(exc).__name__}: "
                     f"{exc}); {hint}"
                 ) from None
-            self.client = client
-            # An episode cut before its end (agent.max_turns, its token budget) is not
-            # told so: its session is dropped when the episode's environment is.
-            self._finalizer = weakref.finalize(self, _drop_connection, client)
+            self.client = client  # an episode cut short is closed by the loop (close())
             return result
 
     async def step(self, message: dict) -> StepResult:
@@ -179,21 +174,8 @@ class OpenEnvEnv:
     async def close(self) -> None:
         """End the episode's session (done; also safe to call again)."""
         client, self.client = self.client, None
-        if self._finalizer is not None:
-            self._finalizer.detach()
         if client is not None:
             await client.disconnect()
-
-
-def _drop_connection(client: Any) -> None:
-    # ``_ws``: openenv-core 0.3.0's connection, which has no public synchronous close
-    ws = getattr(client, "_ws", None)
-    if ws is None or ws.transport.is_closing():
-        return
-    try:
-        ws.transport.abort()  # the server sees the session end at once
-    except RuntimeError:  # its event loop is closed: the socket goes with the transport
-        pass
 
 
 def observation_text(observation: Any, field: str | None) -> str:

@@ -157,7 +157,7 @@ def test_openenv_sessions_are_given_back_and_waited_for(guess_url):
         quick = load_env(f"openenv:{guess_url}", {"session_wait_s": 0.3})
         cut = quick()
         await cut.reset(row)  # an episode cut short (agent.max_turns): never done
-        del cut  # its session ends with it, so the server's one slot is free again
+        await cut.close()  # as the episode loop does: the server's one slot is free again
         holder = quick()
         await holder.reset(row)
         with pytest.raises(EnvError, match=r"127\.0\.0\.1:\d+: cannot open a session .* limit"):

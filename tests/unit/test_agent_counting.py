@@ -234,3 +234,35 @@ def test_environment_rewards_win_and_reward_fn_sees_the_messages(tokenizer):
     quiet = _episodes(tokenizer, ["answer"], RewardsOddTurns, config, rows=rows[::2])
     scores, _ = score_episodes(scorer, episode_results(quiet, 1), rows[::2], named_only=True)
     assert scores["row"].tolist() == [0.0, 20.0]
+
+
+class CountingEnv:
+    """An environment that never ends an episode and records ``close``; the second
+    one made fails to close (sync and async closes both allowed)."""
+
+    made: list[CountingEnv] = []
+
+    def __init__(self):
+        self.closed = 0
+        self.index = len(CountingEnv.made)
+        CountingEnv.made.append(self)
+
+    def reset(self, row):
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, message):
+        return [{"role": "user", "content": "again"}], False, None
+
+    async def close(self):
+        self.closed += 1
+        if self.index == 1:
+            raise OSError("gone")
+
+
+def test_every_episode_closes_its_environment_cut_short_or_not(tokenizer, caplog):
+    CountingEnv.made = []
+    config = AgentLoopConfig(max_turns=2, max_response_tokens=2000, max_model_len=4000)
+    episodes = _episodes(tokenizer, ["a", "b"], CountingEnv, config, n=3)
+    assert len(episodes) == 3 and all(e.truncated for e in episodes)  # out of turns
+    assert [env.closed for env in CountingEnv.made] == [1, 1, 1]
+    assert "CountingEnv.close() raised OSError: gone" in caplog.text  # logged, not fatal

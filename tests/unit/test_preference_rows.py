@@ -118,8 +118,10 @@ def test_offline_config_errors_name_the_key():
         compose(["algo=rm"])
     with pytest.raises(ConfigError, match=r"trainer\.name=megatron: algo=rm"):
         compose(["algo=rm", "data=arith_pref", "trainer=megatron"])
-    with pytest.raises(ConfigError, match=r"trainer\.name=megatron: algo=dpo"):
-        compose(["algo=dpo", "data=arith_pref", "trainer=megatron"])
+    compose(["algo=dpo", "data=arith_pref", "trainer=megatron"])  # dpo trains on megatron
+    with pytest.raises(ConfigError, match=r"trainer\.megatron\.vpp=2: algo=dpo runs without"):
+        compose(["algo=dpo", "data=arith_pref", "trainer=megatron", "trainer.world_size=2",
+                 "trainer.megatron.pp=2", "trainer.megatron.vpp=2"])  # fmt: skip
     with pytest.raises(ConfigError, match=r"trainer\.micro_batch_size=7: algo=dpo needs an even"):
         compose(["algo=dpo", "data=arith_pref", "trainer.micro_batch_size=7"])
     cfg = compose(["algo=dpo", "data=arith_pref", "algo.dpo.loss=simpo"])
