@@ -19,7 +19,9 @@ if [ -z "${RAY_AUTH_MODE:-}" ] && { [ -n "${RAY_AUTH_TOKEN:-}" ] || [ -s "${HOME
 fi
 # --working-dir uploads this checkout (minus .gitignore'd files) to the cluster; the job's
 # driver and every worker import rlpost from that copy. The job's current directory
-# is a temporary copy, hence the absolute run directory.
+# is a temporary copy, hence the absolute run directory. `ray job stop` sends SIGTERM and
+# SIGKILLs after RAY_JOB_STOP_WAIT_TIME_S (3 s by default): 600 lets the step in progress
+# finish and its checkpoint be written, as the CLI does on SIGTERM.
 exec "${RAY:-.venv/bin/ray}" job submit --working-dir . \
-    --runtime-env-json '{"excludes": [".git"]}' \
+    --runtime-env-json '{"excludes": [".git"], "env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "600"}}' \
     -- python -m rlpost.main algo=grpo trainer.run_dir="${RUN_DIR:-/tmp/rlpost-job}" "$@"

@@ -24,11 +24,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from rlpost.board import ray_jobs
 from rlpost.board.paths import Forbidden, under_root
 from rlpost.board.runs import LAUNCH_NAME, LOG_NAME, MARKERS, read_launch
 
 GENERAL = "general"  # problems that name no field of the form
-RAY_POLL_S = 5.0
+RAY_POLL_S = 2.0  # a launched Ray job's status, asked of its cluster at most this often
 _TOKEN = re.compile(r"^'?([A-Za-z_][\w.@+~-]*)")
 
 
@@ -156,44 +157,36 @@ def plan(root: Path, form: Mapping[str, str]) -> Plan:
     return Plan(overrides, run_dir, problems)
 
 
-def ray_env() -> dict[str, str]:
-    """The environment for ``ray job``: token mode when a Ray token is at hand
-    (``ray start --head`` turns token authentication on; examples/ray_job.sh)."""
-    env = dict(os.environ)
-    token_file = Path.home() / ".ray" / "auth_token"
-    if "RAY_AUTH_MODE" not in env and (
-        env.get("RAY_AUTH_TOKEN") or (token_file.is_file() and token_file.stat().st_size)
-    ):
-        env["RAY_AUTH_MODE"] = "token"
-    return env
-
-
-def ray_bin() -> str:
-    local = Path(sys.executable).with_name("ray")
-    return str(local) if local.exists() else "ray"
-
-
 def train_command(overrides: list[str]) -> list[str]:
     return [sys.executable, "-m", "rlpost.main", *overrides]
 
 
+def ray_entrypoint(overrides: list[str]) -> list[str]:
+    """The job's command: ``python`` as the cluster's nodes find it (rlpost installed there)."""
+    return ["python", "-m", "rlpost.main", *overrides]
+
+
 def ray_submit_command(overrides: list[str], address: str, job_id: str) -> list[str]:
+    """The ``ray job submit`` line equal to the board's submission (``ray_jobs.submit``)."""
     return [
-        ray_bin(), "job", "submit", "--address", address, "--submission-id", job_id,
-        "--no-wait", "--", "python", "-m", "rlpost.main", *overrides,
+        "ray", "job", "submit", "--address", address, "--submission-id", job_id,
+        "--runtime-env-json", json.dumps(ray_jobs.runtime_env()), "--no-wait", "--",
+        *ray_entrypoint(overrides),
     ]  # fmt: skip
 
 
 def job_name(run_dir: Path) -> str:
-    """The Ray job's submission id: the run's folder name (new under the runs root)."""
-    return f"rlpost-{run_dir.name}"
+    """A new Ray submission id for a run: its folder name and the time (a cluster
+    keeps every id it was given, so a relaunch under the same name needs a new one)."""
+    return f"rlpost-{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def shown(command: list[str], ray: bool = False) -> str:
-    """``command`` as a user would type it (the venv's python as ``python``)."""
+def shown(command: list[str]) -> str:
+    """``command`` as a user would type it: the venv's python as ``python``; a ``ray``
+    command in token mode when a Ray token is at hand (``ray start --head`` turns
+    token authentication on; examples/ray_job.sh)."""
     parts = ["python" if c == sys.executable else c for c in command]
-    if ray:
-        parts[0] = "ray"
+    if parts[:1] == ["ray"] and ray_jobs.token() is not None:
         return "RAY_AUTH_MODE=token " + shlex.join(parts)
     return shlex.join(parts)
 
@@ -205,7 +198,7 @@ class Launcher:
 
     def __init__(self) -> None:
         self.procs: dict[Path, subprocess.Popen[bytes]] = {}
-        self._ray_seen: dict[Path, float] = {}
+        self._ray_seen: dict[Path, tuple[float, tuple[int | None, bool | None]]] = {}
 
     def start_local(self, run_dir: Path, overrides: list[str]) -> dict[str, Any]:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -221,18 +214,17 @@ class Launcher:
         _write_launch(run_dir, info)
         return info
 
-    def start_ray(self, run_dir: Path, overrides: list[str], address: str) -> dict[str, Any]:
+    def start_ray(
+        self, run_dir: Path, overrides: list[str], address: str, job_id: str
+    ) -> dict[str, Any]:
+        """Submit the run as Ray job ``job_id``; ``RayJobError`` (nothing written)
+        when the cluster refuses it or cannot be reached."""
+        ray_jobs.submit(address, job_id, shlex.join(ray_entrypoint(overrides)))
         run_dir.mkdir(parents=True, exist_ok=True)
-        job_id = job_name(run_dir)
-        command = ray_submit_command(overrides, address, job_id)
-        done = subprocess.run(command, capture_output=True, text=True, env=ray_env(), timeout=120)
-        (run_dir / LOG_NAME).write_text(done.stdout + done.stderr)
         info = {
-            "kind": "ray", "job_id": job_id, "address": address, "command": command,
-            "started": time.time(),
+            "kind": "ray", "job_id": job_id, "address": address,
+            "command": ray_submit_command(overrides, address, job_id), "started": time.time(),
         }  # fmt: skip
-        if done.returncode != 0:
-            info["exit_code"] = done.returncode
         _write_launch(run_dir, info)
         return info
 
@@ -259,31 +251,43 @@ class Launcher:
         return None, None
 
     def _ray_state(self, run_dir: Path, info: dict[str, Any]) -> tuple[int | None, bool | None]:
-        if time.time() - self._ray_seen.get(run_dir, 0.0) < RAY_POLL_S:
-            return None, True
-        self._ray_seen[run_dir] = time.time()
+        """Asked of the cluster at most every ``RAY_POLL_S``; once the job ended, its
+        whole log is copied to ``board.log`` (the error line of a failed run). A
+        cluster that does not answer leaves the status to the run's files: (None, None)."""
+        asked, state = self._ray_seen.get(run_dir, (0.0, (None, True)))
+        if time.time() - asked < RAY_POLL_S:
+            return state
         address, job = info["address"], info["job_id"]
-        env = ray_env()
-        status = subprocess.run(
-            [ray_bin(), "job", "status", "--address", address, job],
-            capture_output=True, text=True, env=env, timeout=60,
-        )  # fmt: skip
-        logs = subprocess.run(
-            [ray_bin(), "job", "logs", "--address", address, job],
-            capture_output=True, text=True, env=env, timeout=60,
-        )  # fmt: skip
-        if logs.returncode == 0:
-            (run_dir / LOG_NAME).write_text(logs.stdout)
-        text = (status.stdout + status.stderr).lower()
-        for word, code in (("succeeded", 0), ("stopped", 130), ("failed", 1)):
-            if word in text:
+        try:
+            code = ray_jobs.exit_code(ray_jobs.info(address, job))
+            if code is not None:
+                (run_dir / LOG_NAME).write_text(ray_jobs.logs(address, job))
+        except ray_jobs.RayJobError:
+            state = (None, None)
+        else:
+            if code is not None:
                 _write_launch(run_dir, {**info, "exit_code": code})
-                return code, False
-        return None, True
+            state = (code, code is None)
+        self._ray_seen[run_dir] = (time.time(), state)
+        return state
+
+    def refresh_log(self, run_dir: Path) -> None:
+        """Copy a running Ray job's log from the cluster to ``board.log`` (what the run
+        page shows). A cluster that does not answer leaves the last copy: the
+        run's status says so."""
+        info = read_launch(run_dir)
+        if info.get("kind") != "ray" or "exit_code" in info:
+            return
+        try:
+            text = ray_jobs.logs(info["address"], info["job_id"])
+        except ray_jobs.RayJobError:
+            return
+        (run_dir / LOG_NAME).write_text(text)
 
     def stop(self, run_dir: Path) -> str:
         """Ask a launched run to stop: SIGINT to a local process (it checkpoints at
-        the next step, as Ctrl-C does), ``ray job stop`` for a job."""
+        the next step, as Ctrl-C does); for a Ray job, Ray's stop, which sends it
+        SIGTERM (the same checkpoint) and waits ``ray_jobs.STOP_WAIT_S`` for it."""
         info = read_launch(run_dir)
         proc = self.procs.get(run_dir)
         if proc is not None and proc.poll() is None:
@@ -293,11 +297,18 @@ class Launcher:
             os.kill(int(info["pid"]), signal.SIGINT)
             return f"sent SIGINT to process {info['pid']}: it stops after the current step"
         if info.get("kind") == "ray" and "exit_code" not in info:
-            done = subprocess.run(
-                [ray_bin(), "job", "stop", "--address", info["address"], info["job_id"]],
-                capture_output=True, text=True, env=ray_env(), timeout=120,
-            )  # fmt: skip
-            return (done.stdout + done.stderr).strip() or "ray job stop sent"
+            job = info["job_id"]
+            try:
+                stopped = ray_jobs.stop(info["address"], job)
+            except ray_jobs.RayJobError as exc:
+                return f"could not stop Ray job {job}: {exc}"
+            self._ray_seen.pop(run_dir, None)  # the next look asks the cluster again
+            if not stopped:
+                return f"Ray job {job} was not running"
+            return (
+                f"asked Ray to stop job {job}: Ray sends it SIGTERM, it stops after the current "
+                f"step with a checkpoint (SIGKILL only after {ray_jobs.STOP_WAIT_S} s)"
+            )
         return "not running"
 
 

@@ -95,7 +95,8 @@ def launch_page(
 <fieldset><legend>where</legend>
 <label><input type="radio" name="target" value="local"{" checked" if target != "ray" else ""}> local process</label>
 <label><input type="radio" name="target" value="ray"{" checked" if target == "ray" else ""}> Ray job at</label>
-<input name="address" size="30" value="{esc(form.get("address", ""))}" placeholder="http://127.0.0.1:8265"></fieldset>
+<input name="address" size="30" value="{esc(form.get("address", ""))}" placeholder="http://127.0.0.1:8265">
+{_errors(problems, "address")}</fieldset>
 <p><button name="action" value="check">check</button>
 <button name="action" value="launch"{"" if allow_launch else " disabled"}>launch</button></p>
 </form>"""

@@ -19,6 +19,8 @@ def runs_page(runs: list[Run], root: str) -> str:
         status = f'<span class="status {esc(r.status)}">{esc(r.status)}</span>'
         if r.error:
             status += f'<div class="error">{esc(r.error)}</div>'
+        if r.checkpoint:
+            status += f'<div class="checkpoint">checkpoint of step {r.checkpoint[0]}</div>'
         rows.append(
             [
                 f'<input type="checkbox" name="run" value="{esc(r.rel)}" form="compare">',
@@ -70,15 +72,22 @@ def run_page(runs: list[Run], axis: str, allow_launch: bool, csrf: str) -> str:
         )
         if r.error:
             line += f'<div class="error">{esc(r.error)}</div>'
+        if r.checkpoint:
+            step, rel = r.checkpoint
+            line += (
+                f'<div class="checkpoint">checkpoint of step {step}: <code>{esc(r.path / rel)}</code> '
+                f"(the same command, trainer.resume=auto, goes on from step {step + 1})</div>"
+            )
         if r.launch:
             command = r.launch.get("shown") or ""
             line += f'<pre class="command">{esc(command)}</pre>'
             if allow_launch and r.status == "running":
+                how = "ray job stop, SIGTERM" if r.launch.get("kind") == "ray" else "SIGINT"
                 line += (
                     f'<form method="post" action="/stop" class="stop">'
                     f'<input type="hidden" name="run" value="{esc(r.rel)}">'
                     f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
-                    f"<button>stop (SIGINT: checkpoint, then exit)</button></form>"
+                    f"<button>stop ({how}: checkpoint, then exit)</button></form>"
                 )
             line += (
                 f'<details><summary>log</summary><pre class="log" '

@@ -13,11 +13,15 @@ below the root. Status, in order of evidence:
 - the board's log of the run ends in an error: failed, with that line;
 - a checkpoint short of ``total_steps``: stopped (resumable);
 - otherwise unknown (no recent metrics, no checkpoint, no log).
+
+A stopped or failed run also names its latest complete checkpoint, the one
+``trainer.resume=auto`` continues from.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +38,9 @@ LAUNCH_NAME = "board.json"  # how the board launched it (command, pid or job id)
 MARKERS = ("config.yaml", "metrics.jsonl", LAUNCH_NAME)
 HEADLINES = ("val/accuracy", "val/reward_mean")
 STOP_CODES = (130, 143)  # 128 + SIGINT, 128 + SIGTERM: checkpointed and stopped (faults.py)
+# A complete checkpoint: checkpoints/step_N holding COMPLETE (rlpost/loop/checkpoint.py;
+# a save in progress is step_N.partial).
+CHECKPOINT_DIR = re.compile(r"^step_(\d+)$")
 
 
 @dataclass
@@ -52,6 +59,21 @@ class Run:
     headline: tuple[str, float, float] | None = None  # key, first, last
     modified: float = 0.0
     launch: dict[str, Any] = field(default_factory=dict)
+    checkpoint: tuple[int, str] | None = None  # (step, path in the run dir), stopped or failed
+
+
+def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
+    """(step, directory) of the run's newest complete checkpoint, or None."""
+    found = []
+    try:
+        children = list((run_dir / "checkpoints").iterdir())
+    except OSError:
+        return None
+    for p in children:
+        m = CHECKPOINT_DIR.match(p.name)
+        if m and (p / "COMPLETE").is_file():
+            found.append((int(m.group(1)), p))
+    return max(found, default=None)
 
 
 def find_runs(root: Path, max_depth: int = MAX_DEPTH) -> list[Path]:
@@ -207,7 +229,7 @@ def detect_status(
     error = last_error(log) if log.exists() else None
     if error:
         return "failed", error
-    if any((run_dir / "checkpoints").glob("step_*")):
+    if latest_checkpoint(run_dir) is not None:
         return "stopped", None
     return "unknown", None
 
@@ -246,4 +268,8 @@ def describe_run(
         launch=launch,
     )
     run.status, run.error = detect_status(run_dir, rows, run.total_steps, exit_code, alive)
+    if run.status in ("stopped", "failed"):
+        latest = latest_checkpoint(run_dir)
+        if latest is not None:
+            run.checkpoint = (latest[0], latest[1].relative_to(run_dir).as_posix())
     return run

@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from rlpost.board import launch as launching
+from rlpost.board import ray_jobs
 from rlpost.board.charts import chart_data
 from rlpost.board.html import esc, page, url
 from rlpost.board.launch_page import launch_page
@@ -148,7 +149,9 @@ async def metrics_api(request: web.Request) -> web.Response:
 
 async def log_api(request: web.Request) -> web.Response:
     board = _board(request)
-    log = _run_dir(board, request.query.get("run", "")) / LOG_NAME
+    run_dir = _run_dir(board, request.query.get("run", ""))
+    await asyncio.to_thread(board.launcher.refresh_log, run_dir)
+    log = run_dir / LOG_NAME
     if not log.is_file():
         return web.Response(text="")
     with open(log, "rb") as f:
@@ -216,9 +219,7 @@ async def launch_post(request: web.Request) -> web.Response:
     address = form.get("address", "").strip() or "http://127.0.0.1:8265"
     job = launching.job_name(checked.run_dir) if checked.run_dir else "rlpost-run"
     if ray:
-        command = launching.shown(
-            launching.ray_submit_command(checked.overrides, address, job), ray=True
-        )
+        command = launching.shown(launching.ray_submit_command(checked.overrides, address, job))
     else:
         command = launching.shown(launching.train_command(checked.overrides))
     if form.get("action") != "launch" or not checked.ok:
@@ -230,9 +231,13 @@ async def launch_post(request: web.Request) -> web.Response:
         )  # fmt: skip
     assert checked.run_dir is not None
     if ray:
-        info = await asyncio.to_thread(
-            board.launcher.start_ray, checked.run_dir, checked.overrides, address
-        )
+        try:
+            info = await asyncio.to_thread(
+                board.launcher.start_ray, checked.run_dir, checked.overrides, address, job
+            )
+        except ray_jobs.RayJobError as exc:
+            checked.problems["address"] = [str(exc)]
+            return await _launch_form(board, form, checked=checked, command=command)
     else:
         info = board.launcher.start_local(checked.run_dir, checked.overrides)
     launching.record_shown(checked.run_dir, info, command)

@@ -1,7 +1,8 @@
 """``rlpost board`` in a real browser (headless Chromium through Selenium) on run
 directories that real short runs wrote: a 3-step GRPO run and a 2-step
 ``agent=calculator`` run with ``trainer.log_samples=4``, a launch from the form
-that trains to the end, and the safety checks over plain HTTP.
+that trains to the end, one stopped with the stop button (SIGINT: a checkpoint
+of the step in progress), and the safety checks over plain HTTP.
 
 Chromium and its driver come from Debian (``apt-get install chromium
 chromium-driver``, as .ci/run does); without them the browser tests skip.
@@ -266,6 +267,56 @@ def test_a_valid_launch_trains_to_the_end_and_is_listed(browser, board, runs):
         if r.find_element(By.CSS_SELECTOR, "a.run").text == "launched"
     )
     assert "finished" in row.text and "2 / 2" in row.text
+
+
+def test_the_stop_button_checkpoints_a_launched_run_and_shows_it_stopped(browser, board, runs):
+    from selenium.webdriver.common.by import By
+
+    browser.get(board + "/launch")
+    _fill(browser, "name", "stopped")
+    _fill(browser, "key.trainer.total_steps", "200")  # far more than it gets to
+    # Later lines win: validation only at step 0, no dumps, only the stop checkpoints,
+    # the HF engine (it starts sooner than vLLM on a CPU).
+    quick = ["trainer.val_every=0", "trainer.log_samples=0", "trainer.save_every=0",
+             "rollout.name=hf", "data.prompts_per_step=2", "rollout.n=2"]  # fmt: skip
+    _fill(browser, "extra", "\n".join([*SMALL, *ARITH, *quick]))
+    browser.find_element(By.CSS_SELECTOR, 'button[value="launch"]').click()
+    assert _wait(lambda: "/run?run=stopped" in browser.current_url), browser.page_source[-3000:]
+    stopped = runs / "stopped"
+    metrics, log = stopped / "metrics.jsonl", stopped / "board.log"
+    # Steps 0 (validation) and 1 logged: a stop during start-up leaves nothing to resume.
+    started = _wait(lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, timeout=240)
+    assert started, log.read_text()[-3000:]
+    button = browser.find_element(By.CSS_SELECTOR, "form.stop button")
+    assert button.text == "stop (SIGINT: checkpoint, then exit)"
+    sent = time.monotonic()
+    button.click()
+    assert _wait(lambda: browser.current_url.endswith("/stop"))
+    assert "it stops after the current step" in browser.find_element(By.TAG_NAME, "main").text
+    done = _wait(lambda: "exit_code" in json.loads((stopped / "board.json").read_text())
+                 or (browser.get(board + "/") and False), timeout=120)  # fmt: skip
+    stop_s = time.monotonic() - sent
+    info = json.loads((stopped / "board.json").read_text())
+    assert done and info["exit_code"] == 130, log.read_text()[-3000:]
+    last = _metrics(stopped)[-1]["step"]
+    assert 1 <= last < 200
+    assert [p.name for p in (stopped / "checkpoints").iterdir()] == [f"step_{last:06d}"]
+    assert (stopped / "checkpoints" / f"step_{last:06d}" / "COMPLETE").exists()
+    assert f"stopped by SIGINT after step {last}" in log.read_text()
+    browser.get(board + "/")
+    row = next(
+        r
+        for r in browser.find_elements(By.CSS_SELECTOR, "table.runs tbody tr")
+        if r.find_element(By.CSS_SELECTOR, "a.run").text == "stopped"
+    )
+    assert "stopped" in row.text and f"{last} / 200" in row.text
+    assert row.find_element(By.CSS_SELECTOR, ".checkpoint").text == f"checkpoint of step {last}"
+    browser.get(board + "/run?run=stopped")
+    shown = browser.find_element(By.CSS_SELECTOR, ".runinfo .checkpoint").text
+    assert shown.startswith(f"checkpoint of step {last}: {stopped.resolve()}/checkpoints/")
+    assert f"goes on from step {last + 1}" in shown
+    assert _none(browser, "form.stop")  # nothing left to stop
+    print(f"stop button: checkpoint of step {last}, exit 130 seen {stop_s:.1f} s after the click")
 
 
 def _get(url: str, headers: dict | None = None, opener=None) -> tuple[int, str]:

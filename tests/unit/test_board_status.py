@@ -25,6 +25,13 @@ def _run(path: Path, steps: list[int], total: int, age: float = 3600.0) -> Path:
     return path
 
 
+def _checkpoint(run: Path, step: int) -> None:
+    """A complete checkpoint, as rlpost/loop/checkpoint.py publishes one."""
+    path = run / "checkpoints" / f"step_{step:06d}"
+    path.mkdir(parents=True)
+    (path / "COMPLETE").write_text(str(step))
+
+
 def test_finished_by_final_dir_or_by_reaching_total_steps(tmp_path: Path):
     run = _run(tmp_path / "a", [0, 1, 2], total=5)
     (run / "final").mkdir()
@@ -39,8 +46,11 @@ def test_running_while_metrics_are_fresh_stopped_with_a_checkpoint(tmp_path: Pat
     # The board knows its own process ended: fresh metrics do not make it running.
     assert detect_status(run, read_metrics(run), 5, alive=False)[0] != "running"
     run = _run(tmp_path / "b", [0, 1], total=5)
-    (run / "checkpoints" / "step_000001").mkdir(parents=True)
+    (run / "checkpoints" / "step_000002.partial").mkdir(parents=True)  # a save cut short
+    assert detect_status(run, read_metrics(run), 5) == ("unknown", None)
+    _checkpoint(run, 1)
     assert detect_status(run, read_metrics(run), 5) == ("stopped", None)
+    assert describe_run(tmp_path, run).checkpoint == (1, "checkpoints/step_000001")
     run = _run(tmp_path / "c", [0, 1], total=5)
     assert detect_status(run, read_metrics(run), 5) == ("unknown", None)
 
