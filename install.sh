@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install rlpost with vLLM for the CPU into a virtual environment.
 #   VENV=path  where to put it (default: .venv)
+#   VERIFIERS=1  add verifiers 0.4 (it moves openai to 2.54; see below)
 #   OPENENV=0  skip OpenEnv (installed without its gradio web UI; see below)
 #   EXTRAS=... pip extras (default: cpu,test,megatron,docs,agents,board,reasoning-gym,skyrl-gym,textarena,math)
 set -euo pipefail
@@ -25,6 +26,12 @@ if [ "${OPENENV:-1}" = 1 ]; then
   "$VENV/bin/python" -m pip install --quiet "fastmcp==4.2.3" "tomli==2.5.0" "tomli-w==1.2.0" typer rich
 fi
 "$VENV/bin/python" -c "import torch, transformers, vllm; from transformers import Qwen2ForCausalLM; print('rlpost env ok: torch', torch.__version__, 'vllm', vllm.__version__)"
+# verifiers 0.4 (agent.program=verifiers:..., the verifiers extra) holds openai at
+# 2.54 and mcp at 2.0.0, and fastmcp at 4.1.1 with it: opt in with VERIFIERS=1.
+if [ "${VERIFIERS:-0}" = 1 ]; then
+  "$VENV/bin/python" -m pip install --quiet "verifiers==0.4.0" "openai==2.54.0" "mcp==2.0.0" \
+    "mcp-types==2.0.0" "fastmcp==4.1.1" "fastmcp-slim==4.1.1" "py-key-value-aio==0.4.6" "uv==0.13.9"
+fi
 # megatron-core (the megatron extra) imports without CUDA, Transformer Engine or
 # Apex; it warns that it falls back to torch's optimizers and norms.
 case ",$EXTRAS," in

@@ -33,9 +33,11 @@ class ReasoningGymConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    name: Literal["arith", "arith_pref", "calc", "shapes", "files", "reasoning_gym"] = spec(
+    name: Literal[
+        "arith", "arith_pref", "calc", "shapes", "files", "reasoning_gym", "verifiers"
+    ] = spec(
         "arith",
-        help="built-in task (arith: a+b=; arith_pref: its preference pairs, for algo=dpo and algo=rm; calc: a*b= with a multiply tool; shapes: a picture's colour, for VL models), reasoning-gym's generators, or user files",
+        help="built-in task (arith: a+b=; arith_pref: its preference pairs, for algo=dpo and algo=rm; calc: a*b= with a multiply tool; shapes: a picture's colour, for VL models), reasoning-gym's generators, the tasks of agent.program=verifiers:<taskset>, or user files",
     )
     train_files: list[str] = spec(
         [],

@@ -151,7 +151,7 @@ def check_agent(cfg: Config) -> list[str]:
         from rlpost.rollout.agent.program import ProgramError, load_program
 
         try:
-            load_program(cfg.agent.program)
+            load_program(cfg.agent.program, cfg.agent.env_kwargs)
         except ProgramError as exc:
             problems.append(f"agent.program={cfg.agent.program}: {exc}")
         try:

@@ -23,6 +23,8 @@ def load_data(cfg: Config) -> tuple[list[dict], list[dict], int]:
             cfg.data.reasoning_gym, cfg.data.val_size, cfg.trainer.seed
         )
         return train_rg, val_rg, 0
+    if cfg.data.name == "verifiers":
+        return verifiers_data(cfg)
     if cfg.data.name != "files":
         from rlpost.data.tasks import build_task, task_name
 
@@ -75,6 +77,24 @@ def load_data(cfg: Config) -> tuple[list[dict], list[dict], int]:
                 f"'response' in every training row; rows {missing[:5]} have neither"
             )
     return train, val, bad
+
+
+def verifiers_data(cfg: Config) -> tuple[list[dict], list[dict], int]:
+    """``data=verifiers``: the tasks of ``agent.program=verifiers:<taskset>``."""
+    from rlpost.rollout.agent import verifiers_adapter as va
+
+    if not va.is_verifiers_spec(cfg.agent.program):
+        raise DataError(
+            f"data.name=verifiers takes its rows from agent.program=verifiers:<taskset>, "
+            f"not agent.program={cfg.agent.program}; set it, or use data=files"
+        )
+    try:
+        train, val = va.verifiers_rows(
+            cfg.agent.program, dict(cfg.agent.env_kwargs), cfg.data.val_size
+        )
+    except va.VerifiersError as exc:
+        raise DataError(f"data.name=verifiers: {exc}") from None
+    return train, val, 0
 
 
 def load_preference_files(cfg: Config) -> tuple[list[dict], list[dict], int]:

@@ -126,7 +126,7 @@ class AgentRollout:
         self.endpoint: ChatEndpoint | None = None
         self.limit: threading.BoundedSemaphore | None = None
         if a.program is not None:
-            self.program = load_program(a.program)
+            self.program = load_program(a.program, a.env_kwargs)
             self.endpoint = ChatEndpoint(
                 self._generate, tokenizer, parser=a.parser, host=a.endpoint_host,
                 port=a.endpoint_port,

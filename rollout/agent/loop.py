@@ -27,9 +27,9 @@ follows them: ``messages`` is always the chat the tokens hold.
 from __future__ import annotations
 
 import asyncio
-import logging
 import hashlib
 import inspect
+import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace

@@ -54,8 +54,18 @@ class Program:
     is_async: bool
 
 
-def load_program(spec: str) -> Program:
-    """The program ``spec`` names, checked now: callable with ``(client, row)``."""
+def load_program(spec: str, env_kwargs: dict[str, Any] | None = None) -> Program:
+    """The program ``spec`` names, checked now: callable with ``(client, row)``.
+    ``verifiers:<taskset>`` is a verifiers environment, configured by ``env_kwargs``
+    (``agent.env_kwargs``; ``verifiers_adapter``)."""
+    from rlpost.rollout.agent import verifiers_adapter
+
+    if verifiers_adapter.is_verifiers_spec(spec):
+        try:
+            fn = verifiers_adapter.load_verifiers_program(spec, dict(env_kwargs or {}))
+        except verifiers_adapter.VerifiersError as exc:
+            raise ProgramError(f"agent program {spec!r}: {exc}") from None
+        return Program(fn, spec, True)
     if ":" not in spec:
         raise ProgramError(f"agent program {spec!r} is malformed; use {SPEC_FORMS}")
     fn = load_object(spec, "agent program", ProgramError)

@@ -261,3 +261,25 @@ def test_an_openenv_server_trains_unchanged(model, openenv_url, tmp_path):
     # the game's rewards: -0.1 a wrong guess, 0 no number, 1.0 the right one
     assert -0.2 - 1e-6 <= m["reward/mean"] <= 1.0
     assert m["rollout/logprob_abs_diff_max"] < 1e-3
+
+
+def test_a_verifiers_environment_trains_unchanged(model, tmp_path):
+    # tests/integration/programs/vf_sums.py: a verifiers 0.4 taskset, its tasks the
+    # rows (data=verifiers), each episode one verifiers rollout with its chat harness
+    pytest.importorskip("verifiers.v1")
+    run_dir = tmp_path / "run"
+    proc = _cli([
+        f"model.path={model}", *COMMON, "data=verifiers", "data.val_size=4",
+        "agent.program=verifiers:tests/integration/programs/vf_sums.py",
+        'agent.env_kwargs.agent.harness.id="null"', "agent.max_turn_tokens=8",
+        "agent.max_response_tokens=32", "trainer.total_steps=1", f"trainer.run_dir={run_dir}",
+    ])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (m,) = [m for m in _metrics(run_dir) if m["step"] == 1]
+    # every episode's reward came from the task's @vf.reward functions, none failed
+    assert m["agent/env_rewarded"] == 16 and m["agent/program_errors"] == 0
+    assert m["reward/errors"] == 0 and m["agent/turns_mean"] == 1.0
+    # 1.0 * exact + 0.5 * short + 0.25 * replied: the untrained model's 8 tokens
+    # are neither right nor short, but a reply (0.25) unless it ended at once
+    assert 0.0 < m["reward/mean"] <= 1.75
+    assert m["rollout/logprob_abs_diff_max"] < 1e-3
