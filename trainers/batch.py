@@ -6,8 +6,11 @@ Legend: b = samples, t = tokens (prompt + response, right-padded).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 
 
 @dataclass
@@ -94,3 +97,37 @@ def pad_sequences(seqs: list[list[int]], pad_id: int) -> torch.Tensor:
     for i, s in enumerate(seqs):
         out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
     return out
+
+
+def join_shares(batch: TrajectoryBatch, group: Any) -> tuple[TrajectoryBatch, int]:
+    """Every rank's ``batch`` of ``group`` in rank order, and where this rank's rows start."""
+    size = dist.get_world_size(group)
+    if size == 1:
+        return batch, 0
+    shares: list[Any] = [None] * size
+    dist.all_gather_object(shares, batch, group=group)
+    me = dist.get_rank(group)
+    width = max(s.input_ids_bt.shape[1] for s in shares)
+    joined = concat([pad_width(s, width) for s in shares])
+    return joined, sum(len(s) for s in shares[:me])
+
+
+def pad_width(batch: TrajectoryBatch, width: int) -> TrajectoryBatch:
+    """Right-pad every (b, t) tensor of ``batch`` with zeros to ``width`` columns."""
+    t = batch.input_ids_bt.shape[1]
+    if t == width:
+        return batch
+    updates = {
+        k: F.pad(v, (0, width - t)) if v.dim() == 2 else v for k, v in batch.tensor_fields().items()
+    }
+    return replace(batch, **updates)  # type: ignore[arg-type]
+
+
+def concat(parts: list[TrajectoryBatch]) -> TrajectoryBatch:
+    """Rows of every part, in order (same widths)."""
+    first = parts[0]
+    updates: dict[str, Any] = {
+        k: torch.cat([getattr(p, k) for p in parts]) for k in first.tensor_fields()
+    }
+    updates["scores_b"] = {k: torch.cat([p.scores_b[k] for p in parts]) for k in first.scores_b}
+    return replace(first, **updates)

@@ -136,35 +136,46 @@ def token_logprobs_and_entropy(
     vocabulary, as the built-in models have) take the plain path, whose float32
     rounding the built-in model's cached warm-up was made with.
     """
+    next_ids_bt = F.pad(input_ids_bt[:, 1:], (0, 1))  # the last position predicts nothing
+    logp_bt, entropy_bt = next_token_stats(
+        logits_btv, next_ids_bt, temperature, with_entropy, chunk_elements, plain_elements
+    )
+    return F.pad(logp_bt[:, :-1], (1, 0)), F.pad(entropy_bt[:, :-1], (1, 0))
+
+
+def next_token_stats(
+    logits_btv: torch.Tensor,
+    next_ids_bt: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+    chunk_elements: int = CHUNK_ELEMENTS,
+    plain_elements: int = CHUNK_ELEMENTS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``token_logprobs_and_entropy`` before its shift: position t holds
+    log p(next_ids_t | logits_t) and the entropy of the logits at t. A slice of a
+    sequence (``trainer.ulysses``) predicts its next slice's first token too."""
     b, t, v = logits_btv.shape
     if b * t * v <= plain_elements:  # small enough to hold whole: the plain computation
-        return _plain(logits_btv, input_ids_bt, temperature, with_entropy)
-    # The logits at t predict token t+1; the last position predicts nothing and
-    # gets a dummy id (its outputs are dropped, so its gradient is 0).
-    next_ids_bt = F.pad(input_ids_bt[:, 1:], (0, 1))
+        return _plain(logits_btv, next_ids_bt, temperature, with_entropy)
     chunk = max(1, chunk_elements // v)
     logp_n, entropy_n = _TokenStats.apply(
         logits_btv.reshape(b * t, v), next_ids_bt.reshape(-1), temperature, with_entropy, chunk
     )
-    logp_bt = F.pad(logp_n.view(b, t)[:, :-1], (1, 0))
-    entropy_bt = F.pad(entropy_n.view(b, t)[:, :-1], (1, 0))
-    return logp_bt, entropy_bt
+    return logp_n.view(b, t), entropy_n.view(b, t)
 
 
 def _plain(
-    logits_btv: torch.Tensor, input_ids_bt: torch.Tensor, temperature: float, with_entropy: bool
+    logits_btv: torch.Tensor, next_ids_bt: torch.Tensor, temperature: float, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``token_logprobs_and_entropy`` by ``log_softmax`` over the whole float32 tensor:
-    for batches whose logits fit one chunk, where chunking saves nothing."""
+    """``next_token_stats`` by ``log_softmax`` over the whole float32 tensor: for
+    batches whose logits fit one chunk, where chunking saves nothing."""
     from rlpost.algos import entropy_from_logits
 
     z_btv = (logits_btv.float() / temperature).clamp(min=torch.finfo(torch.float32).min)
-    logp_bt = F.log_softmax(z_btv[:, :-1], dim=-1).gather(-1, input_ids_bt[:, 1:, None])[..., 0]
+    logp_bt = F.log_softmax(z_btv, dim=-1).gather(-1, next_ids_bt[..., None])[..., 0]
     if with_entropy:
-        entropy_bt = F.pad(entropy_from_logits(z_btv[:, :-1]), (1, 0))
-    else:
-        entropy_bt = torch.zeros_like(F.pad(logp_bt, (1, 0))).detach()
-    return F.pad(logp_bt, (1, 0)), entropy_bt
+        return logp_bt, entropy_from_logits(z_btv)
+    return logp_bt, torch.zeros_like(logp_bt).detach()
 
 
 def token_logprobs(

@@ -234,6 +234,7 @@ def trainer_checks(cfg: Config) -> list[str]:
         )
     if cfg.trainer.name == "megatron":
         problems.extend(megatron_checks(cfg))
+    problems.extend(ulysses_checks(cfg))
     if len(cfg.trainer.betas) != 2:
         problems.append(f"trainer.betas={cfg.trainer.betas}: expected two numbers")
     samples = cfg.data.prompts_per_step * cfg.rollout.n
@@ -242,6 +243,32 @@ def trainer_checks(cfg: Config) -> list[str]:
         problems.append(
             f"data.prompts_per_step x rollout.n = {samples} must divide by "
             f"trainer.world_size x algo.mini_batches = {cfg.trainer.world_size * cfg.algo.mini_batches}"
+        )
+    return problems
+
+
+def ulysses_checks(cfg: Config) -> list[str]:
+    """``trainer.ulysses``: the FSDP2 trainer, ranks that divide into groups, and not
+    a reward model (the model itself is checked against its config.json by
+    ``rlpost.plan.checks.check_ulysses_model``)."""
+    t, n = cfg.trainer, cfg.trainer.ulysses
+    if n == 1:
+        return []
+    problems = []
+    if t.name != "fsdp":
+        problems.append(
+            f"trainer.ulysses={n} with trainer={t.name}: Ulysses is the fsdp trainer's; "
+            "megatron splits sequences with trainer.megatron.cp"
+        )
+    if t.world_size % n:
+        problems.append(
+            f"trainer.ulysses={n}: must divide trainer.world_size={t.world_size} "
+            f"(e.g. trainer.world_size={n})"
+        )
+    if cfg.algo.name == "rm":
+        problems.append(
+            f"trainer.ulysses={n} with algo=rm: the reward model's engine has no "
+            "sequence-parallel forward; set trainer.ulysses=1"
         )
     return problems
 

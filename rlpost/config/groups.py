@@ -359,6 +359,11 @@ class TrainerConfig:
         "none",
         help="bf16 compute with fp32 master weights and reductions (GPUs; CPUs with bf16 instructions, e.g. avx512_bf16 or AMX, train ~2.5x faster)",
     )
+    ulysses: int = spec(
+        1,
+        ge=1,
+        help="Ulysses sequence parallelism (fsdp): ranks that share each sample, each holding 1/N of its tokens, with attention heads traded by all-to-all; trainer.world_size / N is the data-parallel size",
+    )
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
 

@@ -82,6 +82,56 @@ def check_model_length(cfg: Config) -> list[str]:
     ]
 
 
+def model_config(cfg: Config) -> Any:
+    """The policy's transformers config: its config.json, or the built-in preset's."""
+    if cfg.model.path is None:
+        from rlpost.models.tiny import build_config, build_tokenizer
+
+        return build_config(cfg.model.preset, build_tokenizer())
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(cfg.model.path)
+
+
+def check_ulysses_model(cfg: Config) -> list[str]:
+    """``trainer.ulysses=N``: a text model whose attention heads split over N ranks
+    (the query heads in N; the key/value heads in N, or N in them, each rank then
+    holding a copy of one) and without sliding-window layers (each rank attends
+    over the whole sequence with a plain causal mask)."""
+    n = cfg.trainer.ulysses
+    if n == 1:
+        return []
+    from rlpost.models.warmup import VL_PRESETS
+
+    model = cfg.model.path or f"the built-in {cfg.model.preset!r} model"
+    key = f"trainer.ulysses={n} with {model}"
+    vl = [f"{key}: a vision-language model's image tokens are not split over ranks; "
+          "set trainer.ulysses=1"]  # fmt: skip
+    if cfg.model.path is None and cfg.model.preset in VL_PRESETS:
+        return vl
+    hf = model_config(cfg)
+    if getattr(hf, "vision_config", None) is not None:
+        return vl
+    text = getattr(hf, "text_config", None) or hf
+    heads = int(text.num_attention_heads)
+    kv = int(getattr(text, "num_key_value_heads", None) or heads)
+    problems = []
+    if heads % n:
+        problems.append(f"{key}: its {heads} attention heads do not split over {n} ranks")
+    if kv % n and n % kv:
+        problems.append(
+            f"{key}: its {kv} key/value heads do not split over {n} ranks, and {n} is not "
+            f"a multiple of {kv}; choose trainer.ulysses dividing {kv} or a multiple of it"
+        )
+    layer_types = getattr(text, "layer_types", None) or []
+    if "sliding_attention" in layer_types:
+        problems.append(
+            f"{key}: the model has sliding-window attention layers, which Ulysses does not "
+            "mask; set trainer.ulysses=1"
+        )
+    return problems
+
+
 def check_megatron_model(cfg: Config) -> list[str]:
     """``trainer=megatron``: the model is one the conversion knows and splits over
     trainer.megatron.tp and pp (read from its config.json, before any worker starts)."""
@@ -90,14 +140,7 @@ def check_megatron_model(cfg: Config) -> list[str]:
     from rlpost.trainers.megatron.config import MegatronParallel, check_divisible
     from rlpost.trainers.megatron.convert import shape_from_hf
 
-    if cfg.model.path is None:
-        from rlpost.models.tiny import build_config, build_tokenizer
-
-        hf_config: Any = build_config(cfg.model.preset, build_tokenizer())
-    else:
-        from transformers import AutoConfig
-
-        hf_config = AutoConfig.from_pretrained(cfg.model.path)
+    hf_config = model_config(cfg)
     mg = cfg.trainer.megatron
     try:
         split = MegatronParallel(

@@ -181,6 +181,7 @@ def trainer_engine_config(
         packing=t.packing and kind == "policy",
         freeze_vision=m.freeze_vision,
         mixed_precision=t.mixed_precision,
+        ulysses=t.ulysses,
     )
 
 

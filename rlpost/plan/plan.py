@@ -26,6 +26,7 @@ from rlpost.plan.checks import (
     check_megatron_model,
     check_model_length,
     check_model_path,
+    check_ulysses_model,
 )
 from rlpost.plan.engines import rollout_engine_config, trainer_engine_config
 from rlpost.plan.inputs import drop_long_prompts, load_data
@@ -183,6 +184,7 @@ def build_plan(cfg: Config) -> RunPlan:
         check_model_path(cfg)
         problems += check_model_length(cfg)
         problems += check_megatron_model(cfg)
+        problems += check_ulysses_model(cfg)
         if device is not None:
             problems += check_lora_adapter(cfg, device.kind)
     except ConfigError as exc:

@@ -81,11 +81,21 @@ class TrainerWorker:
 
     def send_weights(self, bucket_bytes: int) -> dict[str, int]:
         """Every rank: gather the full weights (collective); rank 0 sends them over
-        the weight group in buckets of ``bucket_bytes``."""
-        named = self.engine.named_weights()
-        if named is None:  # not rank 0
-            return {}
-        stats = self.weight_group.send(iter(named), bucket_bytes)
+        the weight group in buckets of ``bucket_bytes``. An engine with a
+        ``weight_stream`` (FSDP2) gathers them a layer at a time as the buckets fill."""
+        stream = getattr(self.engine, "weight_stream", None)
+        if stream is not None:
+            specs, items = stream()
+            if self.engine.rank != 0:  # gather with rank 0, send nothing
+                for _ in items:
+                    pass
+                return {}
+            stats = self.weight_group.send(items, bucket_bytes, specs)
+        else:
+            named = self.engine.named_weights()
+            if named is None:  # not rank 0
+                return {}
+            stats = self.weight_group.send(iter(named), bucket_bytes)
         return {"buckets": stats.buckets, "bytes": stats.bytes, "peak": stats.peak_bucket_bytes}
 
 

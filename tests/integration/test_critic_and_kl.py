@@ -81,9 +81,8 @@ def test_critic_values_align_and_fit_returns(tmp_path):
     plain.load_state_dict(r["state"])
     batch = _batch()
     with torch.no_grad():
-        h = plain.body(
-            input_ids=batch.input_ids_bt, attention_mask=batch.attention_mask_bt
-        ).last_hidden_state
+        h = body(input_ids=batch.input_ids_bt, attention_mask=batch.attention_mask_bt)
+        h = h.last_hidden_state
         manual = F.pad(plain.value_head(h).squeeze(-1)[:, :-1], (1, 0)) * batch.response_mask_bt
     torch.testing.assert_close(r["final"], manual, atol=1e-5, rtol=1e-5)
     # 0.5 * (0 - (+-1))^2 = 0.5 at the start; the regression drives it well below.

@@ -77,10 +77,16 @@ def _policy_worker(
     for name, p in engine.model.named_parameters():
         grads[name] = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
     weights = engine.named_weights()
+    specs, items = engine.weight_stream()  # a layer gathered at a time (collective sync)
+    streamed = [(name, tuple(t.shape), t.dtype, t.clone()) for name, t in items]
     if rank == 0:
         torch.save(
-            {"metrics": metrics, "grads": grads, "weights": dict(weights), "rows": len(batch)}, out
-        )
+            {"metrics": metrics, "grads": grads, "weights": dict(weights), "rows": len(batch),
+             "specs": specs, "streamed": streamed, "layerwise": engine._layerwise},
+            out,
+        )  # fmt: skip
+    else:
+        assert streamed == []  # the other ranks gather with rank 0 and keep nothing
     engine.close()
 
 
@@ -213,6 +219,19 @@ def test_update_is_invariant_to_micro_batch_size(model_dir, reference_step, micr
 def test_two_ranks_match_one_rank_on_the_full_batch(model_dir, reference_step, two_rank_step):
     assert two_rank_step["rows"] == 4  # rank 0 held half the batch
     _assert_same_step(two_rank_step, reference_step, _initial_weights(model_dir))
+
+
+@pytest.mark.parametrize("run", ["reference_step", "two_rank_step"])
+def test_the_weight_stream_is_named_weights_a_layer_at_a_time(run, request):
+    """``weight_stream`` (the collective weight sync's source): the same tensors as
+    ``named_weights``, announced up front (names, shapes, dtypes in stream order),
+    converted layer by layer without falling back to the whole state."""
+    got = request.getfixturevalue(run)
+    assert got["layerwise"]
+    assert [(n, s, d) for n, s, d, _ in got["streamed"]] == got["specs"]
+    assert sorted(n for n, *_ in got["streamed"]) == sorted(got["weights"])
+    for name, _, _, tensor in got["streamed"]:
+        assert torch.equal(tensor, got["weights"][name]), name
 
 
 @pytest.mark.parametrize("run", ["reference_step", "micro_step", "two_rank_step"])

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from rlpost.trainers import device as devices
-from rlpost.trainers.batch import TrajectoryBatch
+from rlpost.trainers.batch import TrajectoryBatch, join_shares
 from rlpost.trainers.engine_config import DTYPES as DTYPES  # re-exported: rlpost.export
+from rlpost.trainers.fsdp.ulysses import SequenceParallel
 from rlpost.trainers.update import OnOutput
 
 log = logging.getLogger(__name__)
@@ -80,10 +81,10 @@ class FSDPBackend:
 
     ``split`` cuts this rank's batch into micro-batches and ``output`` runs the
     model on one (the policy's logits, the critic's values). ``optim`` None: a
-    frozen reference policy, without optimizer state.
+    frozen reference policy, without optimizer state. ``sp`` (``trainer.ulysses``):
+    the ranks of a sequence-parallel group run their shares joined, each holding a
+    slice of every sequence.
     """
-
-    reports_metrics = True  # every rank holds a batch of its own
 
     def __init__(
         self,
@@ -92,9 +93,10 @@ class FSDPBackend:
         split: Callable[[TrajectoryBatch], list[TrajectoryBatch]],
         output: Callable[[TrajectoryBatch], torch.Tensor],
         optim: OptimConfig | None,
+        sp: SequenceParallel | None = None,
     ):
         self.model, self.world_size = model, world_size
-        self.split, self.output = split, output
+        self.split, self.output, self.sp = split, output, sp
         self.max_grad_norm = optim.max_grad_norm if optim else 0.0
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
@@ -117,21 +119,30 @@ class FSDPBackend:
     def trainable(self) -> bool:
         return self.optimizer is not None
 
+    @property
+    def reports_metrics(self) -> bool:
+        """Every rank holds a batch of its own; a sequence-parallel group's first rank
+        reports the group's joined batch."""
+        return self.sp is None or self.sp.rank == 0
+
     def forward(self, batch: TrajectoryBatch, on_output: OnOutput, *, grad: bool) -> torch.Tensor:
         self.model.train(grad)
-        rows_bt = torch.zeros(batch.input_ids_bt.shape, dtype=torch.float32)
+        data, first = (batch, 0) if self.sp is None else join_shares(batch, self.sp.group)
+        rows_bt = torch.zeros(data.input_ids_bt.shape, dtype=torch.float32)
         start = 0
         with torch.set_grad_enabled(grad):
-            for mb in self.split(batch):
+            for mb in self.split(data):
                 loss, rows = on_output(mb, self.output(mb))
                 if grad:
                     # FSDP averages gradients over ranks; the loss is already a
-                    # global mean, so undo the average.
+                    # global mean, so undo the average. (A sequence-parallel group's
+                    # ranks each compute its joined loss and back-propagate their
+                    # slice of it: their gradients add up to its gradient.)
                     (loss * self.world_size).backward()
                 if rows is not None:
                     rows_bt[start : start + len(mb), : rows.shape[1]] = rows.cpu()
                 start += len(mb)
-        return rows_bt
+        return rows_bt[first : first + len(batch), : batch.input_ids_bt.shape[1]]
 
     def zero_grad(self) -> None:
         assert self.optimizer is not None

@@ -18,6 +18,8 @@ from rlpost.trainers.engine_config import DTYPES
 from rlpost.trainers.fsdp.common import FSDPBackend, shard
 from rlpost.trainers.fsdp.engine import FSDPEngineConfig
 from rlpost.trainers.fsdp.state import FSDPState
+from rlpost.trainers.fsdp.ulysses import ATTENTION as ULYSSES_ATTENTION
+from rlpost.trainers.fsdp.ulysses import SequenceParallel
 from rlpost.trainers.micro_batching import micro_batches
 
 
@@ -31,12 +33,20 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.value_head.weight)
         torch.nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The head on each position's hidden state (b, t), not yet shifted."""
         h_bth = self.body(
-            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
         ).last_hidden_state
-        v_bt = self.value_head(h_bth.float()).squeeze(-1)
-        return F.pad(v_bt[:, :-1], (1, 0))
+        return self.value_head(h_bth.float()).squeeze(-1)
 
 
 class CriticEngine(CriticUpdates):
@@ -53,11 +63,16 @@ class CriticEngine(CriticUpdates):
             body.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
+        self.sp = None
+        if cfg.ulysses > 1:
+            self.sp = SequenceParallel(cfg.ulysses, rank, world_size)
+            body.set_attn_implementation(ULYSSES_ATTENTION)
         model = ValueModel(body, body.config.hidden_size).to(self.device)
         shard(model, body.layers, offload=cfg.param_offload, mixed_precision=cfg.mixed_precision)
         self.model = model
         self.num_params = sum(p.numel() for p in model.parameters())
-        backend = FSDPBackend(model, world_size, self._micro_batches, self._values, cfg.optim())
+        optim = cfg.optim()
+        backend = FSDPBackend(model, world_size, self._micro_batches, self._values, optim, self.sp)
         state = FSDPState(model, backend.optimizer, backend.scheduler, cfg, rank, world_size, False)
         super().__init__(backend, lambda v_bt: v_bt, state)
 
@@ -67,8 +82,19 @@ class CriticEngine(CriticUpdates):
 
     def _values(self, mb: TrajectoryBatch) -> torch.Tensor:
         """V (b, t): ``values_bt[:, t]`` is V(state before token t), read from the
-        hidden state at position t-1, so each response token's state sits under its mask."""
-        return self.model(mb.input_ids_bt.to(self.device), mb.attention_mask_bt.to(self.device))
+        hidden state at position t-1, so each response token's state sits under its mask.
+        Under ``trainer.ulysses`` each rank runs its slice of the tokens, and the
+        slices' values are gathered."""
+        if self.sp is None:
+            ids, mask = mb.input_ids_bt.to(self.device), mb.attention_mask_bt.to(self.device)
+            v_bt = self.model(ids, mask)
+        else:
+            width = mb.input_ids_bt.shape[1]
+            ids_bl, pos_bl, _ = self.sp.inputs(mb.input_ids_bt, None)
+            with self.sp.attending(None):
+                v_bl = self.model(ids_bl.to(self.device), position_ids=pos_bl.to(self.device))
+            v_bt = self.sp.gather(v_bl)[:, :width]
+        return F.pad(v_bt[:, :-1], (1, 0))
 
     def close(self) -> None:
         if dist.is_initialized():

@@ -13,6 +13,7 @@ log-probs of its logits and the checkpoint state (``FSDPState``).
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from typing import ClassVar
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.distributed import init_distributed
 from rlpost.trainers.engine_config import DTYPES, EngineConfig
@@ -35,6 +37,8 @@ from rlpost.trainers.fsdp.lora import (
     save_adapter,
 )
 from rlpost.trainers.fsdp.state import FSDPState
+from rlpost.trainers.fsdp.ulysses import ATTENTION as ULYSSES_ATTENTION
+from rlpost.trainers.fsdp.ulysses import SequenceParallel, next_ids
 from rlpost.trainers.hf_format import (
     auto_class,
     load_model,
@@ -44,8 +48,8 @@ from rlpost.trainers.hf_format import (
     use_hub_layout,
     vision_parameters,
 )
+from rlpost.trainers.logprobs import next_token_stats, token_logprobs_and_entropy
 from rlpost.trainers.logprobs import token_logprobs as token_logprobs  # re-exported
-from rlpost.trainers.logprobs import token_logprobs_and_entropy
 from rlpost.trainers.micro_batching import micro_batches, pack, unpack
 from rlpost.trainers.objectives import RegularizerConfig as RegularizerConfig  # re-exported
 from rlpost.trainers.policy import PolicyUpdates
@@ -61,6 +65,7 @@ class FSDPEngineConfig(EngineConfig):
     optimizer_offload: bool = False  # only together with param_offload (FSDP2 offers no other)
     freeze_vision: bool = True  # VL models: no gradient to the vision tower and projector
     mixed_precision: str = "none"  # "bf16": bf16 compute, fp32 master weights and reduction
+    ulysses: int = 1  # sequence-parallel ranks per sample (trainers/fsdp/ulysses.py)
 
     def check(self) -> None:
         """Raise on settings that cannot work together, saying what to change."""
@@ -95,6 +100,10 @@ class FSDPEngine(PolicyUpdates):
         self.device = init_distributed(cfg.device, cfg.backend, rank, world_size, init_method)
         model = load_model(cfg.model_path, DTYPES[cfg.dtype])
         model.to(self.device)  # type: ignore[arg-type]
+        self.sp = None
+        if cfg.ulysses > 1:
+            self.sp = SequenceParallel(cfg.ulysses, rank, world_size)
+            model.set_attn_implementation(ULYSSES_ATTENTION)
         if cfg.freeze_vision:  # a VL model trains its language model only
             for p in vision_parameters(model):
                 p.requires_grad_(False)
@@ -123,12 +132,14 @@ class FSDPEngine(PolicyUpdates):
         self.num_params = sum(p.numel() for p in model.parameters())
         self.num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         optim = cfg.optim() if cfg.trainable else None
-        backend = FSDPBackend(model, world_size, self._micro_batches, self._output, optim)
+        backend = FSDPBackend(model, world_size, self._micro_batches, self._output, optim, self.sp)
         # its optimizer and LR schedule (None for a frozen reference policy)
         self.updater = backend if cfg.trainable else None
         state = FSDPState(
             model, backend.optimizer, backend.scheduler, cfg, rank, world_size, cfg.lora.enabled
         )
+        self._layerwise: bool | None = None  # weight_stream: can it convert layer by layer
+        self._specs: list[tuple[str, tuple[int, ...], torch.dtype]] = []
         super().__init__(backend, self._token_stats, state)
 
     def _micro_batches(self, batch: TrajectoryBatch) -> list[TrajectoryBatch]:
@@ -143,7 +154,17 @@ class FSDPEngine(PolicyUpdates):
 
     def _output(self, mb: TrajectoryBatch) -> torch.Tensor:
         """The logits of ``mb``: (b, t, v), or (1, T, v) when packed (one forward pass
-        over the concatenated samples, no padding tokens)."""
+        over the concatenated samples, no padding tokens); under ``trainer.ulysses``,
+        this rank's slice of the tokens of either."""
+        if self.sp is not None:
+            ids, lengths = self._rows(mb)
+            ids_bl, pos_bl, segments = self.sp.inputs(ids, lengths)
+            with self.sp.attending(segments):
+                return self.model(
+                    input_ids=ids_bl.to(self.device),
+                    position_ids=pos_bl.to(self.device),
+                    use_cache=False,
+                ).logits
         if not self._packed(mb):
             return self._logits(mb)
         ids_1T, pos_1T, _ = pack(mb)
@@ -183,6 +204,8 @@ class FSDPEngine(PolicyUpdates):
         """Log-probs (b, t) of ``mb``'s tokens from ``_output``'s logits and the entropy
         (b, t) of each position's prediction (zeros unless ``with_entropy``). Packed
         values are scattered back to the padded layout."""
+        if self.sp is not None:
+            return self._sp_token_stats(mb, logits, temperature, with_entropy)
         if not self._packed(mb):
             ids = mb.input_ids_bt.to(self.device)
             return token_logprobs_and_entropy(logits, ids, temperature, with_entropy)
@@ -192,6 +215,34 @@ class FSDPEngine(PolicyUpdates):
         )
         width = mb.input_ids_bt.shape[1]
         return unpack(logp_1T, lengths, width), unpack(entropy_1T, lengths, width)
+
+    def _rows(self, mb: TrajectoryBatch) -> tuple[torch.Tensor, list[int] | None]:
+        """The token rows the forward pass runs: one packed row (1, T) and its samples'
+        lengths, or the padded rows (b, t) and None."""
+        if self._packed(mb):
+            ids_1T, _, lengths = pack(mb)
+            return ids_1T, lengths
+        return mb.input_ids_bt, None
+
+    def _sp_token_stats(
+        self, mb: TrajectoryBatch, logits_blv: torch.Tensor, temperature: float, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_token_stats`` from this rank's slice of the logits: each slice's
+        predictions (its last position predicts the next slice's first token),
+        gathered from every rank and shifted into place."""
+        assert self.sp is not None
+        ids, lengths = self._rows(mb)
+        width = ids.shape[1]
+        nxt_bl = self.sp.local(next_ids(ids, self.sp.padded(width))).to(self.device)
+        logp_bl, entropy_bl = next_token_stats(logits_blv, nxt_bl, temperature, with_entropy)
+        logp = F.pad(self.sp.gather(logp_bl)[:, : width - 1], (1, 0))
+        entropy = torch.zeros_like(logp)
+        if with_entropy:
+            entropy = F.pad(self.sp.gather(entropy_bl)[:, : width - 1], (1, 0))
+        if lengths is None:
+            return logp, entropy
+        full = mb.input_ids_bt.shape[1]
+        return unpack(logp, lengths, full), unpack(entropy, lengths, full)
 
     @contextmanager
     def adapter_off(self, disable: bool) -> Iterator[None]:
@@ -233,6 +284,54 @@ class FSDPEngine(PolicyUpdates):
         return False
 
     # -- weights --------------------------------------------------------------
+    def weight_stream(
+        self,
+    ) -> tuple[list[tuple[str, tuple[int, ...], torch.dtype]], Iterator[tuple[str, torch.Tensor]]]:
+        """``named_weights`` a layer at a time: the checkpoint-format names, shapes and
+        dtypes of every tensor, and an iterator that gathers one decoder layer (or
+        one tensor outside the layers), converts it and hands out its tensors, so
+        rank 0 holds one layer beyond its shard instead of the whole model
+        (``rollout.weight_sync=collective``). Collective: every rank runs the
+        iterator to its end; the tensors reach rank 0 only (nothing elsewhere).
+
+        Falls back to the whole state at once where converting layer by layer
+        would name or shape a tensor differently (a conversion that joins tensors
+        of two layers), which the meta-tensor specs show before anything is gathered.
+        """
+        if self._layerwise is None:
+            meta = [
+                {n: torch.empty(t.shape, dtype=t.dtype, device="meta") for n, t in g.items()}
+                for g in _layer_groups(self.model.state_dict())
+            ]
+            whole = self._convert({n: t for g in meta for n, t in g.items()})
+            parts = [item for g in meta for item in self._convert(g)]
+            self._specs = [(n, tuple(t.shape), t.dtype) for n, t in parts]
+            found = sorted(self._specs, key=str)
+            self._layerwise = found == sorted(
+                ((n, tuple(t.shape), t.dtype) for n, t in whole), key=str
+            )
+            if not self._layerwise:
+                self._specs = [(n, tuple(t.shape), t.dtype) for n, t in whole]
+        if not self._layerwise:
+            return self._specs, iter(self.named_weights() or [])
+        return self._specs, self._streamed()
+
+    def _streamed(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for group in _layer_groups(self.model.state_dict()):
+            full = {}
+            for name, tensor in group.items():
+                whole = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+                if self.rank == 0:
+                    full[name] = whole.detach()
+            if self.rank == 0:
+                yield from self._convert(full)
+
+    def _convert(self, state: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+        """Full tensors under the model's own names -> checkpoint format, LoRA folded in."""
+        if self.cfg.lora.enabled:
+            state = merged_hf_weights(state, self.cfg.lora)
+        return list(to_checkpoint_format(self.model, state).items())
+
     def _full_state(self) -> dict[str, torch.Tensor] | None:
         """Every tensor of the (possibly PEFT-wrapped) model, gathered on rank 0. Collective."""
         out = {}
@@ -253,10 +352,8 @@ class FSDPEngine(PolicyUpdates):
         """
         if self.cfg.lora.enabled and not merged:
             raise ValueError("named_weights(merged=False) under LoRA: use adapter_weights()")
-        state = self._hf_state()
-        if state is None:
-            return None
-        return list(to_checkpoint_format(self.model, state).items())
+        state = self._full_state()
+        return None if state is None else self._convert(state)
 
     def _hf_state(self) -> dict[str, torch.Tensor] | None:
         """Full weights on rank 0 under the transformers model's own names, LoRA
@@ -312,3 +409,23 @@ class FSDPEngine(PolicyUpdates):
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+_LAYER = re.compile(r"(.*?\.(?:layers|blocks|h)\.\d+)\.")
+
+
+def _layer_groups(state: dict[str, torch.Tensor]) -> Iterator[dict[str, torch.Tensor]]:
+    """``state``'s tensors in order, a decoder (or vision) layer's together and each
+    tensor outside the layers on its own."""
+    group: dict[str, torch.Tensor] = {}
+    key = None
+    for name, tensor in state.items():
+        found = _LAYER.match(name)
+        here = found.group(1) if found else name
+        if group and here != key:
+            yield group
+            group = {}
+        key = here
+        group[name] = tensor
+    if group:
+        yield group

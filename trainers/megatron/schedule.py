@@ -13,8 +13,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from rlpost.trainers.batch import TrajectoryBatch
+from rlpost.trainers.batch import TrajectoryBatch, join_shares, pad_width
 from rlpost.trainers.megatron.context_parallel import gather_output, pad_inputs, split_inputs
 from rlpost.trainers.micro_batching import pack
 
@@ -32,22 +31,9 @@ def dp_batch(batch: TrajectoryBatch, mpu: Any) -> tuple[TrajectoryBatch, slice]:
     """
     start, rows = 0, len(batch)
     for group in (mpu.get_context_parallel_group(), mpu.get_model_parallel_group()):
-        batch, offset = _join(batch, group)
+        batch, offset = join_shares(batch, group)
         start += offset
     return batch, slice(start, start + rows)
-
-
-def _join(batch: TrajectoryBatch, group: Any) -> tuple[TrajectoryBatch, int]:
-    """Every rank's ``batch`` of ``group`` in rank order, and where this rank's rows start."""
-    size = dist.get_world_size(group)
-    if size == 1:
-        return batch, 0
-    shares: list[Any] = [None] * size
-    dist.all_gather_object(shares, batch, group=group)
-    me = dist.get_rank(group)
-    width = max(s.input_ids_bt.shape[1] for s in shares)
-    joined = _concat([_pad_width(s, width) for s in shares])
-    return joined, sum(len(s) for s in shares[:me])
 
 
 def model_inputs(mb: TrajectoryBatch, packing: bool) -> tuple[torch.Tensor, ...]:
@@ -102,7 +88,7 @@ def run_schedule(
     real_rows = [len(mb) for mb in mbs]
     if interleaved:
         width = max(mb.input_ids_bt.shape[1] for mb in mbs)
-        mbs = [_pad_rows(_pad_width(mb, width), max(real_rows)) for mb in mbs]
+        mbs = [_pad_rows(pad_width(mb, width), max(real_rows)) for mb in mbs]
 
     def forward_step(data, model):
         mb, rows = next(data)
@@ -177,17 +163,6 @@ def all_keys(keys: list[str]) -> list[str]:
     return sorted({k for ks in everyone for k in ks})
 
 
-def _pad_width(batch: TrajectoryBatch, width: int) -> TrajectoryBatch:
-    """Right-pad every (b, t) tensor of ``batch`` with zeros to ``width`` columns."""
-    t = batch.input_ids_bt.shape[1]
-    if t == width:
-        return batch
-    updates = {
-        k: F.pad(v, (0, width - t)) if v.dim() == 2 else v for k, v in batch.tensor_fields().items()
-    }
-    return replace(batch, **updates)  # type: ignore[arg-type]
-
-
 def _pad_rows(batch: TrajectoryBatch, rows: int) -> TrajectoryBatch:
     """``batch`` with zero rows appended up to ``rows`` (every mask 0 there)."""
     extra = rows - len(batch)
@@ -200,13 +175,3 @@ def _pad_rows(batch: TrajectoryBatch, rows: int) -> TrajectoryBatch:
     updates: dict[str, Any] = {k: pad(v) for k, v in batch.tensor_fields().items()}
     updates["scores_b"] = {k: pad(v) for k, v in batch.scores_b.items()}
     return replace(batch, **updates)
-
-
-def _concat(parts: list[TrajectoryBatch]) -> TrajectoryBatch:
-    """Rows of every part, in order (same widths)."""
-    first = parts[0]
-    updates: dict[str, Any] = {
-        k: torch.cat([getattr(p, k) for p in parts]) for k in first.tensor_fields()
-    }
-    updates["scores_b"] = {k: torch.cat([p.scores_b[k] for p in parts]) for k in first.scores_b}
-    return replace(first, **updates)
