@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -138,15 +139,20 @@ def builtin_model(cfg: Config, make_trainer: Callable[[str, float, int], Any]) -
             warn_if_short(json.loads((out / WARMUP_RECORD).read_text()))
         return str(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    init_dir = out.with_name(out.name + ".init")
-    shutil.rmtree(init_dir, ignore_errors=True)
+    # One initial model per build: two runs that build the same entry at once
+    # (two experiments on one machine) each warm their own copy, and the second
+    # to finish replaces the first's with the same model (``save_hf`` is atomic).
+    init_dir = Path(tempfile.mkdtemp(prefix=f"{out.name}.init-", dir=out.parent))
     if cfg.model.preset in VL_PRESETS:
         build_vl_model(VL_PRESETS[cfg.model.preset], init_dir, seed=cfg.trainer.seed)
     else:
         build_tiny_model(cfg.model.preset, init_dir, seed=cfg.trainer.seed)
     w = cfg.model.warmup
     if w.steps == 0:
-        os.replace(init_dir, out)
+        try:
+            os.replace(init_dir, out)
+        except OSError:  # another run's copy got there first
+            shutil.rmtree(init_dir, ignore_errors=True)
         return str(out)
 
     from transformers import AutoTokenizer

@@ -148,3 +148,57 @@ def test_the_run_on_files_warns_once_and_a_model_of_ones_own_is_not_checked(capl
     assert check_builtin_charset(compose(CPU + [*FILES, "model.path=/m"]), train, val) == 0
     # the byte-level tokenizer of the built-in VL model encodes any text
     assert check_builtin_charset(compose(CPU + ["model=tiny_vl", *FILES]), train, val) == 0
+
+
+def test_two_runs_warming_the_same_entry_at_once_do_not_clobber_each_other(tmp_path):
+    """Two experiments started together build the same cache entry: each warms its own
+    initial copy (the real trainer reads its tokenizer back from it when saving), so
+    the one finishing first no longer deletes the other's."""
+    import threading
+
+    cfg = compose(CPU + FILES + [f"model.cache_dir={tmp_path}", "model.preset=micro"]
+                  + ["model.warmup.steps=2", "model.warmup.eval_every=1"])  # fmt: skip
+    second_done = threading.Event()
+
+    class ReadsItsInitDir(FakeTrainer):
+        """FakeTrainer whose save copies a file from the folder it was built on; the
+        first build's waits at its first step until the second build has closed."""
+
+        def __init__(self, path: str, waits: bool) -> None:
+            super().__init__()
+            self.path, self.waits = Path(path), waits
+
+        def update_sft(self, batch):
+            if self.waits and self.updates == 0:
+                assert second_done.wait(timeout=60)
+            return super().update_sft(batch)
+
+        def save_hf(self, out: str) -> None:  # atomically, as the engine's
+            from rlpost.trainers.files import atomic_directory
+
+            with atomic_directory(out) as tmp:
+                (tmp / "config.json").write_text("{}")
+                tokenizer = (self.path / "tokenizer_config.json").read_text()
+                (tmp / "tokenizer_config.json").write_text(tokenizer)
+
+        def close(self) -> None:
+            if not self.waits:
+                second_done.set()
+
+    results, errors = {}, []
+
+    def build(name: str, waits: bool) -> None:
+        try:
+            results[name] = builtin_model(cfg, lambda path, lr, w: ReadsItsInitDir(path, waits))
+        except Exception as exc:  # noqa: BLE001 -- reported below
+            errors.append(exc)
+
+    first = threading.Thread(target=build, args=("first", True))
+    first.start()
+    while not list(tmp_path.glob("*.init*")):  # the first build's initial copy exists
+        threading.Event().wait(0.01)
+    build("second", False)
+    first.join(timeout=60)
+    assert errors == [] and results["first"] == results["second"]
+    assert (Path(results["first"]) / "tokenizer_config.json").exists()
+    assert not list(tmp_path.glob("*.init*"))  # both initial copies are gone
