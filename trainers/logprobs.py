@@ -136,6 +136,13 @@ def token_logprobs_and_entropy(
     vocabulary, as the built-in models have) take the plain path, whose float32
     rounding the built-in model's cached warm-up was made with.
     """
+    b, t, v = logits_btv.shape
+    if b * t * v <= plain_elements:  # small enough to hold whole: the plain computation
+        # over positions 0..t-2 exactly as before (the cached warm-ups' rounding)
+        logp_bt, entropy_bt = _plain(
+            logits_btv[:, :-1], input_ids_bt[:, 1:], temperature, with_entropy
+        )
+        return F.pad(logp_bt, (1, 0)), F.pad(entropy_bt, (1, 0))
     next_ids_bt = F.pad(input_ids_bt[:, 1:], (0, 1))  # the last position predicts nothing
     logp_bt, entropy_bt = next_token_stats(
         logits_btv, next_ids_bt, temperature, with_entropy, chunk_elements, plain_elements
