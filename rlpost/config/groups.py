@@ -100,6 +100,11 @@ class WarmupConfig:
         0.3, gt=0, le=1, help="stop once greedy accuracy on training prompts reaches this"
     )
     eval_every: int = spec(10, ge=1, help="warm-up steps between accuracy checks")
+    shipped: bool = spec(
+        True,
+        help="start from the pre-warmed weights rlpost ships for these settings where it "
+        "ships them (the same base on every machine); false: warm up on this machine",
+    )
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,12 @@ WARMUP_VERSION = 4
 VL_PRESETS = {"tiny_vl": "Qwen2VLForConditionalGeneration"}
 PROBE_ROWS = 256
 WARMUP_RECORD = "warmup.json"  # how the cached model's warm-up ended
+# Pre-warmed bases shipped with rlpost, one folder per cache key (rlpost.models.ship
+# builds them). The warm-up's float rounding differs between CPUs -- AVX2 and AVX-512
+# kernels round differently, and an SFT run that stops at a target accuracy turns that
+# into a different base (held-out accuracy 0.33 to 0.39 from one seed) -- so a run
+# whose key is shipped starts from the same weights on every machine.
+SHIPPED_DIR = Path(__file__).parent / "bases"
 
 
 def cache_root(cfg: Config) -> Path:
@@ -110,6 +116,8 @@ def warmup_key(cfg: Config) -> str:
         "eval_every": w.eval_every,
         "seed": cfg.trainer.seed,
     }
+    if not w.shipped:  # warmed up here: never the shipped copy of the same settings
+        fields["warmed_here"] = True
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
     return f"{cfg.model.preset}-{digest}"
 
@@ -139,6 +147,8 @@ def builtin_model(cfg: Config, make_trainer: Callable[[str, float, int], Any]) -
             warn_if_short(json.loads((out / WARMUP_RECORD).read_text()))
         return str(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if cfg.model.warmup.shipped and (SHIPPED_DIR / out.name / "config.json").exists():
+        return install_shipped(SHIPPED_DIR / out.name, out)
     # One initial model per build: two runs that build the same entry at once
     # (two experiments on one machine) each warm their own copy, and the second
     # to finish replaces the first's with the same model (``save_hf`` is atomic).
@@ -164,7 +174,11 @@ def builtin_model(cfg: Config, make_trainer: Callable[[str, float, int], Any]) -
     images = ImageInputs(str(init_dir)) if cfg.model.preset in VL_PRESETS else None
     # Accuracy is probed on training prompts: the held-out set stays unseen.
     probe = sft_batch(tokenizer, rows[:PROBE_ROWS], images)
-    trainer = make_trainer(str(init_dir), w.lr, 0)
+    try:
+        trainer = make_trainer(str(init_dir), w.lr, 0)
+    except BaseException:
+        shutil.rmtree(init_dir, ignore_errors=True)
+        raise
     try:
         start = time.perf_counter()
         bar = tqdm(range(1, w.steps + 1), desc="warm-up (sft)", unit="step", dynamic_ncols=True)
@@ -195,6 +209,25 @@ def builtin_model(cfg: Config, make_trainer: Callable[[str, float, int], Any]) -
         "target_accuracy": w.target_accuracy,
     }
     (out / WARMUP_RECORD).write_text(json.dumps(record))
+    warn_if_short(record)
+    return str(out)
+
+
+def install_shipped(shipped: Path, out: Path) -> str:
+    """Copy the shipped base ``shipped`` to the cache entry ``out`` (atomically: a
+    copy beside it, then a rename; a run that got there first keeps its copy)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"{out.name}.shipped-", dir=out.parent))
+    shutil.copytree(shipped, tmp, dirs_exist_ok=True)
+    try:
+        os.replace(tmp, out)
+    except OSError:  # another run installed it first: the same files
+        shutil.rmtree(tmp, ignore_errors=True)
+    record = json.loads((out / WARMUP_RECORD).read_text())
+    log.info(
+        "built-in model: %s (the pre-warmed weights shipped with rlpost, the same on every "
+        "machine: %d warm-up steps, train accuracy %.3f; model.warmup.shipped=false warms "
+        "up here instead)", out, record["steps"], record["accuracy"],
+    )  # fmt: skip
     warn_if_short(record)
     return str(out)
 

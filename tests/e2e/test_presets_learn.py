@@ -80,7 +80,8 @@ def test_preset_learns(algo, tmp_path, model_cache, shared_ray):
     assert ray.is_initialized()  # the caller's Ray is left as it was
     val = [h["val/accuracy"] for h in history if "val/accuracy" in h]
     assert len(val) == 2
-    # Seed 0 starts at 0.33 held-out accuracy; each preset lifts it by at least 0.15.
+    # Seed 0 starts from the shipped base at 0.390 held out; each preset lifts it by at
+    # least 0.15 (0.160-0.220 when measured).
     assert val[-1] - val[0] >= 0.15, val
     rewards = [h["reward/mean"] for h in history if "reward/mean" in h]
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5, rewards

@@ -27,14 +27,19 @@ from pathlib import Path
 import pytest
 from ports import free_port
 
+from rlpost.config.compose import compose
+from rlpost.models.warmup import SHIPPED_DIR, warmup_key
+
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "TQDM_DISABLE": "1"}
 # The built-in models come from the usual cache (~/.cache/rlpost, or
-# $RLPOST_BOARD_TEST_CACHE): the calc one as every agent=calculator run warms it up
-# (it must call its tool), the arith one cut to a few SFT steps (the board needs
-# runs, not a good policy; a warm-up of its own, keyed apart from the real one).
+# $RLPOST_BOARD_TEST_CACHE): the arith one cut to a few SFT steps (the board needs
+# runs, not a good policy; a warm-up of its own, keyed apart from the real one). The
+# calc run must call its tool: it starts from the calc base rlpost ships (data.val_size
+# below would key a warm-up of its own).
 CACHE = os.environ.get("RLPOST_BOARD_TEST_CACHE")
 ARITH = ["model.warmup.steps=10"]
+CALC = ["agent=calculator", f"model.path={SHIPPED_DIR / warmup_key(compose(['agent=calculator']))}"]
 SMALL = [
     *([f"model.cache_dir={CACHE}"] if CACHE else []), "data.prompts_per_step=4", "rollout.n=4", "data.val_size=16", "trainer.val_every=1",
     "rollout.kv_cache_gib=0.0625", "trainer.log_samples=4", "trainer.save_final=false",
@@ -74,7 +79,7 @@ def runs(tmp_path_factory) -> Path:
     and a hand-written dump whose model output is an HTML injection attempt."""
     root = tmp_path_factory.mktemp("board-runs")
     for name, extra in (("grpo", ["trainer.total_steps=3", *ARITH]),
-                        ("agent", ["trainer.total_steps=2", "agent=calculator"])):  # fmt: skip
+                        ("agent", ["trainer.total_steps=2", *CALC])):  # fmt: skip
         proc = _train(root / name, *extra)
         try:
             code = proc.wait(timeout=300)
