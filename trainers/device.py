@@ -198,12 +198,13 @@ def current_device(name: str) -> Any:
 
 def weight_group_backend(device: Any) -> str:
     """The backend of a weight-transfer group between processes on ``device`` (a
-    ``torch.device`` or None for the CPU): gloo on the CPU, NCCL on CUDA. Ascend's
-    HCCL group is not built yet (``rollout.weight_sync=collective`` is refused
-    there before a run starts)."""
+    ``torch.device`` or None for the CPU): gloo on the CPU, NCCL on CUDA, HCCL on
+    Ascend (its buckets are device tensors; ``torch_npu`` registers the backend)."""
     kind_name = getattr(device, "type", CPU)
     if kind_name == CUDA:
         return KINDS[CUDA].backend
     if kind_name == CPU:
         return KINDS[CPU].backend
+    if kind_name == NPU:
+        return "hccl"
     raise ValueError(f"no weight-transfer group for {kind_name} devices; use the object store")

@@ -8,7 +8,7 @@ handles between colocated processes (``ipc``), without Ray's object store.
   a view of the bucket's bytes. The plan -- names, shapes, dtypes, offsets --
   is sent once per group and checked against the tensors of every later sync.
 - **The group.** ``SyncGroup`` is a stateless process group: its own TCP store
-  and its own gloo (CPU) or NCCL (CUDA) group, never the trainer's default
+  and its own gloo (CPU), NCCL (CUDA) or HCCL (Ascend) group, never the trainer's default
   group, with a timeout, so a replica that dies mid-transfer surfaces as an
   error on the trainer instead of a hang, and the group can be rebuilt.
 - **Memory.** The sender packs one bucket at a time from an iterator (a
@@ -140,12 +140,26 @@ class SyncStats:
         self.held -= nbytes
 
 
+def plugin_group(backend: str, store: Any, rank: int, world_size: int, timeout: timedelta) -> Any:
+    """A process group of a backend that a device extension registered with
+    ``torch.distributed.Backend.register_backend`` (``torch_npu``: ``hccl``), made
+    on ``store`` as the extension's own creator makes it."""
+    plugin = dist.Backend._plugins.get(backend.upper())
+    if plugin is None:
+        raise ValueError(
+            f"weight sync backend {backend!r} is not registered with torch.distributed: "
+            f"the device's extension (torch_npu for hccl) registers it on import; or use "
+            "rollout.weight_sync=object_store"
+        )
+    return plugin.creator_fn(store, rank, world_size, timeout)
+
+
 class SyncGroup:
     """One trainer rank (rank 0, the sender) and a replica's workers (ranks 1..)
     in a process group of their own.
 
     ``host``/``port``: the sender's TCP store, which rank 0 creates. ``backend``:
-    ``gloo`` on the CPU, ``nccl`` on CUDA. Every collective waits at most
+    ``gloo`` on the CPU, ``nccl`` on CUDA, ``hccl`` on Ascend. Every collective waits at most
     ``timeout_s``; a peer that died makes it raise, and the group is then closed
     and made again (with a new ``generation``, so no key of the old one is read).
     """
@@ -174,8 +188,8 @@ class SyncGroup:
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
             self.pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
-        else:
-            raise ValueError(f"weight sync backend {backend!r}: expected gloo (CPU) or CUDA's")
+        else:  # HCCL: a backend its device's extension registers with torch.distributed
+            self.pg = plugin_group(backend, prefixed, rank, world_size, timeout)
         self.plan: BucketPlan | None = None  # what the receiver last got, or the sender sent
 
     def broadcast(self, tensor: torch.Tensor) -> None:

@@ -94,11 +94,6 @@ def rollout_checks(cfg: Config) -> list[str]:
                 f"rollout.weight_sync=collective: rollout.name={cfg.rollout.name} loads weights "
                 "only through the object store; use rollout.weight_sync=object_store (or auto)"
             )
-        if cfg.trainer.device == "npu":
-            problems.append(
-                "rollout.weight_sync=collective: no HCCL weight group on Ascend yet; use "
-                "rollout.weight_sync=object_store (or auto)"
-            )
     if cfg.rollout.sleep == "on":
         if cfg.trainer.device == "cpu" or cfg.rollout.name != "vllm":
             problems.append(

@@ -106,3 +106,42 @@ def test_a_receiver_dying_mid_transfer_fails_the_sender_and_a_new_group_works(ct
     got = received(out.get(timeout=60)[0])
     child.join(timeout=30)
     assert all(torch.equal(got[n], t) for n, t in w.items())
+
+
+def hccl_member(rank: int, port: int, out: mp.Queue) -> None:
+    """A process whose torch has a FAKE npu (its ``hccl`` makes gloo groups): rank 0
+    sends ``weights(3)``, rank 1 receives them and reports them."""
+    import fake_npu
+
+    fake_npu.install()
+    group = SyncGroup("127.0.0.1", port, rank, 2, backend="hccl", timeout_s=20)
+    if rank == 0:
+        group.send(iter(weights(3).items()), BUCKET)
+        got: dict[str, torch.Tensor] = {}
+    else:
+        got = {name: tensor.clone() for name, tensor in group.receive()}
+    blob = io.BytesIO()
+    torch.save(got, blob)
+    out.put((rank, blob.getvalue(), fake_npu.CREATED["hccl_groups"]))
+
+
+def test_an_hccl_weight_group_is_made_by_the_backend_the_device_registered(ctx):
+    """Ascend's weight group is whatever torch_npu registered as ``hccl``: here a
+    FAKE npu's (installed only in the two child processes), which makes a gloo
+    group over CPU tensors and counts that it was asked. What runs for real is the
+    set-up path, not HCCL."""
+    with pytest.raises(ValueError, match="'hccl' is not registered with torch.distributed"):
+        SyncGroup("127.0.0.1", free_port(), 0, 1, backend="hccl", timeout_s=5)
+    port, out = free_port(), ctx.Queue()
+    members = [ctx.Process(target=hccl_member, args=(rank, port, out)) for rank in (0, 1)]
+    for m in members:
+        m.start()
+    reports = dict(
+        (rank, (blob, created)) for rank, blob, created in (out.get(timeout=60) for _ in members)
+    )
+    for m in members:
+        m.join(timeout=30)
+        assert m.exitcode == 0
+    assert reports[0][1] == reports[1][1] == 1  # each made its group through the plugin
+    got, w = received(reports[1][0]), weights(3)
+    assert list(got) == list(w) and all(torch.equal(got[n], t) for n, t in w.items())

@@ -25,14 +25,18 @@ def test_auto_is_collective_on_cuda_with_vllm_and_the_object_store_elsewhere():
         (["rollout=hf", "rollout.weight_sync=collective"],
          "rollout.weight_sync=collective: rollout.name=hf loads weights only through the "
          "object store; use rollout.weight_sync=object_store (or auto)"),
-        (["trainer.device=npu", "rollout.weight_sync=collective"],
-         "rollout.weight_sync=collective: no HCCL weight group on Ascend yet"),
         (["rollout.weight_sync=nccl"], "rollout.weight_sync"),
         (["rollout.weight_sync_bucket_mb=0"], "rollout.weight_sync_bucket_mb"),
     ],
-    ids=["hf", "npu", "unknown", "bucket"],
+    ids=["hf", "unknown", "bucket"],
 )  # fmt: skip
 def test_combinations_that_cannot_work_are_config_errors(overrides, message):
     with pytest.raises(ConfigError) as err:
         compose(overrides)
     assert message in str(err.value)
+
+
+def test_ascend_may_ask_for_the_collective_path():
+    # its weight group is HCCL (rlpost.trainers.device.weight_group_backend)
+    cfg = compose(["trainer.device=npu", "rollout.weight_sync=collective"])
+    assert cfg.rollout.weight_sync == "collective"
