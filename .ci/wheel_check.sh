@@ -35,6 +35,18 @@ print(len(shipped))
 EOF
 )
 step "the wheel carries all $configs YAML files of configs/"
+bases=$(.venv/bin/python - "$wheel" <<'EOF'
+import sys, zipfile
+from pathlib import Path
+names = set(zipfile.ZipFile(sys.argv[1]).namelist())
+shipped = {p.as_posix() for p in Path("rlpost/models/bases").rglob("*") if p.is_file()}
+missing = sorted(shipped - names)
+if missing:
+    sys.exit(f"the wheel lacks {len(missing)} files of the shipped bases: {', '.join(missing)}")
+print(len({p.split("/")[3] for p in shipped}))
+EOF
+)
+step "the wheel carries the $bases pre-warmed bases of rlpost/models/bases/"
 
 .venv/bin/python -m venv --without-pip "$tmp/venv"
 site=$("$tmp/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')

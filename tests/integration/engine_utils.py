@@ -79,3 +79,19 @@ def hf_logprobs(model: torch.nn.Module, batch: TrajectoryBatch) -> torch.Tensor:
         logits_btv[:, :-1].transpose(1, 2).float(), batch.input_ids_bt[:, 1:], reduction="none"
     )
     return F.pad(-ce_bt, (1, 0)) * batch.response_mask_bt
+
+
+def streamed_weights(engine) -> tuple[list, list[tuple[str, torch.Tensor]]]:
+    """``engine.weight_stream()`` run to its end (collective: every rank calls it):
+    the specs and the tensors, copied as they arrive (rank 0's; none elsewhere)."""
+    specs, items = engine.weight_stream()
+    return specs, [(name, tensor.clone()) for name, tensor in items]
+
+
+def check_stream(specs: list, streamed: list, weights: dict[str, torch.Tensor]) -> None:
+    """The stream announced its tensors in the order it sent them, and sent exactly
+    ``named_weights`` (``weights``), bit for bit."""
+    assert [(n, tuple(t.shape), t.dtype) for n, t in streamed] == list(specs)
+    assert sorted(n for n, _ in streamed) == sorted(weights)
+    for name, tensor in streamed:
+        assert torch.equal(tensor, weights[name]), name

@@ -14,7 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from engine_utils import advantages, free_port, full_grads, hf_logprobs, make_batch
+from engine_utils import (
+    advantages,
+    check_stream,
+    free_port,
+    full_grads,
+    hf_logprobs,
+    make_batch,
+    streamed_weights,
+)
 from rlpost.algos import PolicyLossConfig
 
 from rlpost.models.tiny import build_tiny_model
@@ -89,7 +97,8 @@ def _step_worker(
     if not parallel.get("distributed_optimizer"):  # main_grad holds only a shard then
         grads = engine.gathered_state(lambda p: p.main_grad)
     weights = engine.named_weights()
-    result = {"logp": logp, "metrics": metrics}
+    specs, streamed = streamed_weights(engine)  # the collective sync's source
+    result = {"logp": logp, "metrics": metrics, "specs": specs, "streamed": streamed}
     if rank == 0:
         assert weights is not None
         result["weights"] = dict(weights)
@@ -148,8 +157,17 @@ def megatron_step(request, model_dir, tmp_path_factory) -> dict:
     result = ranks[0]
     result["logp"] = torch.cat([r["logp"] for r in ranks])  # each rank's own rows
     result["all_metrics"] = [r["metrics"] for r in ranks]
+    result["others_streamed"] = [r["streamed"] for r in ranks[1:]]
     result["layout"] = request.param
     return result
+
+
+def test_the_weight_stream_is_named_weights_a_part_at_a_time(megatron_step):
+    """``weight_stream`` (the collective sync's source, one part gathered at a time)
+    sends what ``named_weights`` gathers at once, in the order it announced; the
+    other ranks take part and keep nothing."""
+    check_stream(megatron_step["specs"], megatron_step["streamed"], megatron_step["weights"])
+    assert all(s == [] for s in megatron_step["others_streamed"])
 
 
 # -- tests ----------------------------------------------------------------------

@@ -12,7 +12,14 @@ QK-norm, router weights renormalised over the top 2).
 import pytest
 import torch
 import torch.multiprocessing as mp
-from engine_utils import advantages, free_port, hf_logprobs, make_batch
+from engine_utils import (
+    advantages,
+    check_stream,
+    free_port,
+    hf_logprobs,
+    make_batch,
+    streamed_weights,
+)
 from rlpost.algos import PolicyLossConfig
 
 from rlpost.models.archs import build_arch_model
@@ -65,7 +72,8 @@ def _megatron_worker(
     batch.old_logp_bt = logp
     metrics = engine.update_policy(batch, PolicyLossConfig())
     weights = engine.named_weights()
-    result = {"logp": logp, "metrics": metrics}
+    specs, streamed = streamed_weights(engine)  # the collective sync's source
+    result = {"logp": logp, "metrics": metrics, "specs": specs, "streamed": streamed}
     if rank == 0:
         assert weights is not None
         result["weights"] = dict(weights)
@@ -106,7 +114,15 @@ def megatron_step(request, model_dir, tmp_path_factory) -> dict:
     result = ranks[0]
     result["logp"] = torch.cat([r["logp"] for r in ranks])  # each rank's own rows
     result["all_metrics"] = [r["metrics"] for r in ranks]
+    result["others_streamed"] = [r["streamed"] for r in ranks[1:]]
     return result
+
+
+def test_the_moe_weight_stream_is_named_weights_a_layer_at_a_time(megatron_step):
+    """Each layer's experts gathered off every expert-parallel rank as its part
+    comes, split per expert as ``named_weights`` splits them."""
+    check_stream(megatron_step["specs"], megatron_step["streamed"], megatron_step["weights"])
+    assert all(s == [] for s in megatron_step["others_streamed"])
 
 
 def test_moe_logprobs_match_a_plain_transformers_forward(megatron_step, model_dir):
@@ -140,17 +156,21 @@ def test_moe_update_matches_the_fsdp_engine(megatron_step, fsdp_step):
 
 
 def test_cli_run_at_ep2_syncs_every_expert_to_vllm(model_dir, tmp_path):
-    """The real CLI, 2 GRPO steps at ep=2: the rollout samples from the trainer's
-    weights after each sync (every expert gathered off both ranks) and the final
-    model is the trained one."""
+    """The real CLI, 2 GRPO steps at ep=2 with the collective sync: the rollout
+    samples from the trainer's weights after each sync (every expert gathered off
+    both ranks a layer at a time, sent over the weight group) and the final model is
+    the trained one."""
     pytest.importorskip("vllm")
     from cli_utils import run
     from transformers import AutoModelForCausalLM
 
-    args = ("trainer=megatron", "trainer.megatron.ep=2", "trainer.world_size=2")
+    args = ("trainer=megatron", "trainer.megatron.ep=2", "trainer.world_size=2",
+            "rollout.weight_sync=collective", "rollout.weight_sync_bucket_mb=0.05")  # fmt: skip
     rows = run(model_dir, tmp_path / "run", 2, *args)
     steps = [r for r in rows if r["step"] > 0]
     assert len(steps) == 2
+    # several buckets per sync, each at most one part (a layer) beyond the bucket
+    assert all(r["rollout/weight_sync/buckets"] > 1 for r in steps)
     assert all(r["rollout/logprob_abs_diff_max"] < 1e-3 for r in steps)
     assert all(r["actor/grad_norm"] > 0 for r in steps)
     final = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final").state_dict()

@@ -225,37 +225,62 @@ def megatron_to_hf(mg: dict[str, torch.Tensor], s: ModelShape) -> dict[str, torc
     A tied model gets no ``lm_head.weight``: its checkpoint files hold the
     embedding once (the weight sync adds the copy, see ``named_weights``).
     """
-    emb = mg["embedding.word_embeddings.weight"]
-    out = {"model.embed_tokens.weight": emb}
-    inverse = {v: k for k, v in _LAYER_MAP.items()}
+    out = part_to_hf(EMBEDDING, mg, s)
     for i in range(s.num_layers):
-        hp, mp = f"model.layers.{i}.", f"decoder.layers.{i}."
-        for mg_suffix, hf_suffix in inverse.items():
-            if mp + mg_suffix in mg:
-                out[hp + hf_suffix] = mg[mp + mg_suffix]
-        attn = hp + "self_attn."
-        q, k, v = split_qkv(mg[mp + "self_attention.linear_qkv.weight"], s)
-        out.update(
-            {attn + "q_proj.weight": q, attn + "k_proj.weight": k, attn + "v_proj.weight": v}
-        )
-        if s.qkv_bias:
-            q, k, v = split_qkv(mg[mp + "self_attention.linear_qkv.bias"], s)
-            out.update({attn + "q_proj.bias": q, attn + "k_proj.bias": k, attn + "v_proj.bias": v})
-        if s.experts:
-            out[hp + "mlp.gate.weight"] = mg[mp + "mlp.router.weight"]
-            for e in range(s.experts):
-                he, me = f"{hp}mlp.experts.{e}.", f"{mp}mlp.experts.local_experts.{e}."
-                gate, up = mg[me + "linear_fc1.weight"].chunk(2)
-                out[he + "gate_proj.weight"] = gate.clone()
-                out[he + "up_proj.weight"] = up.clone()
-                out[he + "down_proj.weight"] = mg[me + "linear_fc2.weight"]
-        else:
-            gate, up = mg[mp + "mlp.linear_fc1.weight"].chunk(2)
-            out[hp + "mlp.gate_proj.weight"] = gate.clone()
-            out[hp + "mlp.up_proj.weight"] = up.clone()
-    out["model.norm.weight"] = mg["decoder.final_layernorm.weight"]
-    if not s.tied:
-        out["lm_head.weight"] = mg["output_layer.weight"]
+        out.update(part_to_hf(i, mg, s))
+    out.update(part_to_hf(HEAD, mg, s))
+    return out
+
+
+# The parts a model's tensors convert in, one at a time (a layer index in between).
+EMBEDDING, HEAD = "embedding", "head"
+
+
+def part_of(name: str) -> int | str:
+    """The part a model-wide Megatron tensor name belongs to: ``EMBEDDING``, a
+    decoder layer's index, or ``HEAD`` (the final norm and output layer)."""
+    m = _LAYER.match(name)
+    if m:
+        return int(m[2])
+    return EMBEDDING if name.startswith("embedding.") else HEAD
+
+
+def part_to_hf(
+    part: int | str, mg: dict[str, torch.Tensor], s: ModelShape
+) -> dict[str, torch.Tensor]:
+    """The HF checkpoint tensors of one part (``part_of``) from its full Megatron
+    tensors (``mg`` may hold other parts too)."""
+    if part == EMBEDDING:
+        return {"model.embed_tokens.weight": mg["embedding.word_embeddings.weight"]}
+    if part == HEAD:
+        out = {"model.norm.weight": mg["decoder.final_layernorm.weight"]}
+        if not s.tied:
+            out["lm_head.weight"] = mg["output_layer.weight"]
+        return out
+    hp, mp = f"model.layers.{part}.", f"decoder.layers.{part}."
+    out = {}
+    inverse = {v: k for k, v in _LAYER_MAP.items()}
+    for mg_suffix, hf_suffix in inverse.items():
+        if mp + mg_suffix in mg:
+            out[hp + hf_suffix] = mg[mp + mg_suffix]
+    attn = hp + "self_attn."
+    q, k, v = split_qkv(mg[mp + "self_attention.linear_qkv.weight"], s)
+    out.update({attn + "q_proj.weight": q, attn + "k_proj.weight": k, attn + "v_proj.weight": v})
+    if s.qkv_bias:
+        q, k, v = split_qkv(mg[mp + "self_attention.linear_qkv.bias"], s)
+        out.update({attn + "q_proj.bias": q, attn + "k_proj.bias": k, attn + "v_proj.bias": v})
+    if s.experts:
+        out[hp + "mlp.gate.weight"] = mg[mp + "mlp.router.weight"]
+        for e in range(s.experts):
+            he, me = f"{hp}mlp.experts.{e}.", f"{mp}mlp.experts.local_experts.{e}."
+            gate, up = mg[me + "linear_fc1.weight"].chunk(2)
+            out[he + "gate_proj.weight"] = gate.clone()
+            out[he + "up_proj.weight"] = up.clone()
+            out[he + "down_proj.weight"] = mg[me + "linear_fc2.weight"]
+    else:
+        gate, up = mg[mp + "mlp.linear_fc1.weight"].chunk(2)
+        out[hp + "mlp.gate_proj.weight"] = gate.clone()
+        out[hp + "mlp.up_proj.weight"] = up.clone()
     return out
 
 

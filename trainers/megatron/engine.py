@@ -20,6 +20,8 @@ and checkpoints are ``rlpost.trainers.policy``'s. What differs inside:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from rlpost.algos import entropy_from_logits
@@ -33,7 +35,13 @@ from rlpost.trainers.megatron.config import (  # noqa: F401  (the engine's publi
     MegatronParallel,
     check_divisible,
 )
-from rlpost.trainers.megatron.convert import megatron_to_hf
+from rlpost.trainers.megatron.convert import (
+    EMBEDDING,
+    HEAD,
+    hf_to_megatron,
+    megatron_to_hf,
+    part_to_hf,
+)
 from rlpost.trainers.megatron.model import MegatronModel
 from rlpost.trainers.megatron.schedule import dp_batch, from_last_stage
 from rlpost.trainers.micro_batching import pack, row_lengths, unpack
@@ -46,6 +54,7 @@ class MegatronEngine(PolicyUpdates):
         self.m = MegatronModel(cfg, rank, world_size, init_method)
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.shape, self.num_params = self.m.shape, self.m.num_params
+        self._specs: list[tuple[str, tuple[int, ...], torch.dtype]] | None = None
         super().__init__(self.m, self._token_stats, MegatronState(self.m))
 
     # -- forward passes -----------------------------------------------------------------
@@ -105,6 +114,60 @@ class MegatronEngine(PolicyUpdates):
         if self.shape.tied:
             hf["lm_head.weight"] = hf["model.embed_tokens.weight"]
         return list(hf.items())
+
+    def weight_stream(
+        self,
+    ) -> tuple[list[tuple[str, tuple[int, ...], torch.dtype]], Iterator[tuple[str, torch.Tensor]]]:
+        """``named_weights`` a part at a time (the embedding, each decoder layer, the
+        head: ``MegatronModel.gathered_parts``): the names, shapes and dtypes of every
+        tensor, and an iterator that gathers one part, converts it and hands out its
+        tensors in that order, so rank 0 holds one part beyond its shards instead of
+        the whole model (``rollout.weight_sync=collective``). Collective: every rank
+        runs the iterator to its end; the tensors reach rank 0 only."""
+        if self._specs is None:
+            self._specs = self._stream_specs()
+        return self._specs, self._streamed(self._specs)
+
+    def _stream_specs(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        """The checkpoint tensors ``named_weights`` gives, in stream order: the HF model
+        built on the meta device (nothing allocated), converted to Megatron's tensors
+        and back one part at a time."""
+        from rlpost.trainers.hf_format import to_checkpoint_format
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(self.m.hf_config)
+        mg = hf_to_megatron(to_checkpoint_format(model, model.state_dict()), self.shape)
+        dtype = next(iter(self.m.local_params().values())).dtype
+        return [
+            (n, tuple(t.shape), dtype)
+            for part in self._part_order()
+            for n, t in self._part_hf(part, mg).items()
+        ]
+
+    def _part_hf(self, part: int | str, mg: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        hf = part_to_hf(part, mg, self.shape)
+        if part == EMBEDDING and self.shape.tied:  # the copy vLLM's tied head is loaded by
+            hf["lm_head.weight"] = hf["model.embed_tokens.weight"]
+        return hf
+
+    def _part_order(self) -> list[int | str]:
+        return [EMBEDDING, *range(self.shape.num_layers), HEAD]
+
+    def _streamed(self, specs: list[tuple[str, tuple[int, ...], torch.dtype]]) -> Iterator:
+        start = 0
+        for part, state in self.m.gathered_parts():
+            if state is None:
+                continue
+            hf = self._part_hf(part, state)
+            names = [n for n, _, _ in specs[start : start + len(hf)]]
+            if names != list(hf):
+                raise RuntimeError(
+                    f"the weight stream's part {part!r} converted to {list(hf)}, not the "
+                    f"names announced, {names}: use rollout.weight_sync=object_store"
+                )
+            start += len(hf)
+            yield from hf.items()
 
     def adapter_weights(self) -> None:
         raise ValueError("adapter_weights(): the Megatron engine has no LoRA")

@@ -19,7 +19,7 @@ Legend: b = samples, t = tokens, s = sequence (megatron's leading dim), h = hidd
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -34,8 +34,11 @@ from rlpost.trainers.megatron.config import (
 )
 from rlpost.trainers.megatron.context_parallel import ContextParallelAttention
 from rlpost.trainers.megatron.convert import (
+    EMBEDDING,
+    HEAD,
     hf_to_megatron,
     is_expert,
+    part_of,
     shape_from_hf,
     to_global,
     tp_layout,
@@ -361,13 +364,45 @@ class MegatronModel:
         Tensor-parallel shards are all-gathered within each stage, then the first
         data-parallel replica's stages send their layers to rank 0.
         """
+        return self._gathered(self._shared_params().items(), value)
+
+    @torch.no_grad()
+    def gathered_parts(self) -> Iterator[tuple[int | str, dict[str, torch.Tensor] | None]]:
+        """``gathered_state`` one part at a time (``convert.part_of``: the embedding,
+        each decoder layer, the head), so rank 0 holds one part beyond its shards:
+        ``(part, its full tensors)`` on global rank 0, ``(part, None)`` elsewhere.
+        Collective: every rank runs the iterator to its end."""
+        params = self._shared_params()
+        parts: list[int | str] = [EMBEDDING, *range(self.shape.num_layers), HEAD]
+        for part in parts:
+            mine = ((n, p) for n, p in params.items() if part_of(n) == part)
+            yield part, self._gathered(mine, lambda p: p.detach())
+
+    def _shared_params(self) -> dict[str, torch.nn.Parameter]:
+        """``local_params`` less the last stage's copy of a tied embedding."""
+        tied_copy = self.shape.tied and not self.value_head
+        return {
+            n: p
+            for n, p in self.local_params().items()
+            if not (tied_copy and n == "output_layer.weight")
+        }
+
+    def _gathered(
+        self,
+        params: Iterable[tuple[str, torch.nn.Parameter]],
+        value: Callable[[torch.nn.Parameter], torch.Tensor],
+    ) -> dict[str, torch.Tensor] | None:
+        """The full tensors of ``value(param)`` for ``params`` (this rank's, the same
+        names on every rank of its stage) on global rank 0. Collective.
+
+        Tensor-parallel shards are all-gathered within each stage, then the first
+        data-parallel replica's stages send theirs to rank 0.
+        """
         mpu = self.mpu
         tp_group = mpu.get_tensor_model_parallel_group()
         tp = self.cfg.parallel.tp
         state: dict[str, torch.Tensor] = {}
-        for name, param in self.local_params().items():
-            if self.shape.tied and not self.value_head and name == "output_layer.weight":
-                continue  # the last stage's copy of the embedding
+        for name, param in params:
             local = value(param)
             if tp > 1 and tp_layout(name) != "rep":
                 # gloo's all_gather writes into whatever memory it is given:
