@@ -30,8 +30,9 @@ from rlpost.models.vl_inputs import ImageInputs
 
 log = logging.getLogger(__name__)
 # Bumped when the warm-up's procedure changes; 4: task arguments that cannot change
-# the training rows (a user's data.val_size, shapes' held-out count) left the key.
-WARMUP_VERSION = 4
+# the training rows (a user's data.val_size, shapes' held-out count) left the key;
+# 5: the arith and calc bases ship (a cache warmed up before is not reused for them).
+WARMUP_VERSION = 5
 # Built-in vision-language presets: name -> the transformers class built (rlpost.models.vl)
 VL_PRESETS = {"tiny_vl": "Qwen2VLForConditionalGeneration"}
 PROBE_ROWS = 256
