@@ -29,7 +29,7 @@ def _checked(history: list[dict], steps: int) -> tuple[float, float]:
 @pytest.mark.xfail(
     reason="from the shipped calc base (0.290) 20 fully_async steps reached 0.380, not +0.2 "
     "(0.235 -> 0.715 from the per-machine base of before); sync's 30 steps reach 0.500",
-    strict=False,
+    run=False,  # 5 minutes of CI for a known shortfall: run it with --runxfail
 )
 def test_an_openai_client_agent_program_learns_tool_use(tmp_path, model_cache):
     """agent=calculator with its episodes run by an agent written against the OpenAI
