@@ -17,8 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-# What picks the CPU kernels the warm-up runs on (and so its rounding): the shipped
-# bases were built with ATen, MKL and oneDNN held to AVX2, which most x86 CPUs have.
+# What picks the CPU kernels the warm-up runs on, and so its rounding (the arith base
+# was built with ATen, MKL and oneDNN held to AVX2; each base's warmup.json says how).
 KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
 
 

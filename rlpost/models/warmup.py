@@ -40,7 +40,7 @@ WARMUP_RECORD = "warmup.json"  # how the cached model's warm-up ended
 # Pre-warmed bases shipped with rlpost, one folder per cache key (rlpost.models.ship
 # builds them). The warm-up's float rounding differs between CPUs -- AVX2 and AVX-512
 # kernels round differently, and an SFT run that stops at a target accuracy turns that
-# into a different base (held-out accuracy 0.33 to 0.39 from one seed) -- so a run
+# into a different base (held-out accuracy 0.330 to 0.445 from one seed) -- so a run
 # whose key is shipped starts from the same weights on every machine.
 SHIPPED_DIR = Path(__file__).parent / "bases"
 

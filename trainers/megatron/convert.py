@@ -225,15 +225,16 @@ def megatron_to_hf(mg: dict[str, torch.Tensor], s: ModelShape) -> dict[str, torc
     A tied model gets no ``lm_head.weight``: its checkpoint files hold the
     embedding once (the weight sync adds the copy, see ``named_weights``).
     """
-    out = part_to_hf(EMBEDDING, mg, s)
-    for i in range(s.num_layers):
-        out.update(part_to_hf(i, mg, s))
-    out.update(part_to_hf(HEAD, mg, s))
-    return out
+    return {n: t for part in parts(s) for n, t in part_to_hf(part, mg, s).items()}
 
 
 # The parts a model's tensors convert in, one at a time (a layer index in between).
 EMBEDDING, HEAD = "embedding", "head"
+
+
+def parts(s: ModelShape) -> list[int | str]:
+    """The model's parts in order: the embedding, each decoder layer, the head."""
+    return [EMBEDDING, *range(s.num_layers), HEAD]
 
 
 def part_of(name: str) -> int | str:

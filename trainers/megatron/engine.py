@@ -37,10 +37,10 @@ from rlpost.trainers.megatron.config import (  # noqa: F401  (the engine's publi
 )
 from rlpost.trainers.megatron.convert import (
     EMBEDDING,
-    HEAD,
     hf_to_megatron,
     megatron_to_hf,
     part_to_hf,
+    parts,
 )
 from rlpost.trainers.megatron.model import MegatronModel
 from rlpost.trainers.megatron.schedule import dp_batch, from_last_stage
@@ -141,7 +141,7 @@ class MegatronEngine(PolicyUpdates):
         dtype = next(iter(self.m.local_params().values())).dtype
         return [
             (n, tuple(t.shape), dtype)
-            for part in self._part_order()
+            for part in parts(self.shape)
             for n, t in self._part_hf(part, mg).items()
         ]
 
@@ -150,9 +150,6 @@ class MegatronEngine(PolicyUpdates):
         if part == EMBEDDING and self.shape.tied:  # the copy vLLM's tied head is loaded by
             hf["lm_head.weight"] = hf["model.embed_tokens.weight"]
         return hf
-
-    def _part_order(self) -> list[int | str]:
-        return [EMBEDDING, *range(self.shape.num_layers), HEAD]
 
     def _streamed(self, specs: list[tuple[str, tuple[int, ...], torch.dtype]]) -> Iterator:
         start = 0

@@ -34,11 +34,10 @@ from rlpost.trainers.megatron.config import (
 )
 from rlpost.trainers.megatron.context_parallel import ContextParallelAttention
 from rlpost.trainers.megatron.convert import (
-    EMBEDDING,
-    HEAD,
     hf_to_megatron,
     is_expert,
     part_of,
+    parts,
     shape_from_hf,
     to_global,
     tp_layout,
@@ -373,8 +372,7 @@ class MegatronModel:
         ``(part, its full tensors)`` on global rank 0, ``(part, None)`` elsewhere.
         Collective: every rank runs the iterator to its end."""
         params = self._shared_params()
-        parts: list[int | str] = [EMBEDDING, *range(self.shape.num_layers), HEAD]
-        for part in parts:
+        for part in parts(self.shape):
             mine = ((n, p) for n, p in params.items() if part_of(n) == part)
             yield part, self._gathered(mine, lambda p: p.detach())
 
