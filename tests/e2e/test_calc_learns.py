@@ -33,4 +33,12 @@ def test_tool_use_accuracy_rises(tmp_path, model_cache):
     assert all(h["agent/tool_calls"] >= 0.9 * h["data/samples"] for h in steps)
     rewards = [h["reward/mean"] for h in steps]
     assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10 + 0.1
-    assert max(h["rollout/logprob_abs_diff_max"] for h in steps) < 1e-3
+    # The replica sampled from the trainer's weights at every step. Over a step's
+    # ~10k tokens the gap measured at most 3e-5 (mean 5e-8) from a shell, but up to
+    # 8.8e-3 (mean 7e-6) in one CI run of the same seed, same samples, whose engine
+    # generated 1.5x faster: float32 rounding with a long tail (the cause of the
+    # larger rounding there is not pinned down). Weights one
+    # update stale (trainer.async_mode=one_step_off, steps 2-4) give 0.5-0.8 (mean
+    # 2e-3): both bounds still tell those apart.
+    assert max(h["rollout/logprob_abs_diff_mean"] for h in steps) < 1e-4
+    assert max(h["rollout/logprob_abs_diff_max"] for h in steps) < 5e-2

@@ -14,6 +14,7 @@ pytest.importorskip("vllm")
     reason="from the shipped base (0.390) the preset's 10 DPO steps reach 0.400, not +0.15: "
     "tuned on the 0.330 base of before (0.585); retuning for the shipped base is open",
     strict=False,
+    run=False,  # a known shortfall is not worth CI's time: run it with --runxfail
 )
 def test_dpo_on_arith_pairs_learns(tmp_path, model_cache):
     # pairs: the right sum against a wrong answer the base policy sampled
