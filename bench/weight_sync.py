@@ -1,5 +1,6 @@
 """Weight sync time and peak extra memory: the object store against the collective
-weight group (``rollout.weight_sync``), on one Ray node and across two.
+weight group and the colocated hand-off (``rollout.weight_sync``), on one Ray node
+and across two.
 
     python bench/weight_sync.py            # writes bench/results/weight_sync.md and .json
     python bench/weight_sync.py --sizes 1M 30M --repeats 1   # a quick look
@@ -14,7 +15,11 @@ own, as vLLM's loader does):
   gets them as the argument of its load (fetched from the store; across nodes,
   copied to its node's store first) and copies them into its tensors;
 - ``collective``: ``rlpost.trainers.weight_sync.SyncGroup`` (gloo), the layout
-  sent once at the first sync, then buckets of ``bucket_mb``.
+  sent once at the first sync, then buckets of ``bucket_mb``;
+- ``ipc`` (one node): ``rlpost.trainers.weight_sync.IpcSender`` packs each bucket
+  into a shared-memory file that the replica's side maps and copies from
+  (``rlpost.workers.ipc_source.IpcSource``, as the vLLM worker reads it); only
+  the handles go through Ray. On a GPU the same code hands out CUDA-IPC handles.
 
 Peak extra memory is each actor's resident-memory high-water mark during the
 sync above its resident memory before it (``VmHWM``, reset through
@@ -133,6 +138,35 @@ class Side:
             self.weights[name].copy_(tensor)
         return self.peak_extra_mb()
 
+    # ipc (one node): this side stands in for trainer rank 0's engine
+    rank = 0
+
+    def named_weights(self) -> list:
+        return list(self.weights.items())
+
+    def ipc_open(self, bucket_mb: int):  # type: ignore[no-untyped-def]
+        import torch
+        from rlpost.trainers.weight_sync import IpcSender
+
+        self.sender = IpcSender(self, bucket_mb << 20, torch.device("cpu"))
+        return self.sender.plan
+
+    def ipc_next(self):  # type: ignore[no-untyped-def]
+        return self.sender.next()
+
+    def ipc_close(self) -> float:
+        self.sender.close()
+        return self.peak_extra_mb()
+
+    def receive_ipc(self, sender, plan) -> float:  # type: ignore[no-untyped-def]
+        from rlpost.trainers.weight_sync import SyncStats
+
+        from rlpost.workers.ipc_source import IpcSource
+
+        for name, tensor in IpcSource(sender, plan).tensors(SyncStats()):
+            self.weights[name].copy_(tensor)
+        return self.peak_extra_mb()
+
 
 def one_setting(size: str, nodes: int, engines: list[tuple[str, int]], repeats: int) -> list[dict]:
     """Every engine (name, bucket MB) at one size: the two sides made once."""
@@ -159,6 +193,10 @@ def one_setting(size: str, nodes: int, engines: list[tuple[str, int]], repeats: 
             if engine == "object_store":
                 got = ray.get(rollout.load.remote(trainer.named.remote()))
                 sender = ray.get(trainer.peak_extra_mb.remote())
+            elif engine == "ipc":
+                plan = trainer.ipc_open.remote(bucket_mb)
+                got = ray.get(rollout.receive_ipc.remote(trainer, plan))
+                sender = ray.get(trainer.ipc_close.remote())
             else:
                 sender, got = ray.get([trainer.send.remote(bucket_mb), rollout.receive.remote()])
             seconds = time.perf_counter() - start
@@ -167,7 +205,7 @@ def one_setting(size: str, nodes: int, engines: list[tuple[str, int]], repeats: 
                 peaks.append(max(sender, got))
         rows.append({
             "engine": engine, "nodes": nodes, "size": size, "params": params,
-            "bucket_mb": bucket_mb if engine == "collective" else None,
+            "bucket_mb": bucket_mb if engine != "object_store" else None,
             "sync_s": statistics.median(times), "peak_extra_mb": statistics.median(peaks),
             "model_mb": params * 4 / 2**20,
         })  # fmt: skip
@@ -218,7 +256,7 @@ def _free_port() -> int:
 
 def markdown(rows: list[dict], args: argparse.Namespace) -> str:
     lines = [
-        "# Weight sync: object store against the collective weight group",
+        "# Weight sync: object store, collective weight group and colocated hand-off",
         "",
         f"Written by `bench/weight_sync.py` on {platform.machine()}, {os.cpu_count()} CPU "
         f"cores; median of {args.repeats} syncs after a warm-up; float32 weights.",
@@ -253,11 +291,13 @@ def main() -> None:
     engines = [("object_store", 0)] + [("collective", b) for b in args.buckets]
     rows: list[dict] = []
     for nodes in args.nodes:
+        # ipc maps memory of the trainer's process: one node only
+        here = engines + ([("ipc", b) for b in args.buckets] if nodes == 1 else [])
         cluster = Cluster(nodes)
         try:
             ray.init(address=cluster.address, logging_level="ERROR")
             for size in args.sizes:
-                rows += one_setting(size, nodes, engines, args.repeats)
+                rows += one_setting(size, nodes, here, args.repeats)
         finally:
             ray.shutdown()
             cluster.stop()

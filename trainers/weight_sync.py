@@ -1,6 +1,7 @@
 """Weights from a trainer to a rollout replica's workers in buckets, over a
-process group of their own (``rollout.weight_sync=collective``) or as CUDA-IPC
-handles between colocated processes (``ipc``), without Ray's object store.
+process group of their own (``rollout.weight_sync=collective``) or as memory a
+colocated replica maps (``ipc``: CUDA-IPC handles on a GPU, shared memory on the
+CPU), without Ray's object store.
 
 - **Buckets.** ``plan_buckets`` lays the tensors out, in order, in buckets of
   at most ``bucket_bytes`` (a tensor larger than that gets a bucket of its
@@ -20,8 +21,11 @@ handles between colocated processes (``ipc``), without Ray's object store.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import pickle
+import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -279,7 +283,16 @@ class SyncGroup:
         self.store = None
 
 
-# -- CUDA IPC ----------------------------------------------------------------
+# -- colocated hand-off (rollout.weight_sync=ipc) ---------------------------
+#
+# The trainer packs each bucket into memory the replica's process maps: a CUDA
+# allocation shared by CUDA-IPC handle on a GPU, a file in /dev/shm (POSIX shared
+# memory) on the CPU. Only the handle (a few hundred bytes) goes through Ray; the
+# receiver reads the weights in place, so sender and receiver share one copy of
+# the bucket. The sender keeps only the bucket it packed last: the receiver asks
+# for the next one when it is done with the last, and its mapping keeps a dropped
+# bucket's memory until it lets go of its views (an unlinked file stays mapped;
+# torch counts CUDA-IPC references before it reuses the memory).
 
 
 def ipc_handles(buffer: torch.Tensor) -> Any:
@@ -288,10 +301,131 @@ def ipc_handles(buffer: torch.Tensor) -> Any:
     from torch.multiprocessing.reductions import reduce_tensor
 
     if buffer.device.type == "cpu":
-        raise ValueError("ipc handles need a CUDA tensor; on the CPU use the collective path")
+        raise ValueError("ipc handles need a CUDA tensor; on the CPU use shared_bucket")
     return reduce_tensor(buffer)
 
 
 def open_ipc(handle: Any) -> torch.Tensor:
     rebuild, args = handle
     return rebuild(*args)
+
+
+def _shm_dir() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+@dataclass
+class SharedBucket:
+    """One bucket's memory on the sender's side and the handle that opens it."""
+
+    buffer: torch.Tensor
+    handle: tuple
+    path: str | None = None  # the CPU's shared-memory file
+
+    def drop(self) -> None:
+        """The sender lets go (a receiver that mapped it keeps its pages)."""
+        if self.path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            self.path = None
+        self.buffer = torch.empty(0, dtype=torch.uint8)
+
+
+def shared_bucket(nbytes: int, device: torch.device) -> SharedBucket:
+    """``nbytes`` of memory a colocated process can map with ``open_bucket``."""
+    if device.type == "cpu":
+        fd, path = tempfile.mkstemp(prefix="rlpost-weights-", dir=_shm_dir())
+        try:
+            os.ftruncate(fd, max(nbytes, 1))
+        finally:
+            os.close(fd)
+        buffer = torch.from_file(path, shared=True, size=max(nbytes, 1), dtype=torch.uint8)
+        return SharedBucket(buffer[:nbytes], ("file", path, nbytes), path)
+    buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    return SharedBucket(buffer, ("ipc", ipc_handles(buffer)))
+
+
+def open_bucket(handle: tuple) -> torch.Tensor:
+    """The bytes of a ``SharedBucket``, mapped in this process without a copy."""
+    kind = handle[0]
+    if kind == "file":
+        _, path, nbytes = handle
+        if not os.path.exists(path):
+            raise RuntimeError(
+                f"weight sync (ipc): {path} is not on this machine: rollout.weight_sync=ipc "
+                "needs the replica on the trainer's node (trainer.placement=colocated); "
+                "use rollout.weight_sync=collective across nodes"
+            )
+        return torch.from_file(path, shared=True, size=max(nbytes, 1), dtype=torch.uint8)[:nbytes]
+    if kind == "ipc":  # a CUDA-IPC handle
+        return open_ipc(handle[1])
+    raise ValueError(f"weight sync (ipc): unknown handle kind {kind!r}")
+
+
+class IpcSender:
+    """Trainer rank 0's side of an ``ipc`` sync: ``plan``, then ``next()`` per
+    bucket, each gathering the bucket's tensors as it fills (a sharded engine's
+    gathers are collectives; the other ranks run theirs meanwhile, e.g.
+    ``TrainerWorker.ipc_drive``), packing them and returning the bucket's handle.
+
+    ``engine``: rank 0 of a trainer engine with ``weight_stream()`` (specs and a
+    lazy iterator) or ``named_weights()`` (the full list)."""
+
+    def __init__(self, engine: Any, bucket_bytes: int, device: torch.device):
+        if int(getattr(engine, "rank", 0)) != 0:
+            raise RuntimeError("IpcSender runs on trainer rank 0")
+        self.device = device
+        stream = getattr(engine, "weight_stream", None)
+        if stream is not None:
+            specs, self.items = stream()
+        else:
+            named = engine.named_weights()
+            specs = [(n, tuple(t.shape), t.dtype) for n, t in named]
+            self.items = iter(named)
+        self.plan = plan_buckets(specs, bucket_bytes)
+        self.index = 0
+        self.held: list[SharedBucket] = []
+        self.stats = SyncStats()
+
+    def next(self) -> tuple:
+        """The next bucket's handle, its tensors gathered and packed."""
+        if self.index >= len(self.plan.buckets):
+            raise RuntimeError("weight sync (ipc): every bucket was sent already")
+        slots, size = self.plan.buckets[self.index], self.plan.sizes[self.index]
+        self.index += 1
+        tensors = []
+        for slot in slots:
+            name, tensor = next(self.items)
+            if name != slot.name:
+                raise ValueError(f"weight sync: got {name} where the plan has {slot.name}")
+            tensors.append(tensor)
+        # The receiver asks for this bucket once done with the last: drop it first,
+        # so that one bucket is held at a time.
+        for old in self.held:
+            self.stats.release(old.buffer.numel())
+            old.drop()
+        self.held.clear()
+        bucket = shared_bucket(size, self.device)
+        pack(slots, [t.to(self.device) for t in tensors], bucket.buffer)
+        del tensors
+        if self.device.type != "cpu":  # the copies are queued: done before the handle goes out
+            devices.synchronize(self.device.type)
+        self.held.append(bucket)
+        self.stats.hold(size)
+        self.stats.buckets += 1
+        self.stats.bytes += size
+        return bucket.handle
+
+    def close(self) -> dict[str, int]:
+        """Run what is left of the stream (its gathers pair with the other ranks'),
+        drop the buckets; returns the figures."""
+        for _ in self.items:
+            pass
+        for bucket in self.held:
+            bucket.drop()
+        self.held.clear()
+        return {
+            "buckets": self.stats.buckets,
+            "bytes": self.stats.bytes,
+            "peak": self.stats.peak_bucket_bytes,
+        }

@@ -88,11 +88,31 @@ def rollout_checks(cfg: Config) -> list[str]:
             "no adapter to send; set model.lora.rank (e.g. model.lora.rank=8) or drop "
             "rollout.lora_sync=adapter"
         )
-    if cfg.rollout.weight_sync == "collective":
+    if cfg.rollout.weight_sync in ("collective", "ipc"):
         if cfg.rollout.name != "vllm":
             problems.append(
-                f"rollout.weight_sync=collective: rollout.name={cfg.rollout.name} loads weights "
-                "only through the object store; use rollout.weight_sync=object_store (or auto)"
+                f"rollout.weight_sync={cfg.rollout.weight_sync}: rollout.name={cfg.rollout.name} "
+                "loads weights only through the object store; use "
+                "rollout.weight_sync=object_store (or auto)"
+            )
+    if cfg.rollout.weight_sync == "ipc":
+        # The replica maps memory of trainer rank 0's process: it must share its node
+        # (and, on a GPU, its device), and one replica reads each bucket.
+        if cfg.rollout.replicas != 1 or cfg.rollout.pd.enabled:
+            what = (
+                "rollout.pd.enabled=true"
+                if cfg.rollout.pd.enabled
+                else (f"rollout.replicas={cfg.rollout.replicas}")
+            )
+            problems.append(
+                f"rollout.weight_sync=ipc hands weights to one colocated replica, not with "
+                f"{what}: use rollout.weight_sync=collective"
+            )
+        if cfg.trainer.placement != "colocated":
+            problems.append(
+                f"rollout.weight_sync=ipc: trainer.placement={cfg.trainer.placement} may put the "
+                "replica on another node than trainer rank 0, whose memory it maps; use "
+                "trainer.placement=colocated or rollout.weight_sync=collective"
             )
     if cfg.rollout.sleep == "on":
         if cfg.trainer.device == "cpu" or cfg.rollout.name != "vllm":

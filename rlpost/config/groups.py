@@ -179,12 +179,14 @@ class RolloutConfig:
     lora_sync: Literal["merged", "adapter"] = spec(
         "merged", help="with model.lora: send merged weights, or the adapter itself (vLLM LoRA)"
     )
-    weight_sync: Literal["auto", "object_store", "collective"] = spec(
+    weight_sync: Literal["auto", "object_store", "collective", "ipc"] = spec(
         "auto",
-        help="how weights reach the replicas: object_store (one copy in Ray's object store), collective (buckets over a process group of their own: gloo on CPU, NCCL on CUDA); auto: collective on CUDA with vLLM, else object_store",
+        help="how weights reach the replicas: object_store (one copy in Ray's object store), collective (buckets over a process group of their own: gloo on CPU, NCCL on CUDA), ipc (buckets one colocated replica maps: CUDA-IPC handles on a GPU, shared memory on the CPU); auto: collective on CUDA with vLLM, else object_store",
     )
     weight_sync_bucket_mb: float = spec(
-        512.0, gt=0, help="rollout.weight_sync=collective: bucket size; each side holds one more"
+        512.0,
+        gt=0,
+        help="rollout.weight_sync=collective or ipc: bucket size; collective: each side holds one more; ipc: the two share one",
     )
     sleep: Literal["auto", "on", "off"] = spec(
         "auto",

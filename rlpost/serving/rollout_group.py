@@ -51,7 +51,7 @@ from rlpost.workers import WORKER_ENV
 from rlpost.workers.rollout_worker import RolloutWorker
 
 if TYPE_CHECKING:
-    from rlpost.serving.weight_group import CollectiveSync
+    from rlpost.serving.weight_group import CollectiveSync, IpcSync
 
 log = logging.getLogger(__name__)
 QUIET = {"env_vars": WORKER_ENV}
@@ -266,14 +266,15 @@ class RolloutGroup:
 
     def load_weights_collective(
         self,
-        sync: CollectiveSync,
+        sync: CollectiveSync | IpcSync,
         trainer: Any,
         version: int | None = None,
         interrupt: bool = False,
     ) -> dict[str, float]:
-        """``load_weights`` over the weight group (``rollout.weight_sync=collective``):
-        ``trainer`` (a ``TrainerGroup``) sends its weights to every replica's workers
-        in buckets, no copy in the object store. Returns the sync's figures."""
+        """``load_weights`` without the object store: ``trainer`` (a ``TrainerGroup``)
+        sends its weights in buckets over the weight group to every replica's workers
+        (``rollout.weight_sync=collective``), or hands them to the one colocated
+        replica as memory it maps (``ipc``). Returns the sync's figures."""
         self._drain()
         self._version += 1
         self.policy_version = self.policy_version + 1 if version is None else version

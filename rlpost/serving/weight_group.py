@@ -1,5 +1,6 @@
 """The policy's weights to every replica over a process group of their own
-(``rollout.weight_sync=collective``), without a copy in Ray's object store.
+(``rollout.weight_sync=collective``), or to one colocated replica as memory it
+maps (``ipc``, ``IpcSync``), without a copy in Ray's object store.
 
 The group: rank 0 is the trainer's rank 0, ranks 1.. the replicas' engine
 workers (``rlpost.trainers.weight_sync.SyncGroup``: its own TCP store, gloo on
@@ -62,15 +63,26 @@ class Replicas(Protocol):
     def _restart(self, worker: int, exc: BaseException) -> None: ...
 
 
-def collective_sync(cfg: Any, device_kind: str, rollout: Any) -> CollectiveSync | None:
-    """The run's collective weight sync, or None where weights go through the
-    object store (``rollout.weight_sync``; a rollout group of another kind, e.g.
-    a test's stand-in, keeps the object store)."""
+def collective_sync(cfg: Any, device_kind: str, rollout: Any) -> CollectiveSync | IpcSync | None:
+    """The run's weight sync without the object store (``collective`` or ``ipc``),
+    or None where weights go through the object store (``rollout.weight_sync``; a
+    rollout group of another kind, e.g. a test's stand-in, keeps the object store)."""
     r = cfg.rollout
     mode = weight_sync_mode(r.weight_sync, r.name, device_kind)
-    if mode != "collective" or not hasattr(rollout, "load_weights_collective"):
+    if mode not in ("collective", "ipc") or not hasattr(rollout, "load_weights_collective"):
         return None
+    if mode == "ipc":
+        return IpcSync(rollout, r.weight_sync_bucket_mb)
     return CollectiveSync(rollout, r.weight_sync_bucket_mb, r.weight_sync_timeout_s)
+
+
+def _live(group: Replicas) -> list[int]:
+    group._poll_restarts()
+    return [
+        i
+        for i in range(len(group.workers))
+        if i not in group._restarting and i not in group._left_out
+    ]
 
 
 class CollectiveSync:
@@ -157,3 +169,59 @@ class CollectiveSync:
             )
             self.members = ()  # made again at the next attempt
         raise RuntimeError("weight sync: replicas kept dying during the transfer")
+
+
+class IpcSync:
+    """``rollout.weight_sync=ipc``: the trainer hands its weights to one colocated
+    replica as memory the replica maps -- CUDA-IPC handles on a GPU, shared-memory
+    files on the CPU -- bucket by bucket, with only the handles going through Ray.
+
+    Trainer rank 0 packs each bucket as the replica asks for it
+    (``TrainerWorker.ipc_open``/``ipc_next``); the other ranks run their share of
+    the gathers meanwhile (``ipc_drive``). A replica that dies mid-transfer is
+    restarted and catches up through the object store, as with ``collective``;
+    rank 0 finishes the gathers it had left (``ipc_close``) so that the other
+    ranks' end too."""
+
+    def __init__(self, group: Replicas, bucket_mb: float):
+        self.group = group
+        self.bucket_bytes = max(1, int(bucket_mb * 2**20))
+
+    def sync(self, trainer: TrainerGroup, version: int, interrupt: bool) -> dict[str, float]:
+        g = self.group
+        g._weights = trainer.weights_ref  # what a restarted replica catches up from
+        rank0, others = trainer.workers[0], trainer.workers[1:]
+        for _ in range(2 + g.max_restarts * len(g.workers)):
+            live = _live(g)
+            if not live:  # the replica is restarting: it catches up by itself
+                return {}
+            if len(live) != 1:
+                raise RuntimeError(
+                    f"rollout.weight_sync=ipc hands weights to one colocated replica, not "
+                    f"{len(live)}: use rollout.weight_sync=collective"
+                )
+            [i] = live
+            start = time.perf_counter()
+            drives = [w.ipc_drive.remote() for w in others]
+            plan = rank0.ipc_open.remote(self.bucket_bytes)
+            received = g.workers[i].receive_weights_ipc.remote(rank0, plan, version, interrupt)
+            died = False
+            try:
+                ray.get(received)
+            except ray.exceptions.RayActorError as exc:
+                if not g._is_current(i, exc):
+                    raise
+                died = True
+                g._restart(i, exc)
+            finally:
+                sent = ray.get(rank0.ipc_close.remote())
+                ray.get(drives)
+            if not died:
+                return {
+                    "rollout/weight_sync/buckets": float(sent.get("buckets", 0)),
+                    "rollout/weight_sync/mb": sent.get("bytes", 0) / 2**20,
+                    "rollout/weight_sync/peak_bucket_mb": sent.get("peak", 0) / 2**20,
+                    "rollout/weight_sync/seconds": time.perf_counter() - start,
+                }
+            log.warning("rollout replica %d died during an ipc weight hand-off; it catches up", i)
+        raise RuntimeError("weight sync: the replica kept dying during the hand-off")

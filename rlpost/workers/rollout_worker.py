@@ -116,6 +116,26 @@ class RolloutWorker:
         self.version = version
         return time.perf_counter() - start
 
+    async def receive_weights_ipc(
+        self, sender: Any, plan: Any, version: int | None = None, interrupt: bool = False
+    ) -> float:
+        """Seconds until the weights trainer rank 0 (``sender``) hands out as memory
+        this process maps are in (``rollout.weight_sync=ipc``; ``plan``: their
+        buckets), as ``load_weights`` (``version``, ``interrupt``)."""
+        from rlpost.workers.ipc_source import IpcSource
+
+        receive = getattr(self.engine, "areceive_weights_ipc", None)
+        if receive is None:
+            raise ValueError(
+                f"{type(self.engine).__name__} cannot map weights a trainer hands out; "
+                "use rollout.weight_sync=object_store"
+            )
+        start = time.perf_counter()
+        version = self.version + 1 if version is None else version
+        await receive(IpcSource(sender, plan), version=version, interrupt=interrupt)
+        self.version = version
+        return time.perf_counter() - start
+
     async def load_lora_adapter(
         self, adapter: Any, version: int | None = None, interrupt: bool = False
     ) -> float:

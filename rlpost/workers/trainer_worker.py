@@ -98,6 +98,42 @@ class TrainerWorker:
             stats = self.weight_group.send(iter(named), bucket_bytes)
         return {"buckets": stats.buckets, "bytes": stats.bytes, "peak": stats.peak_bucket_bytes}
 
+    # -- rollout.weight_sync=ipc (rlpost.serving.weight_group.IpcSync) ----------
+
+    def ipc_open(self, bucket_bytes: int) -> Any:
+        """Rank 0: start handing the weights out in buckets of ``bucket_bytes``
+        (``ipc_next``); returns their layout. Ends a hand-off left unfinished first."""
+        from rlpost.trainers.weight_sync import IpcSender
+
+        self.ipc_close()
+        device = getattr(self.engine, "device", None)
+        device = device if isinstance(device, torch.device) else torch.device("cpu")
+        self._ipc = IpcSender(self.engine, bucket_bytes, device)
+        return self._ipc.plan
+
+    def ipc_next(self) -> Any:
+        """Rank 0: the next bucket's handle (its tensors gathered and packed)."""
+        if getattr(self, "_ipc", None) is None:
+            raise RuntimeError("ipc_next before ipc_open")
+        return self._ipc.next()
+
+    def ipc_close(self) -> dict[str, int]:
+        """Rank 0: run the gathers the hand-off has left (so the other ranks' ``ipc_drive``
+        ends), drop the buckets; returns the sender's figures."""
+        sender = getattr(self, "_ipc", None)
+        self._ipc = None
+        return {} if sender is None else sender.close()
+
+    def ipc_drive(self) -> None:
+        """Ranks > 0: this rank's share of the gathers of one hand-off, in step with
+        rank 0's buckets (the engine's collectives pair them)."""
+        stream = getattr(self.engine, "weight_stream", None)
+        if stream is None:
+            self.engine.named_weights()
+            return
+        for _ in stream()[1]:
+            pass
+
 
 class TrainerGroup:
     """``world_size`` ranks of one engine kind (``policy`` or ``critic``); data-parallel

@@ -131,6 +131,24 @@ class VLLMEngine:
         self._weights_changed()
         return stats
 
+    def receive_weights_ipc(self, source: Any) -> dict[str, int]:
+        """Load the buckets ``source`` maps one at a time (``rollout.weight_sync=ipc``:
+        ``rlpost.workers.ipc_source.IpcSource``); call with no request in flight.
+        Returns the worker's bucket counts."""
+        if self.engine.has_unfinished_requests():
+            raise RuntimeError("receive_weights_ipc with requests in flight; use the async form")
+        stats = self.engine.collective_rpc("rlpost_receive_weights_ipc", args=(source,))[0]
+        self._weights_changed()
+        return stats
+
+    async def areceive_weights_ipc(
+        self, source: Any, version: int | None = None, interrupt: bool = False
+    ) -> None:
+        """``receive_weights_ipc`` between two engine steps, as ``aload_weights``."""
+        await self._paused(
+            lambda: self.receive_weights_ipc(source), version=version, interrupt=interrupt
+        )
+
     async def areceive_weights(self, version: int | None = None, interrupt: bool = False) -> None:
         """``receive_weights`` between two engine steps, as ``aload_weights``."""
         await self._paused(self.receive_weights, version=version, interrupt=interrupt)

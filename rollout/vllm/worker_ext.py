@@ -6,6 +6,7 @@ Names are prefixed ``rlpost_`` so they never clash with the worker's own.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -52,6 +53,18 @@ class WeightSyncExtension:
 
         stats = SyncStats()
         self._rlpost_reload(self._rlpost_weight_group.receive(stats))
+        return {"buckets": stats.buckets, "bytes": stats.bytes, "peak": stats.peak_bucket_bytes}
+
+    def rlpost_receive_weights_ipc(self, source: Any) -> dict[str, int]:
+        """Reload from the buckets a colocated trainer hands out (``source``:
+        ``rlpost.workers.ipc_source.IpcSource``), each mapped in place and read by
+        the model's loader before the next is asked for. The engine runs its workers
+        in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so ``source`` arrives
+        as it was given."""
+        from rlpost.trainers.weight_sync import SyncStats
+
+        stats = SyncStats()
+        self._rlpost_reload(source.tensors(stats))
         return {"buckets": stats.buckets, "bytes": stats.bytes, "peak": stats.peak_bucket_bytes}
 
     def _rlpost_reload(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> int:

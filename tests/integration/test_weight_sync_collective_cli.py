@@ -1,7 +1,8 @@
-"""``rollout.weight_sync=collective`` through the real CLI: the policy's weights
-reach the replica in buckets over a process group of their own, and the run is
-the one the object store gives, metric for metric (fixed seed, sync mode), with
-the replica sampling from the trained weights. A replica SIGKILLed mid-run is
+"""``rollout.weight_sync=collective`` and ``ipc`` through the real CLI: the policy's
+weights reach the replica in buckets over a process group of their own, or as
+shared memory the colocated replica maps, and the run is the one the object store
+gives, metric for metric (fixed seed, sync mode), with the replica sampling from
+the trained weights. A replica SIGKILLed mid-run is
 restarted, catches up, and the weight group is made again with it."""
 
 from __future__ import annotations
@@ -30,8 +31,13 @@ def model(tmp_path_factory):
     return build_tiny_model("micro", tmp_path_factory.mktemp("m"), seed=0, init_std=0.3)
 
 
-def test_collective_sync_equals_the_object_store_run(model, tmp_path):
-    store = run(model, tmp_path / "store", STEPS)
+@pytest.fixture(scope="module")
+def store(model, tmp_path_factory):
+    """The run both transfers must reproduce: weights through the object store."""
+    return run(model, tmp_path_factory.mktemp("store") / "run", STEPS)
+
+
+def test_collective_sync_equals_the_object_store_run(model, store, tmp_path):
     collective = run(model, tmp_path / "collective", STEPS, *COLLECTIVE)
     assert [without_sync_figures(r) for r in collective] == [without_sync_figures(r) for r in store]
     trained = [r for r in collective if r["step"] > 0]
@@ -42,6 +48,22 @@ def test_collective_sync_equals_the_object_store_run(model, tmp_path):
     assert all(r["rollout/weight_sync/rebuilds"] == 0 for r in trained)
     assert max(r["rollout/logprob_abs_diff_max"] for r in trained) < 1e-3
     assert "rollout/weight_sync/buckets" not in store[-1]
+
+
+def test_ipc_hand_off_equals_the_object_store_run(model, store, tmp_path):
+    # On the CPU each bucket is a shared-memory file the replica maps; on a GPU a
+    # CUDA-IPC handle (tests/integration/test_gpu_check.py runs that hand-off).
+    ipc = run(model, tmp_path / "ipc", STEPS, "rollout.weight_sync=ipc",
+              "rollout.weight_sync_bucket_mb=0.1")  # fmt: skip
+    assert [without_sync_figures(r) for r in ipc] == [without_sync_figures(r) for r in store]
+    trained = [r for r in ipc if r["step"] > 0]
+    assert all(r["rollout/weight_sync/buckets"] >= 3 for r in trained)
+    # the trainer keeps only the bucket it packed last
+    assert all(0 < r["rollout/weight_sync/peak_bucket_mb"] <= 0.1 for r in trained)
+    assert all(r["rollout/weight_sync/mb"] == pytest.approx(0.334, abs=0.01) for r in trained)
+    assert max(r["rollout/logprob_abs_diff_max"] for r in trained) < 1e-3
+    leftover = [p for p in os.listdir("/dev/shm") if p.startswith("rlpost-weights-")]
+    assert not leftover, leftover  # every bucket's file was removed
 
 
 def test_a_killed_replica_rejoins_a_remade_weight_group(model, tmp_path):

@@ -25,10 +25,21 @@ def test_auto_is_collective_on_cuda_with_vllm_and_the_object_store_elsewhere():
         (["rollout=hf", "rollout.weight_sync=collective"],
          "rollout.weight_sync=collective: rollout.name=hf loads weights only through the "
          "object store; use rollout.weight_sync=object_store (or auto)"),
+        (["rollout=hf", "rollout.weight_sync=ipc"],
+         "rollout.weight_sync=ipc: rollout.name=hf loads weights only through the object store"),
+        (["rollout.weight_sync=ipc", "rollout.replicas=2"],
+         "rollout.weight_sync=ipc hands weights to one colocated replica, not with "
+         "rollout.replicas=2: use rollout.weight_sync=collective"),
+        (["rollout.weight_sync=ipc", "rollout=vllm_pd"],
+         "rollout.weight_sync=ipc hands weights to one colocated replica, not with "
+         "rollout.pd.enabled=true"),
+        (["rollout.weight_sync=ipc", "trainer.placement=separate"],
+         "rollout.weight_sync=ipc: trainer.placement=separate may put the replica on another "
+         "node than trainer rank 0"),
         (["rollout.weight_sync=nccl"], "rollout.weight_sync"),
         (["rollout.weight_sync_bucket_mb=0"], "rollout.weight_sync_bucket_mb"),
     ],
-    ids=["hf", "unknown", "bucket"],
+    ids=["hf", "ipc_hf", "ipc_replicas", "ipc_pd", "ipc_separate", "unknown", "bucket"],
 )  # fmt: skip
 def test_combinations_that_cannot_work_are_config_errors(overrides, message):
     with pytest.raises(ConfigError) as err:

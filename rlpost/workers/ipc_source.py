@@ -1,0 +1,37 @@
+"""What a rollout replica's engine worker reads during a colocated weight
+hand-off (``rollout.weight_sync=ipc``; the driver's side is
+``rlpost.serving.weight_group.IpcSync``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import ray
+
+
+class IpcSource:
+    """What a replica's engine worker reads during an ``ipc`` sync: the buckets of
+    ``plan`` from the trainer's rank 0 (``sender``, a ``TrainerWorker``), one at a
+    time, mapped in place (``rlpost.trainers.weight_sync.open_bucket``). It asks
+    for the next bucket once the model's loader has taken the last one's tensors."""
+
+    def __init__(self, sender: Any, plan: Any):
+        self.sender, self.plan = sender, plan
+
+    def tensors(self, stats: Any) -> Iterator[tuple[str, Any]]:
+        from rlpost.trainers import device as devices
+        from rlpost.trainers.weight_sync import open_bucket, unpack
+
+        for slots, size in zip(self.plan.buckets, self.plan.sizes):
+            # The engine is paused for the sync, so blocking its loop here is intended.
+            handle = ray.get(self.sender.ipc_next.remote())
+            buffer = open_bucket(handle)
+            stats.hold(size)
+            stats.buckets += 1
+            stats.bytes += size
+            yield from unpack(slots, buffer)
+            if buffer.device.type != "cpu":  # the loader's copies are done before it goes
+                devices.synchronize(buffer.device.type)
+            del buffer
+            stats.release(size)
