@@ -19,11 +19,11 @@ Three measurements, each printed as it finishes and all written to
    backward at a 150k vocabulary, materialised ``log_softmax`` against the
    engine's chunked ``token_logprobs_and_entropy``.
 3. ``ipc``: the CUDA-IPC weight hand-off between two processes on one device,
-   the colocated path of ``rollout.weight_sync=ipc``: the sender packs the
-   model's weights in buckets (``rlpost.trainers.weight_sync``), passes each
-   bucket's IPC handle, the receiver copies the tensors into its own weights
-   and acknowledges; GB/s at the 0.5B and 1.5B shapes. At most two buckets are
-   alive at once (the sender packs the next while the receiver copies).
+   the colocated path of ``rollout.weight_sync=ipc`` and its code: trainer rank 0's
+   ``IpcSender`` packs the model's weights in buckets and hands out each bucket's
+   IPC handle, the receiver maps it, copies the tensors into its own weights and
+   asks for the next; GB/s at the 0.5B and 1.5B shapes. One bucket is held at a
+   time.
 """
 
 from __future__ import annotations
@@ -182,28 +182,43 @@ def check_logprob_memory(args: argparse.Namespace) -> list[dict]:
 
 
 def _receiver(conn, shapes: list, device: str) -> None:  # type: ignore[no-untyped-def]
-    """The rollout side: its own weights, filled from each bucket's handle."""
-    from rlpost.trainers.weight_sync import open_ipc, unpack
+    """The rollout side: its own weights, filled from each bucket it maps; it asks
+    for the next bucket once its copies of the last are done (as
+    ``rlpost.workers.ipc_source.IpcSource`` does in a replica)."""
+    from rlpost.trainers.weight_sync import open_bucket, unpack
 
     own = {n: torch.empty(s, dtype=torch.bfloat16, device=device) for n, s in shapes}
-    conn.send("ready")
+    conn.send("next")
     while True:
         msg = conn.recv()
         if msg is None:
             break
         slots, handle = msg
-        bucket = open_ipc(handle)
+        bucket = open_bucket(handle)
         for name, tensor in unpack(slots, bucket):
             own[name].copy_(tensor)
-        torch.cuda.synchronize()
+        if device != "cpu":
+            torch.cuda.synchronize()
         del bucket
-        conn.send("done")
+        conn.send("next")
     conn.send(sum(float(t.float().sum()) for t in own.values()))
+
+
+class _Weights:
+    """Trainer rank 0 as ``IpcSender`` reads it: the full weights, named."""
+
+    rank = 0
+
+    def __init__(self, weights: dict):
+        self.weights = weights
+
+    def named_weights(self) -> list:
+        return list(self.weights.items())
 
 
 def check_ipc(args: argparse.Namespace, shape: str) -> dict:
     import torch.multiprocessing as mp
-    from rlpost.trainers.weight_sync import ipc_handles, pack, plan_buckets
+    from rlpost.trainers.weight_sync import IpcSender
     from transformers import Qwen2ForCausalLM
 
     with torch.device("meta"):
@@ -213,28 +228,22 @@ def check_ipc(args: argparse.Namespace, shape: str) -> dict:
     weights = {
         n: torch.randn(s, generator=g, device=args.device, dtype=torch.bfloat16) for n, s in shapes
     }
-    plan = plan_buckets([(n, s, torch.bfloat16) for n, s in shapes], args.bucket_mb << 20)
     ctx = mp.get_context("spawn")
     ours, theirs = ctx.Pipe()
     child = ctx.Process(target=_receiver, args=(theirs, shapes, args.device))
     child.start()
-    assert ours.recv() == "ready"
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    pending: list = []  # buckets the receiver may still be reading: at most two alive
-    for slots, size in zip(plan.buckets, plan.sizes):
-        buffer = torch.empty(size, dtype=torch.uint8, device=args.device)
-        pack(slots, [weights[s.name] for s in slots], buffer)
+    assert ours.recv() == "next"
+    if args.device != "cpu":
         torch.cuda.synchronize()
-        ours.send((slots, ipc_handles(buffer)))
-        pending.append(buffer)
-        if len(pending) == 2:
-            assert ours.recv() == "done"
-            pending.pop(0)
-    while pending:
-        assert ours.recv() == "done"
-        pending.pop(0)
+    start = time.perf_counter()
+    # the sync's own code: rollout.weight_sync=ipc packs and hands out buckets so
+    sender = IpcSender(_Weights(weights), args.bucket_mb << 20, torch.device(args.device))
+    plan = sender.plan
+    for slots in plan.buckets:
+        ours.send((slots, sender.next()))
+        assert ours.recv() == "next"
     seconds = time.perf_counter() - start
+    stats = sender.close()
     ours.send(None)
     their_sum = ours.recv()
     child.join(timeout=60)
@@ -242,6 +251,7 @@ def check_ipc(args: argparse.Namespace, shape: str) -> dict:
     return {
         "check": "ipc", "shape": shape, "params": sum(t.numel() for t in weights.values()),
         "bytes": plan.total_bytes, "buckets": len(plan.buckets), "bucket_mb": args.bucket_mb,
+        "peak_bucket_mb": stats["peak"] / 2**20,
         "seconds": seconds, "gb_per_s": plan.total_bytes / seconds / 1e9,
         "exact": abs(their_sum - our_sum) <= 1e-6 * max(1.0, abs(our_sum)),
     }  # fmt: skip
@@ -310,9 +320,9 @@ def main() -> None:
             ("update", lambda: [check_update(args, random_model_dir(args.shape, Path(tmp) / "m"))]),
             ("logprob_memory", lambda: check_logprob_memory(args)),
         ]
-        if args.device == "cuda":
-            shapes = ["small"] if args.small else ["0.5B", "1.5B"]
-            steps += [(f"ipc {s}", lambda s=s: [check_ipc(args, s)]) for s in shapes]
+        # On the CPU the same hand-off maps shared-memory files instead of CUDA-IPC handles.
+        shapes = ["small"] if args.small else ["0.5B", "1.5B"]
+        steps += [(f"ipc {s}", lambda s=s: [check_ipc(args, s)]) for s in shapes]
         for name, step in steps:
             start = time.perf_counter()
             got = step()

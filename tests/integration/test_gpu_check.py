@@ -34,6 +34,11 @@ def test_the_check_runs_on_the_cpu_at_tiny_shapes(tmp_path):
         "chunked",
         "materialised",
     ]
+    # the hand-off's code with shared-memory files for CUDA-IPC handles: every byte
+    # arrives, one bucket held at a time
+    [ipc] = [r for r in rows if r["check"] == "ipc"]
+    assert ipc["exact"] and ipc["buckets"] >= 1
+    assert 0 < ipc["peak_bucket_mb"] <= max(ipc["bucket_mb"], ipc["bytes"] / 2**20)
 
 
 @pytest.mark.gpu
