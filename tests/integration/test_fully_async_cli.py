@@ -13,16 +13,14 @@ from __future__ import annotations
 import pytest
 from cli_utils import comparable, output, run, start
 
-from rlpost.models.tiny import build_tiny_model
-
 pytest.importorskip("vllm")
 
 ASYNC = ("trainer.async_mode=fully_async",)
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return build_tiny_model("micro", tmp_path_factory.mktemp("m"), seed=0, init_std=0.3)
+def model(micro_model):
+    return micro_model
 
 
 def _shared(row: dict) -> dict:
@@ -33,10 +31,10 @@ def _shared(row: dict) -> dict:
     }  # fmt: skip
 
 
-def test_max_staleness_zero_reproduces_sync(model, tmp_path):
+def test_max_staleness_zero_reproduces_sync(micro_model, straight_run, tmp_path):
     steps = 4
-    sync = run(model, tmp_path / "sync", steps)
-    streamed = run(model, tmp_path / "async", steps, *ASYNC, "async.max_staleness=0")
+    sync = straight_run
+    streamed = run(micro_model, tmp_path / "async", steps, *ASYNC, "async.max_staleness=0")
     assert [r["step"] for r in streamed] == list(range(steps + 1))
     for a, b in zip(sync, streamed, strict=True):
         assert _shared(a) == _shared(b), a["step"]

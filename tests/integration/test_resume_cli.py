@@ -11,11 +11,10 @@ from rlpost.models.tiny import build_tiny_model
 pytest.importorskip("vllm")
 
 
-def test_resumed_run_matches_uninterrupted_run(tmp_path):
-    model = build_tiny_model("micro", tmp_path / "m", seed=0, init_std=0.3)
-    straight = run(model, tmp_path / "a", 4)
-    run(model, tmp_path / "b", 2)
-    resumed = run(model, tmp_path / "b", 4)
+def test_resumed_run_matches_uninterrupted_run(micro_model, straight_run, tmp_path):
+    straight = straight_run
+    run(micro_model, tmp_path / "b", 2)
+    resumed = run(micro_model, tmp_path / "b", 4)
     assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4]
     assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == [
         "step_000002",

@@ -13,8 +13,6 @@ import signal
 import pytest
 from cli_utils import actor_pids, comparable, metrics, output, run, start, wait_until
 
-from rlpost.models.tiny import build_tiny_model
-
 pytest.importorskip("vllm")
 
 # 0.1 MiB buckets: the micro model's 0.33 MiB go in several
@@ -27,14 +25,14 @@ def without_sync_figures(row: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return build_tiny_model("micro", tmp_path_factory.mktemp("m"), seed=0, init_std=0.3)
+def model(micro_model):
+    return micro_model
 
 
 @pytest.fixture(scope="module")
-def store(model, tmp_path_factory):
+def store(straight_run):
     """The run both transfers must reproduce: weights through the object store."""
-    return run(model, tmp_path_factory.mktemp("store") / "run", STEPS)
+    return straight_run
 
 
 def test_collective_sync_equals_the_object_store_run(model, store, tmp_path):

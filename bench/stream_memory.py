@@ -1,0 +1,190 @@
+"""Trainer rank 0's memory during a weight sync: the whole model gathered at once
+(``named_weights``, what ``rollout.weight_sync=object_store`` sends) against the
+layer-by-layer stream the ``collective`` and ``ipc`` syncs send from
+(``weight_stream``), on the FSDP2 engine and on the Megatron engine at tensor
+parallel 2, two ranks over gloo.
+
+    python bench/stream_memory.py                  # writes bench/results/stream_memory.md and .json
+    python bench/stream_memory.py --sizes 30M      # a quick look
+
+Each rank builds its engine from a random Qwen2-shaped model directory (float32,
+the shapes of bench/weight_sync.py), then rank 0 measures the rise of its resident
+set's high-water mark (``VmHWM``, reset through ``/proc/self/clear_refs``) over
+one of:
+
+- ``gather``: ``named_weights()``, the full state on rank 0, kept until the end;
+  each mode runs in fresh processes, so neither reuses memory the other freed;
+- ``stream``: ``rlpost.trainers.weight_sync.IpcSender`` over ``weight_stream()``,
+  every bucket packed and handed out as the ``ipc`` sync does, none read back
+  (the other rank runs its share of the gathers, as ``TrainerWorker.ipc_drive``).
+
+The gather's peak is the whole model; the stream's is set by its largest bucket
+(the embedding, where it is larger than a bucket): that tensor gathered (gloo
+gathers into a list, then joins it: a transient second copy) and packed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+RESULTS = ROOT / "bench" / "results"
+
+from weight_sync import SIZES, _status_kib  # noqa: E402
+
+
+def model_dir(size: str, out: Path) -> Path:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    hidden, layers, heads, kv, mlp, vocab = SIZES[size]
+    cfg = Qwen2Config(
+        hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv, intermediate_size=mlp, vocab_size=vocab,
+        max_position_embeddings=512, tie_word_embeddings=True, torch_dtype="float32",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(cfg).save_pretrained(out)
+    return out
+
+
+def _engine(kind: str, path: str, rank: int, port: int):  # type: ignore[no-untyped-def]
+    common = {"model_path": path, "lr": 1e-5, "lr_warmup_steps": 0}
+    init = f"tcp://127.0.0.1:{port}"
+    if kind == "fsdp2":
+        from rlpost.trainers.fsdp.engine import FSDPEngine, FSDPEngineConfig
+
+        return FSDPEngine(FSDPEngineConfig(**common), rank, 2, init)
+    from rlpost.trainers.megatron.engine import (
+        MegatronEngine,
+        MegatronEngineConfig,
+        MegatronParallel,
+    )
+
+    cfg = MegatronEngineConfig(parallel=MegatronParallel(tp=2), **common)
+    return MegatronEngine(cfg, rank, 2, init)
+
+
+def _rank(rank: int, kind: str, path: str, port: int, mode: str, bucket_mb: int, out: str) -> None:
+    from rlpost.trainers.weight_sync import IpcSender
+
+    torch.set_num_threads(1)
+    engine = _engine(kind, path, rank, port)
+    torch.distributed.barrier()
+    Path("/proc/self/clear_refs").write_text("5")
+    base = _status_kib("VmRSS")
+    held = None
+    if mode == "gather":
+        held = engine.named_weights()
+    elif rank == 0:
+        sender = IpcSender(engine, bucket_mb << 20, torch.device("cpu"))
+        for _ in sender.plan.buckets:
+            sender.next()
+        stats = sender.close()
+    else:
+        for _ in engine.weight_stream()[1]:
+            pass
+    extra = (_status_kib("VmHWM") - base) / 1024
+    torch.distributed.barrier()
+    if rank == 0:
+        row = {"extra_mb": extra, "gathered": held is not None}
+        if mode == "stream":
+            row["peak_bucket_mb"] = stats["peak"] / 2**20
+            row["sent_mb"] = stats["bytes"] / 2**20
+        Path(out).write_text(json.dumps(row))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _layer_mb(size: str) -> tuple[float, float]:
+    """(one decoder layer's MB, the embedding's MB), float32."""
+    hidden, _, heads, kv, mlp, vocab = SIZES[size]
+    head = hidden // heads
+    attn = hidden * hidden * 2 + hidden * kv * head * 2 + hidden + kv * head * 2
+    layer = attn + 3 * hidden * mlp + 2 * hidden
+    return layer * 4 / 2**20, vocab * hidden * 4 / 2**20
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", nargs="+", default=["30M", "150M", "500M"], choices=list(SIZES))
+    p.add_argument("--engines", nargs="+", default=["fsdp2", "megatron"])
+    p.add_argument("--bucket-mb", type=int, default=64)
+    p.add_argument("--out", type=Path, default=RESULTS / "stream_memory")
+    args = p.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in args.sizes:
+            path = str(model_dir(size, Path(tmp) / size))
+            layers = SIZES[size][1]
+            layer_mb, embed_mb = _layer_mb(size)
+            model_mb = embed_mb + layers * layer_mb
+            for kind in args.engines:
+                row = {"engine": kind, "size": size, "model_mb": model_mb,
+                       "layer_mb": layer_mb, "embedding_mb": embed_mb, "bucket_mb": args.bucket_mb}  # fmt: skip
+                for mode in ("gather", "stream"):
+                    out = Path(tmp) / f"{kind}-{size}-{mode}.json"
+                    mp.start_processes(
+                        _rank, args=(kind, path, _free_port(), mode, args.bucket_mb, str(out)),
+                        nprocs=2, join=True, start_method="spawn",
+                    )  # fmt: skip
+                    got = json.loads(out.read_text())
+                    row[f"{mode}_extra_mb"] = got["extra_mb"]
+                    if mode == "stream":
+                        row["peak_bucket_mb"] = got["peak_bucket_mb"]
+                        row["model_mb"] = got["sent_mb"]  # checkpoint format, tied head included
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{args.out}.json").write_text(json.dumps(rows, indent=1) + "\n")
+    text = markdown(rows, args.bucket_mb)
+    Path(f"{args.out}.md").write_text(text)
+    print(text)
+
+
+def markdown(rows: list[dict], bucket_mb: int) -> str:
+    lines = [
+        "# Trainer rank 0's memory during a weight sync: whole gather against the stream",
+        "",
+        f"Written by `bench/stream_memory.py` on {platform.machine()}, {os.cpu_count()} CPU "
+        f"cores; two ranks over gloo (Megatron: tensor parallel 2); float32; buckets of "
+        f"{bucket_mb} MB (a tensor larger than that has a bucket of its own). Extra MB: the "
+        "rise of rank 0's resident high-water mark over its resident memory before the "
+        "sync; model MB: what the sync sends (the tied head included).",
+        "",
+        "```bash",
+        "python bench/stream_memory.py",
+        "```",
+        "",
+        "| engine | params (model MB) | layer MB | embedding MB | gather extra MB | "
+        "stream extra MB | stream / gather | stream / largest bucket |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['engine']} | {r['size']} ({r['model_mb']:.0f}) | {r['layer_mb']:.0f} | "
+            f"{r['embedding_mb']:.0f} | {r['gather_extra_mb']:.0f} | {r['stream_extra_mb']:.0f} | "
+            f"{r['stream_extra_mb'] / r['gather_extra_mb']:.2f} | "
+            f"{r['stream_extra_mb'] / r['peak_bucket_mb']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
