@@ -52,6 +52,7 @@ from rlpost.algos.preference import (
     build_preference_loss,
     register_preference_loss,
     sequence_logps,
+    with_rpo_nll,
 )
 from rlpost.algos.value_loss import clipped_value_loss, explained_variance
 
@@ -106,6 +107,7 @@ __all__ = [
     "rloo_advantage",
     "sapo_loss",
     "sequence_logps",
+    "with_rpo_nll",
     "sft_loss",
     "token_covariance",
     "truncated_is_weight",

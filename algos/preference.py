@@ -32,13 +32,18 @@ class PreferenceConfig:
     ``beta``: DPO's KL strength (sigmoid, ipo, hinge), SimPO's reward scale, ORPO's
     weight of the odds-ratio term (its lambda). ``label_smoothing``: the assumed
     share of flipped labels (conservative DPO, sigmoid only). ``simpo_gamma``:
-    SimPO's target reward margin.
+    SimPO's target reward margin. ``rpo_alpha``: the weight of an NLL term on the
+    chosen completions added to the loss (RPO: Pang et al. 2024, "Iterative
+    Reasoning Preference Optimization", eq. 3; TRL's ``rpo_alpha``): it keeps the
+    chosen log-probs from falling with the rejected ones. ORPO has that term with
+    weight 1 already; ``rpo_alpha`` adds to it.
     """
 
     loss: str = "sigmoid"
     beta: float = 0.1
     label_smoothing: float = 0.0
     simpo_gamma: float = 0.5
+    rpo_alpha: float = 0.0
 
     def __post_init__(self) -> None:
         errors = []
@@ -48,6 +53,8 @@ class PreferenceConfig:
             errors.append(f"label_smoothing={self.label_smoothing} must be in [0, 0.5)")
         if self.label_smoothing and self.loss != "sigmoid":
             errors.append(f"label_smoothing applies to loss=sigmoid only, not {self.loss}")
+        if self.rpo_alpha < 0:
+            errors.append(f"rpo_alpha={self.rpo_alpha} must be >= 0")
         if errors:
             raise ValueError("invalid PreferenceConfig: " + "; ".join(errors))
 
@@ -293,6 +300,7 @@ PAIR_METRICS = frozenset(
         "logps/chosen",
         "logps/rejected",
         "orpo/nll_loss",
+        "rpo/nll_loss",
         "orpo/log_odds_ratio",
         "orpo/log_odds_chosen",
         "rm/accuracy",
@@ -301,6 +309,23 @@ PAIR_METRICS = frozenset(
         "rm/rejected",
     }
 )
+
+
+def with_rpo_nll(
+    loss: torch.Tensor,
+    metrics: dict[str, float],
+    chosen_mean_logp_p: torch.Tensor,
+    cfg: PreferenceConfig,
+    num_pairs: float,
+) -> torch.Tensor:
+    """``loss`` + rpo_alpha * NLL of the chosen completions (each one's per-token mean
+    -(1/|y_c|) log pi(y_c), averaged over pairs, as ORPO's; TRL averages over the
+    batch's chosen tokens); adds ``rpo/nll_loss`` to ``metrics``."""
+    if not cfg.rpo_alpha:
+        return loss
+    nll_p = -chosen_mean_logp_p
+    metrics["rpo/nll_loss"] = _share(nll_p.detach(), num_pairs).item()
+    return loss + cfg.rpo_alpha * _share(nll_p, num_pairs)
 
 
 def sequence_logps(logp_bt: torch.Tensor, mask_bt: torch.Tensor, mean: bool) -> torch.Tensor:

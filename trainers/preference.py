@@ -21,6 +21,7 @@ from rlpost.algos import (
     bradley_terry_loss,
     build_preference_loss,
     sequence_logps,
+    with_rpo_nll,
 )
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.update import MicroLoss
@@ -60,7 +61,15 @@ def preference_loss(
             if REF_LOGPS not in mb.scores_b:
                 raise ValueError(f"loss={cfg.loss} needs the reference log-probs in the batch")
             ref_c, ref_r = split_pairs(mb, mb.scores_b[REF_LOGPS].to(logp_bt.device))
-        loss, metrics = spec.fn(chosen_p, rejected_p, ref_c, ref_r, cfg, norm.global_samples / 2)
+        pairs = norm.global_samples / 2
+        loss, metrics = spec.fn(chosen_p, rejected_p, ref_c, ref_r, cfg, pairs)
+        if cfg.rpo_alpha:
+            mean_c = (
+                chosen_p
+                if spec.length_normalised
+                else split_pairs(mb, sequence_logps(logp_bt, mask_bt, True))[0]
+            )
+            loss = with_rpo_nll(loss, metrics, mean_c, cfg, pairs)
         return loss, metrics, None
 
     return loss_fn

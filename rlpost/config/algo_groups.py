@@ -136,6 +136,11 @@ class DPOSchema:
         help="share of flipped labels assumed, below 0.5 (conservative DPO; sigmoid only)",
     )
     simpo_gamma: float = spec(0.5, help="simpo: target reward margin gamma")
+    rpo_alpha: float = spec(
+        0.0,
+        ge=0,
+        help="weight of an NLL term on the chosen completions (RPO, TRL's rpo_alpha): keeps their log-probs from falling; with orpo it adds to orpo's own (weight 1)",
+    )
     precompute_ref: bool = spec(
         False,
         help="the reference log-probs of every pair once at the start, instead of per batch (saves a forward pass a step)",

@@ -43,8 +43,9 @@ REF_KEY = "_ref_logps"  # a pair row's precomputed reference log-probs (chosen, 
 def preference_config(cfg: Config) -> PreferenceConfig:
     d = cfg.algo.dpo
     return PreferenceConfig(
-        loss=d.loss, beta=d.beta, label_smoothing=d.label_smoothing, simpo_gamma=d.simpo_gamma
-    )
+        loss=d.loss, beta=d.beta, label_smoothing=d.label_smoothing, simpo_gamma=d.simpo_gamma,
+        rpo_alpha=d.rpo_alpha,
+    )  # fmt: skip
 
 
 class PreferenceSteps:

@@ -192,3 +192,31 @@ def test_trainer_cuts_interleaved_rows_into_pairs():
     # a micro-batch that splits a pair is refused
     with pytest.raises(ValueError, match="whole pairs"):
         bt_fn(mb.select(slice(0, 3)), torch.tensor([1.0, 0.0, 1.0]), LossNorm(6, 3))
+
+
+def test_rpo_adds_the_chosen_completions_mean_nll():
+    from rlpost.algos import LossNorm
+    from rlpost.trainers.batch import TrajectoryBatch
+    from rlpost.trainers.preference import REF_LOGPS, preference_loss
+
+    # one pair: chosen response tokens -0.5, -0.5 (sum -1, mean -0.5), rejected -1, -1
+    mb = TrajectoryBatch(
+        input_ids_bt=torch.zeros(2, 3, dtype=torch.long),
+        attention_mask_bt=torch.ones(2, 3, dtype=torch.long),
+        response_mask_bt=torch.tensor([[0, 1, 1]] * 2),
+        group_ids_b=torch.tensor([0, 0]),
+        scores_b={REF_LOGPS: torch.tensor([-1.5, -1.5])},
+    )
+    logp_bt = torch.tensor([[-9.0, -0.5, -0.5], [-9.0, -1.0, -1.0]], requires_grad=True)
+    cfg = PreferenceConfig(beta=0.5, rpo_alpha=2.0)
+    loss, metrics, _ = preference_loss(lambda mb, out: out, cfg)(mb, logp_bt, LossNorm(4, 2))
+    # DPO's 0.474077 (h = 0.5) + alpha * 0.5 (the chosen mean NLL) = 1.474077
+    assert loss.item() == pytest.approx(math.log1p(math.exp(-0.5)) + 2.0 * 0.5, abs=1e-6)
+    assert metrics["rpo/nll_loss"] == pytest.approx(0.5)
+    loss.backward()
+    # a chosen token: DPO's -sigma(-0.5) * beta, plus alpha * -1/|y_c| = -1
+    assert logp_bt.grad[0, 1].item() == pytest.approx(-(1 - SIG) * 0.5 - 1.0, abs=1e-6)
+    # a rejected token: DPO's only
+    assert logp_bt.grad[1, 1].item() == pytest.approx((1 - SIG) * 0.5, abs=1e-6)
+    with pytest.raises(ValueError, match="rpo_alpha=-1"):
+        PreferenceConfig(rpo_alpha=-1.0)
