@@ -310,7 +310,8 @@ def open_ipc(handle: Any) -> torch.Tensor:
     return rebuild(*args)
 
 
-def _shm_dir() -> str:
+def shm_dir() -> str:
+    """Where the CPU's shared-memory buckets live."""
     return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
@@ -334,7 +335,7 @@ class SharedBucket:
 def shared_bucket(nbytes: int, device: torch.device) -> SharedBucket:
     """``nbytes`` of memory a colocated process can map with ``open_bucket``."""
     if device.type == "cpu":
-        fd, path = tempfile.mkstemp(prefix="rlpost-weights-", dir=_shm_dir())
+        fd, path = tempfile.mkstemp(prefix="rlpost-weights-", dir=shm_dir())
         try:
             os.ftruncate(fd, max(nbytes, 1))
         finally:

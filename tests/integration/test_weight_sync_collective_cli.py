@@ -12,6 +12,7 @@ import signal
 
 import pytest
 from cli_utils import actor_pids, comparable, metrics, output, run, start, wait_until
+from rlpost.trainers.weight_sync import shm_dir
 
 pytest.importorskip("vllm")
 
@@ -60,7 +61,7 @@ def test_ipc_hand_off_equals_the_object_store_run(model, store, tmp_path):
     assert all(0 < r["rollout/weight_sync/peak_bucket_mb"] <= 0.1 for r in trained)
     assert all(r["rollout/weight_sync/mb"] == pytest.approx(0.334, abs=0.01) for r in trained)
     assert max(r["rollout/logprob_abs_diff_max"] for r in trained) < 1e-3
-    leftover = [p for p in os.listdir("/dev/shm") if p.startswith("rlpost-weights-")]
+    leftover = [p for p in os.listdir(shm_dir()) if p.startswith("rlpost-weights-")]
     assert not leftover, leftover  # every bucket's file was removed
 
 
