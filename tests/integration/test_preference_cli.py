@@ -48,8 +48,9 @@ def test_dpo_on_sampled_arith_pairs(tmp_path):
     steps = [r for r in rows if "dpo/loss" in r]
     assert len(steps) == 3
     # step 1: the policy is the reference, so every implicit reward is 0 and the
-    # loss is -log sigma(0) = ln 2
-    assert steps[0]["dpo/loss"] == pytest.approx(math.log(2), abs=1e-4)
+    # loss is -log sigma(0) = ln 2, plus the preset's rpo_alpha (1) x the chosen NLL
+    assert steps[0]["dpo/loss"] == pytest.approx(math.log(2) + steps[0]["rpo/nll_loss"], abs=1e-4)
+    assert steps[0]["rpo/nll_loss"] > 0
     assert steps[0]["rewards/margins"] == pytest.approx(0.0, abs=1e-4)
     for r in steps:
         assert 0.0 <= r["rewards/accuracies"] <= 1.0
