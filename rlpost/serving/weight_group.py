@@ -76,6 +76,16 @@ def collective_sync(cfg: Any, device_kind: str, rollout: Any) -> CollectiveSync 
     return CollectiveSync(rollout, r.weight_sync_bucket_mb, r.weight_sync_timeout_s)
 
 
+def _sync_figures(sent: dict, start: float) -> dict[str, float]:
+    """``rollout/weight_sync/*`` of a sync from the sender's figures and its start."""
+    return {
+        "rollout/weight_sync/buckets": float(sent.get("buckets", 0)),
+        "rollout/weight_sync/mb": sent.get("bytes", 0) / 2**20,
+        "rollout/weight_sync/peak_bucket_mb": sent.get("peak", 0) / 2**20,
+        "rollout/weight_sync/seconds": time.perf_counter() - start,
+    }
+
+
 def _live(group: Replicas) -> list[int]:
     group._poll_restarts()
     return [
@@ -98,12 +108,7 @@ class CollectiveSync:
 
     def _live(self) -> tuple[tuple[int, str], ...]:
         g = self.group
-        g._poll_restarts()
-        return tuple(
-            (i, w._actor_id.hex())
-            for i, w in enumerate(g.workers)
-            if i not in g._restarting and i not in g._left_out
-        )
+        return tuple((i, g.workers[i]._actor_id.hex()) for i in _live(g))
 
     def _open(self, trainer: TrainerGroup, members: tuple[tuple[int, str], ...]) -> None:
         if self.generation >= 0:
@@ -156,10 +161,7 @@ class CollectiveSync:
                 raise failed[0]
             if not died:
                 return {
-                    "rollout/weight_sync/buckets": float(sent.get("buckets", 0)),
-                    "rollout/weight_sync/mb": sent.get("bytes", 0) / 2**20,
-                    "rollout/weight_sync/peak_bucket_mb": sent.get("peak", 0) / 2**20,
-                    "rollout/weight_sync/seconds": time.perf_counter() - start,
+                    **_sync_figures(sent, start),
                     "rollout/weight_sync/rebuilds": float(self.rebuilds),
                 }
             log.warning(
@@ -217,11 +219,6 @@ class IpcSync:
                 sent = ray.get(rank0.ipc_close.remote())
                 ray.get(drives)
             if not died:
-                return {
-                    "rollout/weight_sync/buckets": float(sent.get("buckets", 0)),
-                    "rollout/weight_sync/mb": sent.get("bytes", 0) / 2**20,
-                    "rollout/weight_sync/peak_bucket_mb": sent.get("peak", 0) / 2**20,
-                    "rollout/weight_sync/seconds": time.perf_counter() - start,
-                }
+                return _sync_figures(sent, start)
             log.warning("rollout replica %d died during an ipc weight hand-off; it catches up", i)
         raise RuntimeError("weight sync: the replica kept dying during the hand-off")

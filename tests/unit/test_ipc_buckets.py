@@ -90,15 +90,6 @@ def test_a_name_out_of_order_is_refused():
     sender.close()
 
 
-def _read_all(handles_and_slots, out):
-    """In a child process: map each CUDA bucket as it comes and sum its tensors."""
-    sums = {}
-    for handle, slots in handles_and_slots:
-        for name, tensor in unpack(slots, open_bucket(handle)):
-            sums[name] = float(tensor.float().sum())
-    out.put(sums)
-
-
 @pytest.mark.gpu
 def test_cuda_buckets_are_mapped_by_another_process():
     # The GPU form of the hand-off: CUDA-IPC handles of buckets on the trainer's device.
@@ -110,7 +101,7 @@ def test_cuda_buckets_are_mapped_by_another_process():
     assert handle[0] == "ipc"
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    child = ctx.Process(target=_read_all, args=([(handle, slots)], out))
+    child = ctx.Process(target=_read, args=([(handle, slots)], out))
     child.start()
     sums = out.get(timeout=120)
     child.join(timeout=120)
