@@ -6,18 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.cli import run_cli
+from tests.e2e.conftest import GRPO_STEPS as STEPS
 
 pytest.importorskip("vllm")
 
-STEPS = 60
 
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory, model_cache) -> tuple[Path, list[dict]]:
-    run_dir = tmp_path_factory.mktemp("e2e") / "run"
-    args = ["algo=grpo", f"trainer.total_steps={STEPS}", "trainer.val_every=30", "trainer.seed=0"]
-    return run_dir, run_cli(args, run_dir, model_cache)
+@pytest.fixture
+def run(grpo_run) -> tuple[Path, list[dict]]:
+    return grpo_run  # the session's 60-step run (tests/e2e/conftest.py)
 
 
 def test_validation_accuracy_rises(run):
