@@ -8,9 +8,10 @@ parallel 2, two ranks over gloo.
     python bench/stream_memory.py --sizes 30M      # a quick look
 
 Each rank builds its engine from a random Qwen2-shaped model directory (float32,
-the shapes of bench/weight_sync.py), then rank 0 measures the rise of its resident
-set's high-water mark (``VmHWM``, reset through ``/proc/self/clear_refs``) over
-one of:
+the shapes of bench/weight_sync.py), then rank 0 hands the memory freed inside its
+heap back to the OS (``trim_host_heap``, so that the rise is the sync's own) and
+measures the rise of its resident set's high-water mark (``VmHWM``, reset through
+``/proc/self/clear_refs``) over one of:
 
 - ``gather``: ``named_weights()``, the full state on rank 0, kept until the end;
   each mode runs in fresh processes, so neither reuses memory the other freed;
@@ -18,9 +19,15 @@ one of:
   every bucket packed and handed out as the ``ipc`` sync does, none read back
   (the other rank runs its share of the gathers, as ``TrainerWorker.ipc_drive``).
 
-The gather's peak is the whole model; the stream's is set by its largest bucket
-(the embedding, where it is larger than a bucket): that tensor gathered (gloo
-gathers into a list, then joins it: a transient second copy) and packed.
+The gather's peak is the whole model. The stream's is one bucket and the part
+being gathered: 1.1-1.7 times the largest bucket (the embedding, where it is
+larger than a bucket). Shards are broadcast straight into their full tensor (not
+gloo's all-gather, which gathers into a buffer of its own and copies out of it),
+a tensor with a bucket of its own is gathered straight into its shared-memory
+file and sent from there, a bucket is packed as its tensors come, and the heap's
+freed memory goes back to the OS between parts. Before these, the stream took
+2.1-4.1 times the largest bucket: a transient second copy in each gather, a
+third in the bucket, and the heap's free space.
 """
 
 from __future__ import annotations
@@ -76,11 +83,15 @@ def _engine(kind: str, path: str, rank: int, port: int):  # type: ignore[no-unty
 
 
 def _rank(rank: int, kind: str, path: str, port: int, mode: str, bucket_mb: int, out: str) -> None:
+    from rlpost.trainers import device as devices
     from rlpost.trainers.weight_sync import IpcSender
 
     torch.set_num_threads(1)
     engine = _engine(kind, path, rank, port)
     torch.distributed.barrier()
+    # what building the engine freed goes back to the OS first, so that the rise
+    # is the sync's own (the stream trims the heap between parts)
+    devices.trim_host_heap()
     Path("/proc/self/clear_refs").write_text("5")
     base = _status_kib("VmRSS")
     held = None

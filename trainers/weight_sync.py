@@ -13,10 +13,13 @@ CPU), without Ray's object store.
   group, with a timeout, so a replica that dies mid-transfer surfaces as an
   error on the trainer instead of a hang, and the group can be rebuilt.
 - **Memory.** The sender packs one bucket at a time from an iterator (a
-  sharded trainer gathers each tensor as the iterator reaches it) and the
-  receiver holds one bucket, whose tensors it hands on as views before the
-  next bucket overwrites them: neither side holds more than two buckets beyond
-  its own weights. ``SyncStats`` records the most bucket bytes each side held.
+  sharded trainer gathers each part as the iterator reaches it), copying each
+  tensor in as it comes, and sends a tensor with a bucket of its own as it is;
+  the receiver holds one bucket, whose tensors it hands on as views before the
+  next bucket overwrites them. So neither side holds more than two buckets
+  beyond its own weights: the sender a bucket and the part being gathered
+  (1.1-1.7 times the largest bucket, bench/results/stream_memory.md).
+  ``SyncStats`` records the most bucket bytes each side held.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import hashlib
 import os
 import pickle
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -34,6 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from rlpost.trainers import device as devices
+from torch.multiprocessing.reductions import StorageWeakRef
 
 ALIGN = 64  # bytes: every tensor's offset in its bucket is a multiple of this
 DTYPES = {str(d).removeprefix("torch."): d for d in (
@@ -102,19 +106,35 @@ def plan_buckets(
     return BucketPlan(tuple(tuple(b) for b in buckets), tuple(sizes))
 
 
+def _check(slot: TensorSlot, tensor: torch.Tensor) -> None:
+    if tuple(tensor.shape) != slot.shape or str(tensor.dtype).removeprefix("torch.") != slot.dtype:
+        raise ValueError(
+            f"{slot.name}: {tuple(tensor.shape)} {tensor.dtype} does not match the plan's "
+            f"{slot.shape} {slot.dtype} (the model changed between syncs: rebuild the group)"
+        )
+
+
 def pack(slots: tuple[TensorSlot, ...], tensors: list[torch.Tensor], out: torch.Tensor) -> None:
     """Copy ``tensors`` (one per slot, in order) into the bytes ``out``."""
     for slot, tensor in zip(slots, tensors, strict=True):
-        if (
-            tuple(tensor.shape) != slot.shape
-            or str(tensor.dtype).removeprefix("torch.") != slot.dtype
-        ):
-            raise ValueError(
-                f"{slot.name}: {tuple(tensor.shape)} {tensor.dtype} does not match the plan's "
-                f"{slot.shape} {slot.dtype} (the model changed between syncs: rebuild the group)"
-            )
+        _check(slot, tensor)
         view = out[slot.offset : slot.offset + slot.nbytes]
         view.copy_(tensor.detach().contiguous().reshape(-1).view(torch.uint8))
+
+
+def bucket_as_is(
+    slots: tuple[TensorSlot, ...], tensors: list[torch.Tensor], device: torch.device
+) -> torch.Tensor | None:
+    """The bytes of a bucket that holds one tensor (one as large as a bucket or
+    larger) as that tensor's own memory, where it is contiguous on ``device``: the
+    same bytes ``pack`` would copy, without the copy. None otherwise."""
+    if len(slots) != 1:
+        return None
+    [slot], [tensor] = slots, tensors
+    _check(slot, tensor)
+    if tensor.device.type != device.type or not tensor.is_contiguous():
+        return None
+    return tensor.detach().reshape(-1).view(torch.uint8)
 
 
 def unpack(slots: tuple[TensorSlot, ...], buffer: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
@@ -233,22 +253,20 @@ class SyncGroup:
         else:
             items = iter(named_tensors)
         plan = plan_buckets(specs, bucket_bytes)
-        first = self.plan is None or self.plan.digest != plan.digest
+        new_layout = self.plan is None or self.plan.digest != plan.digest
         # The layout once (a flag and the plan), then only its digest.
-        self._broadcast_object(("plan", plan) if first else ("digest", plan.digest))
+        self._broadcast_object(("plan", plan) if new_layout else ("digest", plan.digest))
         self.plan = plan
         stats = SyncStats()
         for slots, size in zip(plan.buckets, plan.sizes):
-            buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
+            first = [tensor.to(self.device) for tensor in take(items, slots[:1])]
+            # a tensor with a bucket of its own goes as it is: no second copy of it
+            buffer = bucket_as_is(slots, first, self.device)
+            if buffer is None:
+                buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
+                fill(buffer, slots, first, items, self.device)
+            del first
             stats.hold(size)
-            tensors = []
-            for slot in slots:
-                name, tensor = next(items)
-                if name != slot.name:
-                    raise ValueError(f"weight sync: got {name} where the plan has {slot.name}")
-                tensors.append(tensor.to(self.device))
-            pack(slots, tensors, buffer)
-            del tensors
             self.broadcast(buffer)
             stats.buckets += 1
             stats.bytes += size
@@ -283,6 +301,35 @@ class SyncGroup:
         self.store = None
 
 
+def fill(
+    out: torch.Tensor,
+    slots: tuple[TensorSlot, ...],
+    first: list[torch.Tensor],
+    items: Iterator[tuple[str, torch.Tensor]],
+    device: torch.device,
+) -> None:
+    """Pack the bucket ``out`` as its tensors come: ``first`` (the first slots'
+    tensors, taken already; emptied here), then the rest of ``slots`` from ``items``.
+    Each is copied in and let go before the next is asked for (which may gather the
+    next part), so the sender holds the bucket and one part, not the bucket twice."""
+    done = len(first)
+    pack(slots[:done], [t.to(device) for t in first], out)
+    first.clear()
+    for slot in slots[done:]:
+        pack((slot,), [t.to(device) for t in take(items, (slot,))], out)
+
+
+def take(items: Iterator[tuple[str, torch.Tensor]], slots: tuple[TensorSlot, ...]) -> list:
+    """The next tensors of ``items``, one per slot, checked against the slots' names."""
+    tensors = []
+    for slot in slots:
+        name, tensor = next(items)
+        if name != slot.name:
+            raise ValueError(f"weight sync: got {name} where the plan has {slot.name}")
+        tensors.append(tensor)
+    return tensors
+
+
 # -- colocated hand-off (rollout.weight_sync=ipc) ---------------------------
 #
 # The trainer packs each bucket into memory the replica's process maps: a CUDA
@@ -315,13 +362,14 @@ def shm_dir() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
-@dataclass
+@dataclass(eq=False)
 class SharedBucket:
     """One bucket's memory on the sender's side and the handle that opens it."""
 
     buffer: torch.Tensor
     handle: tuple
     path: str | None = None  # the CPU's shared-memory file
+    lent: bool = False  # the memory of a tensor the stream gathered into it (``IpcSender``)
 
     def drop(self) -> None:
         """The sender lets go (a receiver that mapped it keeps its pages)."""
@@ -369,16 +417,25 @@ class IpcSender:
     gathers are collectives; the other ranks run theirs meanwhile, e.g.
     ``TrainerWorker.ipc_drive``), packing them and returning the bucket's handle.
 
-    ``engine``: rank 0 of a trainer engine with ``weight_stream()`` (specs and a
-    lazy iterator) or ``named_weights()`` (the full list)."""
+    ``engine``: rank 0 of a trainer engine with ``weight_stream(empty)`` (specs and
+    a lazy iterator) or ``named_weights()`` (the full list).
+
+    On the CPU the stream gathers each tensor as large as a bucket or larger
+    straight into a shared-memory file (``empty``), and that file is the tensor's
+    bucket: such a tensor is never copied, so the sender's memory beyond its
+    weights is one bucket plus the part being gathered, not a gathered tensor and
+    its copy. A tensor the engine converts into new memory is packed as before."""
 
     def __init__(self, engine: Any, bucket_bytes: int, device: torch.device):
         if int(getattr(engine, "rank", 0)) != 0:
             raise RuntimeError("IpcSender runs on trainer rank 0")
-        self.device = device
+        self.device, self.bucket_bytes = device, bucket_bytes
+        # the files the stream was given to gather into and has not sent yet, by path:
+        # a weak reference to the memory (the stream's to free), its address and size
+        self.lent: dict[str, tuple[StorageWeakRef, int, int]] = {}
         stream = getattr(engine, "weight_stream", None)
         if stream is not None:
-            specs, self.items = stream()
+            specs, self.items = stream(self._empty) if device.type == "cpu" else stream()
         else:
             named = engine.named_weights()
             specs = [(n, tuple(t.shape), t.dtype) for n, t in named]
@@ -388,31 +445,88 @@ class IpcSender:
         self.held: list[SharedBucket] = []
         self.stats = SyncStats()
 
+    def _empty(
+        self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        """Where the stream gathers a tensor: a shared-memory file if the tensor
+        will have a bucket of its own (``plan_buckets``: as large as a bucket)."""
+        nbytes = _nbytes(tuple(shape), dtype)
+        if device.type != "cpu" or nbytes < self.bucket_bytes:
+            return torch.empty(shape, dtype=dtype, device=device)
+        bucket = shared_bucket(nbytes, device)
+        assert bucket.path is not None
+        tensor = bucket.buffer.view(dtype).view(shape)
+        self.lent[bucket.path] = (
+            StorageWeakRef(tensor.untyped_storage()),
+            tensor.data_ptr(),
+            nbytes,
+        )
+        return tensor
+
+    def _unlink_freed(self) -> None:
+        """Unlink the files whose memory the stream let go of unsent (it converted
+        their tensor into new memory): a file's pages stay until it is unlinked."""
+        for path, (ref, _, _) in list(self.lent.items()):
+            if ref.expired():
+                del self.lent[path]
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+
+    def _as_is(
+        self, slots: tuple[TensorSlot, ...], tensors: list[torch.Tensor]
+    ) -> SharedBucket | None:
+        """The file a one-tensor bucket's tensor was gathered into (``_empty``), or the
+        held bucket that is that tensor already (a tied head sent after the embedding
+        is the same tensor); None where the bucket has to be packed."""
+        raw = bucket_as_is(slots, tensors, self.device)
+        if raw is None:
+            return None
+        for bucket in self.held:
+            same = bucket.buffer.data_ptr() == raw.data_ptr()
+            if bucket.lent and same and bucket.buffer.numel() == raw.numel():
+                return bucket
+        storage = StorageWeakRef(raw.untyped_storage())
+        for path, (ref, address, nbytes) in self.lent.items():
+            if ref == storage and address == raw.data_ptr() and nbytes == raw.numel():
+                del self.lent[path]
+                return SharedBucket(raw, ("file", path, nbytes), path, lent=True)
+        return None
+
+    def _drop(self, keep: Callable[[SharedBucket], bool]) -> None:
+        """Let go of the held buckets that ``keep(bucket)`` says no to."""
+        kept = []
+        for bucket in self.held:
+            if keep(bucket):
+                kept.append(bucket)
+            else:
+                self.stats.release(bucket.buffer.numel())
+                bucket.drop()
+        self.held = kept
+
     def next(self) -> tuple:
         """The next bucket's handle, its tensors gathered and packed."""
         if self.index >= len(self.plan.buckets):
             raise RuntimeError("weight sync (ipc): every bucket was sent already")
         slots, size = self.plan.buckets[self.index], self.plan.sizes[self.index]
         self.index += 1
-        tensors = []
-        for slot in slots:
-            name, tensor = next(self.items)
-            if name != slot.name:
-                raise ValueError(f"weight sync: got {name} where the plan has {slot.name}")
-            tensors.append(tensor)
-        # The receiver asks for this bucket once done with the last: drop it first,
-        # so that one bucket is held at a time.
-        for old in self.held:
-            self.stats.release(old.buffer.numel())
-            old.drop()
-        self.held.clear()
-        bucket = shared_bucket(size, self.device)
-        pack(slots, [t.to(self.device) for t in tensors], bucket.buffer)
-        del tensors
-        if self.device.type != "cpu":  # the copies are queued: done before the handle goes out
-            devices.synchronize(self.device.type)
-        self.held.append(bucket)
-        self.stats.hold(size)
+        # The receiver asks for this bucket once done with the last: a bucket packed
+        # here goes before the gathers, which may use its memory. One that is a
+        # stream tensor's memory stays until the tensors are in: dropping it frees
+        # nothing the stream still holds, and the stream may send it again.
+        self._drop(keep=lambda b: b.lent)
+        first = take(self.items, slots[:1])
+        bucket = self._as_is(slots, first)
+        self._drop(keep=lambda b: b is bucket)
+        if bucket is None:
+            bucket = shared_bucket(size, self.device)
+            fill(bucket.buffer, slots, first, self.items, self.device)
+            if self.device.type != "cpu":  # the copies are queued: done before the handle goes out
+                devices.synchronize(self.device.type)
+        del first
+        self._unlink_freed()
+        if not any(b is bucket for b in self.held):  # not the held bucket sent again
+            self.held.append(bucket)
+            self.stats.hold(size)
         self.stats.buckets += 1
         self.stats.bytes += size
         return bucket.handle
@@ -422,9 +536,11 @@ class IpcSender:
         drop the buckets; returns the figures."""
         for _ in self.items:
             pass
-        for bucket in self.held:
-            bucket.drop()
-        self.held.clear()
+        self._drop(keep=lambda b: False)
+        for path in self.lent:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        self.lent.clear()
         return {
             "buckets": self.stats.buckets,
             "bytes": self.stats.bytes,

@@ -22,8 +22,9 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from rlpost.trainers import device as devices
 from rlpost.trainers.batch import TrajectoryBatch
-from rlpost.trainers.distributed import init_distributed
+from rlpost.trainers.distributed import Empty, gather_into, init_distributed, new_tensor
 from rlpost.trainers.engine_config import DTYPES, EngineConfig
 from rlpost.trainers.files import atomic_directory
 from rlpost.trainers.fsdp.common import FSDPBackend, OptimConfig, shard
@@ -53,6 +54,7 @@ from rlpost.trainers.logprobs import token_logprobs as token_logprobs  # re-expo
 from rlpost.trainers.micro_batching import micro_batches, pack, unpack
 from rlpost.trainers.objectives import RegularizerConfig as RegularizerConfig  # re-exported
 from rlpost.trainers.policy import PolicyUpdates
+from torch.distributed.tensor import DTensor, Shard
 
 
 @dataclass(frozen=True)
@@ -285,7 +287,7 @@ class FSDPEngine(PolicyUpdates):
 
     # -- weights --------------------------------------------------------------
     def weight_stream(
-        self,
+        self, empty: Empty = new_tensor
     ) -> tuple[list[tuple[str, tuple[int, ...], torch.dtype]], Iterator[tuple[str, torch.Tensor]]]:
         """``named_weights`` a layer at a time: the checkpoint-format names, shapes and
         dtypes of every tensor, and an iterator that gathers one decoder layer (or
@@ -293,6 +295,8 @@ class FSDPEngine(PolicyUpdates):
         rank 0 holds one layer beyond its shard instead of the whole model
         (``rollout.weight_sync=collective``). Collective: every rank runs the
         iterator to its end; the tensors reach rank 0 only (nothing elsewhere).
+        ``empty(shape, dtype, device)``: the memory each sharded tensor is gathered
+        into (the ``ipc`` sync's shared-memory buckets on the CPU).
 
         Falls back to the whole state at once where converting layer by layer
         would name or shape a tensor differently (a conversion that joins tensors
@@ -314,17 +318,21 @@ class FSDPEngine(PolicyUpdates):
                 self._specs = [(n, tuple(t.shape), t.dtype) for n, t in whole]
         if not self._layerwise:
             return self._specs, iter(self.named_weights() or [])
-        return self._specs, self._streamed()
+        return self._specs, self._streamed(empty)
 
-    def _streamed(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def _streamed(self, empty: Empty) -> Iterator[tuple[str, torch.Tensor]]:
         for group in _layer_groups(self.model.state_dict()):
             full = {}
             for name, tensor in group.items():
-                whole = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+                whole = _whole(tensor, empty).detach()
                 if self.rank == 0:
-                    full[name] = whole.detach()
+                    full[name] = whole
+                del whole  # ranks > 0 keep nothing
             if self.rank == 0:
                 yield from self._convert(full)
+            del full  # before the next layer's gathers
+            if self.device.type == "cpu":  # the part's tensors are freed: let the OS have them
+                devices.trim_host_heap()
 
     def _convert(self, state: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
         """Full tensors under the model's own names -> checkpoint format, LoRA folded in."""
@@ -336,7 +344,7 @@ class FSDPEngine(PolicyUpdates):
         """Every tensor of the (possibly PEFT-wrapped) model, gathered on rank 0. Collective."""
         out = {}
         for name, tensor in self.model.state_dict().items():
-            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+            full = _whole(tensor, new_tensor)
             if self.rank == 0:
                 out[name] = full.detach().cpu()
         return out if self.rank == 0 else None
@@ -409,6 +417,30 @@ class FSDPEngine(PolicyUpdates):
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _whole(tensor: torch.Tensor, empty: Empty) -> torch.Tensor:
+    """A parameter whole on every rank: a tensor FSDP2 shards along dim 0 gathered
+    into one tensor from ``empty`` (no second copy, ``gather_into``), any other
+    DTensor by ``full_tensor``, a plain tensor as it is."""
+    if not isinstance(tensor, DTensor):
+        return tensor
+    mesh, local = tensor.device_mesh, tensor.to_local()
+    world, rank = mesh.size(), mesh.get_local_rank()
+    # FSDP2's shards are torch.chunk's pieces (rows of ceil(n / world)), empty at the end
+    rows = -(-tensor.shape[0] // world) if tensor.ndim else 0
+    mine = max(0, min(tensor.shape[0], (rank + 1) * rows) - rank * rows) if rows else 0
+    if (
+        mesh.ndim != 1
+        or tuple(tensor.placements) != (Shard(0),)
+        or local.device.type != mesh.device_type
+        or local.shape[:1] != (mine,)
+    ):
+        return tensor.full_tensor()
+    full = empty(tuple(tensor.shape), tensor.dtype, local.device)
+    views = [full[r * rows : (r + 1) * rows] for r in range(world)]
+    gather_into([[v] for v in views], [local], mesh.get_group())
+    return full
 
 
 _LAYER = re.compile(r"(.*?\.(?:layers|blocks|h)\.\d+)\.")

@@ -319,15 +319,35 @@ def tp_split(name: str, full: torch.Tensor, tp: int) -> list[torch.Tensor]:
 
 def tp_merge(name: str, shards: list[torch.Tensor]) -> torch.Tensor:
     """Inverse of ``tp_split``: the full tensor from its shards in rank order."""
-    layout = tp_layout(name)
-    if layout == "rep":
+    if tp_layout(name) == "rep":
         return shards[0]
-    if layout == "row":
-        return torch.cat(shards, dim=1)
-    if layout == "col":
-        return torch.cat(shards, dim=0)
-    halves = [s.chunk(2) for s in shards]
-    return torch.cat([h[0] for h in halves] + [h[1] for h in halves])
+    full = shards[0].new_empty(tp_full_shape(name, tuple(shards[0].shape), len(shards)))
+    for views, shard in zip(tp_views(name, full, len(shards)), shards, strict=True):
+        for view, piece in zip(views, tp_pieces(name, shard), strict=True):
+            view.copy_(piece)
+    return full
+
+
+def tp_full_shape(name: str, shard: tuple[int, ...], tp: int) -> tuple[int, ...]:
+    """The full tensor's shape from one shard's (a split tensor's, not ``rep``)."""
+    if tp_layout(name) == "row":
+        return (shard[0], shard[1] * tp, *shard[2:])
+    return (shard[0] * tp, *shard[1:])
+
+
+def tp_views(name: str, full: torch.Tensor, tp: int) -> list[list[torch.Tensor]]:
+    """Where each rank's shard lies in ``full``: views, one per ``tp_pieces`` piece,
+    rank order (a ``glu`` shard is two pieces, its gate rows and its up rows)."""
+    layout = tp_layout(name)
+    if layout == "glu":
+        gate, up = full.chunk(2)
+        return [[g, u] for g, u in zip(gate.chunk(tp), up.chunk(tp))]
+    return [[c] for c in full.chunk(tp, dim=1 if layout == "row" else 0)]
+
+
+def tp_pieces(name: str, shard: torch.Tensor) -> list[torch.Tensor]:
+    """A shard in the pieces ``tp_views`` places."""
+    return list(shard.chunk(2)) if tp_layout(name) == "glu" else [shard]
 
 
 # -- pipeline and expert parallelism ----------------------------------------------------

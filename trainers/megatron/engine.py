@@ -25,7 +25,9 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 from rlpost.algos import entropy_from_logits
+from rlpost.trainers import device as devices
 from rlpost.trainers.batch import TrajectoryBatch
+from rlpost.trainers.distributed import Empty, new_tensor
 from rlpost.trainers.files import atomic_directory
 from rlpost.trainers.logprobs import token_logprobs
 from rlpost.trainers.megatron import cpu_shim
@@ -116,17 +118,19 @@ class MegatronEngine(PolicyUpdates):
         return list(hf.items())
 
     def weight_stream(
-        self,
+        self, empty: Empty = new_tensor
     ) -> tuple[list[tuple[str, tuple[int, ...], torch.dtype]], Iterator[tuple[str, torch.Tensor]]]:
         """``named_weights`` a part at a time (the embedding, each decoder layer, the
         head: ``MegatronModel.gathered_parts``): the names, shapes and dtypes of every
         tensor, and an iterator that gathers one part, converts it and hands out its
         tensors in that order, so rank 0 holds one part beyond its shards instead of
         the whole model (``rollout.weight_sync=collective``). Collective: every rank
-        runs the iterator to its end; the tensors reach rank 0 only."""
+        runs the iterator to its end; the tensors reach rank 0 only.
+        ``empty(shape, dtype, device)``: the memory each full tensor is put in (the
+        ``ipc`` sync's shared-memory buckets on the CPU)."""
         if self._specs is None:
             self._specs = self._stream_specs()
-        return self._specs, self._streamed(self._specs)
+        return self._specs, self._streamed(self._specs, empty)
 
     def _stream_specs(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
         """The checkpoint tensors ``named_weights`` gives, in stream order: the HF model
@@ -151,9 +155,11 @@ class MegatronEngine(PolicyUpdates):
             hf["lm_head.weight"] = hf["model.embed_tokens.weight"]
         return hf
 
-    def _streamed(self, specs: list[tuple[str, tuple[int, ...], torch.dtype]]) -> Iterator:
+    def _streamed(
+        self, specs: list[tuple[str, tuple[int, ...], torch.dtype]], empty: Empty
+    ) -> Iterator:
         start = 0
-        for part, state in self.m.gathered_parts():
+        for part, state in self.m.gathered_parts(empty):
             if state is None:
                 continue
             hf = self._part_hf(part, state)
@@ -165,6 +171,9 @@ class MegatronEngine(PolicyUpdates):
                 )
             start += len(hf)
             yield from hf.items()
+            del state, hf  # before the next part's gathers
+            if self.m.device.type == "cpu":  # the part's tensors are freed: let the OS have them
+                devices.trim_host_heap()
 
     def adapter_weights(self) -> None:
         raise ValueError("adapter_weights(): the Megatron engine has no LoRA")

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from rlpost.trainers.batch import TrajectoryBatch
-from rlpost.trainers.distributed import init_distributed
+from rlpost.trainers.distributed import Empty, gather_into, init_distributed, new_tensor
 from rlpost.trainers.megatron import cpu_shim, sequence_parallel
 from rlpost.trainers.megatron.config import (
     MegatronEngineConfig,
@@ -40,9 +40,11 @@ from rlpost.trainers.megatron.convert import (
     parts,
     shape_from_hf,
     to_global,
+    tp_full_shape,
     tp_layout,
-    tp_merge,
+    tp_pieces,
     tp_split,
+    tp_views,
 )
 from rlpost.trainers.megatron.schedule import (
     OnOutput,
@@ -366,15 +368,18 @@ class MegatronModel:
         return self._gathered(self._shared_params().items(), value)
 
     @torch.no_grad()
-    def gathered_parts(self) -> Iterator[tuple[int | str, dict[str, torch.Tensor] | None]]:
+    def gathered_parts(
+        self, empty: Empty = new_tensor
+    ) -> Iterator[tuple[int | str, dict[str, torch.Tensor] | None]]:
         """``gathered_state`` one part at a time (``convert.part_of``: the embedding,
         each decoder layer, the head), so rank 0 holds one part beyond its shards:
         ``(part, its full tensors)`` on global rank 0, ``(part, None)`` elsewhere.
+        ``empty(shape, dtype, device)``: the memory each full tensor is put in.
         Collective: every rank runs the iterator to its end."""
         params = self._shared_params()
         for part in parts(self.shape):
             mine = ((n, p) for n, p in params.items() if part_of(n) == part)
-            yield part, self._gathered(mine, lambda p: p.detach())
+            yield part, self._gathered(mine, lambda p: p.detach(), empty)
 
     def _shared_params(self) -> dict[str, torch.nn.Parameter]:
         """``local_params`` less the last stage's copy of a tied embedding."""
@@ -389,12 +394,15 @@ class MegatronModel:
         self,
         params: Iterable[tuple[str, torch.nn.Parameter]],
         value: Callable[[torch.nn.Parameter], torch.Tensor],
+        empty: Empty = new_tensor,
     ) -> dict[str, torch.Tensor] | None:
         """The full tensors of ``value(param)`` for ``params`` (this rank's, the same
-        names on every rank of its stage) on global rank 0. Collective.
+        names on every rank of its stage) on global rank 0, each in new memory from
+        ``empty``. Collective.
 
-        Tensor-parallel shards are all-gathered within each stage, then the first
-        data-parallel replica's stages send theirs to rank 0.
+        Tensor-parallel shards are gathered within each stage straight into their
+        full tensor (``gather_into``: no list of shards joined afterwards), then the
+        first data-parallel replica's stages send theirs to rank 0.
         """
         mpu = self.mpu
         tp_group = mpu.get_tensor_model_parallel_group()
@@ -402,13 +410,15 @@ class MegatronModel:
         state: dict[str, torch.Tensor] = {}
         for name, param in params:
             local = value(param)
-            if tp > 1 and tp_layout(name) != "rep":
-                # gloo's all_gather writes into whatever memory it is given:
-                # contiguous buffers, or the shards come back scrambled
-                shards = [torch.empty_like(local) for _ in range(tp)]
-                dist.all_gather(shards, local.contiguous(), group=tp_group)
-                local = tp_merge(name, shards)
-            state[name] = local.clone()
+            split = tp > 1 and tp_layout(name) != "rep"
+            shape = tp_full_shape(name, tuple(local.shape), tp) if split else tuple(local.shape)
+            full = empty(shape, local.dtype, local.device)
+            if split:
+                pieces = tp_pieces(name, local)
+                gather_into(tp_views(name, full, tp), pieces, tp_group)
+            else:  # the parameter itself: a copy, which training does not change
+                full.copy_(local)
+            state[name] = full
         if self.cfg.parallel.ep > 1:  # every expert-parallel rank's experts
             shares: list[Any] = [None] * self.cfg.parallel.ep
             experts = {k: v for k, v in state.items() if is_expert(k)}
