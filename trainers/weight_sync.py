@@ -15,11 +15,15 @@ CPU), without Ray's object store.
 - **Memory.** The sender packs one bucket at a time from an iterator (a
   sharded trainer gathers each part as the iterator reaches it), copying each
   tensor in as it comes, and sends a tensor with a bucket of its own as it is;
-  the receiver holds one bucket, whose tensors it hands on as views before the
-  next bucket overwrites them. So neither side holds more than two buckets
-  beyond its own weights: the sender a bucket and the part being gathered
-  (1.1-1.7 times the largest bucket, bench/results/stream_memory.md).
-  ``SyncStats`` records the most bucket bytes each side held.
+  the receiver hands a bucket's tensors on as views and receives the next bucket
+  into new memory, so while it does, the loader may still hold the previous
+  bucket's last view. So neither side holds more than two buckets beyond its own
+  weights: the sender a bucket and the part being gathered (1.0-1.7 times the
+  largest bucket), the receiver the bucket arriving and at most the one before
+  (1.1-2.0 times; two when the tied head follows the embedding);
+  bench/results/stream_memory.md. ``SyncStats`` records the bucket bytes each
+  side held at once in its own hands (the receiver's excludes a view the loader
+  still holds).
 """
 
 from __future__ import annotations
