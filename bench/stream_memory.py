@@ -115,7 +115,7 @@ def _rank(
             worker.weight_group.broadcast(torch.zeros(1))  # the receiver has joined
     # what building the engine freed goes back to the OS first, so that the rise
     # is the sync's own (the stream trims the heap between parts)
-    devices.trim_host_heap()
+    devices.trim_host_heap("cpu")
     Path("/proc/self/clear_refs").write_text("5")
     base = _status_kib("VmRSS")
     held = None
@@ -154,7 +154,7 @@ def _receiver(group_port: int, out: str) -> None:
     torch.set_num_threads(1)
     group = SyncGroup("127.0.0.1", group_port, 1, 2, timeout_s=600.0)
     group.broadcast(torch.zeros(1))  # with rank 0's, before either measures
-    devices.trim_host_heap()
+    devices.trim_host_heap("cpu")
     Path("/proc/self/clear_refs").write_text("5")
     base = _status_kib("VmRSS")
     stats = SyncStats()

@@ -132,9 +132,10 @@ def empty_cache(name: str) -> None:
         module.empty_cache()
 
 
-def trim_host_heap() -> None:
+def trim_host_heap(device_type: str) -> None:
     """Hand the memory freed inside the host's heap back to the OS (glibc's
-    ``malloc_trim``; nothing where the C library has none).
+    ``malloc_trim``) where tensors live on the host (``device_type`` "cpu");
+    nothing on an accelerator or where the C library has none.
 
     glibc keeps what a freed tensor of a few MB leaves inside its heap (only
     larger ones are separate mappings, returned when freed), so a loop that
@@ -142,7 +143,7 @@ def trim_host_heap() -> None:
     set by the heap's free space: 0.7-1.3x a 64 MB bucket at 150M parameters
     (bench/stream_memory.py). The weight stream calls this between parts.
     """
-    trim = _malloc_trim()
+    trim = _malloc_trim() if device_type == "cpu" else None
     if trim is not None:
         trim(0)
 

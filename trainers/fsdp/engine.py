@@ -331,8 +331,7 @@ class FSDPEngine(PolicyUpdates):
             if self.rank == 0:
                 yield from self._convert(full)
             del full  # before the next layer's gathers
-            if self.device.type == "cpu":  # the part's tensors are freed: let the OS have them
-                devices.trim_host_heap()
+            devices.trim_host_heap(self.device.type)  # the part's tensors are freed
 
     def _convert(self, state: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
         """Full tensors under the model's own names -> checkpoint format, LoRA folded in."""

@@ -172,8 +172,7 @@ class MegatronEngine(PolicyUpdates):
             start += len(hf)
             yield from hf.items()
             del state, hf  # before the next part's gathers
-            if self.m.device.type == "cpu":  # the part's tensors are freed: let the OS have them
-                devices.trim_host_heap()
+            devices.trim_host_heap(self.m.device.type)  # the part's tensors are freed
 
     def adapter_weights(self) -> None:
         raise ValueError("adapter_weights(): the Megatron engine has no LoRA")
