@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from tests.e2e.conftest import GRPO_STEPS as STEPS
@@ -11,13 +9,8 @@ from tests.e2e.conftest import GRPO_STEPS as STEPS
 pytest.importorskip("vllm")
 
 
-@pytest.fixture
-def run(grpo_run) -> tuple[Path, list[dict]]:
-    return grpo_run  # the session's 60-step run (tests/e2e/conftest.py)
-
-
-def test_validation_accuracy_rises(run):
-    _, history = run
+def test_validation_accuracy_rises(grpo_run):
+    _, history = grpo_run  # the session's 60-step run (tests/e2e/conftest.py)
     val = [(h["step"], h["val/accuracy"]) for h in history if "val/accuracy" in h]
     assert [s for s, _ in val] == [0, 30, STEPS]
     start, end = val[0][1], val[-1][1]
@@ -31,11 +24,11 @@ def test_validation_accuracy_rises(run):
     assert max(h["rollout/logprob_abs_diff_max"] for h in steps) < 1e-3
 
 
-def test_run_dir_holds_config_plot_and_final_model(run):
+def test_run_dir_holds_config_plot_and_final_model(grpo_run):
     import yaml
     from transformers import AutoModelForCausalLM
 
-    run_dir, _ = run
+    run_dir, _ = grpo_run
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert cfg["trainer"]["total_steps"] == STEPS
     assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
