@@ -49,6 +49,7 @@ def rollout_engine_config(cfg: Any, model_path: str, device_kind: str) -> Any:
             seed=cfg.trainer.seed,
         )
     from rlpost.rollout.vllm import VLLMEngineConfig
+    from rlpost.serving.weight_group import vllm_transfer_backend
 
     base = VLLMEngineConfig(
         model_path=model_path,
@@ -64,6 +65,8 @@ def rollout_engine_config(cfg: Any, model_path: str, device_kind: str) -> Any:
         lora=cfg.model.lora.rank if r.lora_sync == "adapter" else 0,
         max_images=r.max_images,
         sleep_mode=sleeps(cfg, device_kind),
+        weight_transfer=vllm_transfer_backend(r, device_kind),
+        weight_transfer_bucket_bytes=max(1, int(r.weight_sync_bucket_mb * 2**20)),
     )
     if not r.pd.enabled:
         return base

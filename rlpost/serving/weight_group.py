@@ -4,7 +4,9 @@ maps (``ipc``, ``IpcSync``), without a copy in Ray's object store.
 
 The group: rank 0 is the trainer's rank 0, ranks 1.. the replicas' engine
 workers (``rlpost.trainers.weight_sync.SyncGroup``: its own TCP store, gloo on
-the CPU, NCCL on CUDA, a timeout on every collective). It is opened at the
+the CPU, NCCL on CUDA, a timeout on every collective). On CUDA with vLLM replicas
+it is vLLM's own NCCL weight transfer where the installed vLLM has it
+(``rlpost.trainers.vllm_transfer``; a watchdog stands in for the timeout). It is opened at the
 first sync and opened again, under a new generation, whenever its members
 change: a replica restarted or left out.
 
@@ -45,6 +47,23 @@ def weight_sync_mode(setting: str, rollout_name: str, device_kind: str) -> str:
     )
 
 
+def vllm_transfer_backend(rollout: Any, device_kind: str) -> str | None:
+    """The backend of vLLM's own weight-transfer engine the collective sync goes
+    through (``rlpost.trainers.vllm_transfer.BACKEND``, NCCL) where the sync is
+    ``collective``, on CUDA, to vLLM replicas, and the installed vLLM has that
+    engine; None where rlpost's own group carries the weights. ``rollout``: the run
+    config's ``rollout`` section."""
+    from rlpost.trainers import device as devices
+    from rlpost.trainers import vllm_transfer
+
+    mode = weight_sync_mode(rollout.weight_sync, rollout.name, device_kind)
+    if mode != "collective" or device_kind != devices.CUDA or rollout.name != "vllm":
+        return None
+    if rollout.pd.enabled:  # a PD replica is two engines with a connector between them
+        return None
+    return vllm_transfer.BACKEND if vllm_transfer.available() else None
+
+
 class Replicas(Protocol):
     """What a weight sync reads and calls of the rollout group
     (``rlpost.serving.rollout_group.RolloutGroup``): its replicas' actors, which of
@@ -73,7 +92,8 @@ def collective_sync(cfg: Any, device_kind: str, rollout: Any) -> CollectiveSync 
         return None
     if mode == "ipc":
         return IpcSync(rollout, r.weight_sync_bucket_mb)
-    return CollectiveSync(rollout, r.weight_sync_bucket_mb, r.weight_sync_timeout_s)
+    via_vllm = vllm_transfer_backend(r, device_kind) is not None
+    return CollectiveSync(rollout, r.weight_sync_bucket_mb, r.weight_sync_timeout_s, via_vllm)
 
 
 def _sync_figures(sent: dict, start: float) -> dict[str, float]:
@@ -98,10 +118,14 @@ def _live(group: Replicas) -> list[int]:
 class CollectiveSync:
     """Send ``trainer``'s weights to ``group``'s replicas, bucket by bucket."""
 
-    def __init__(self, group: Replicas, bucket_mb: float, timeout_s: float):
+    def __init__(self, group: Replicas, bucket_mb: float, timeout_s: float, via_vllm: bool = False):
         self.group = group
         self.bucket_bytes = max(1, int(bucket_mb * 2**20))
         self.timeout_s = timeout_s
+        # Through vLLM's own NCCL weight transfer (rlpost.trainers.vllm_transfer):
+        # the replicas receive by the layout the trainer gives when the group opens.
+        self.via_vllm = via_vllm
+        self.layout: dict[str, list] | None = None
         self.generation = -1
         self.members: tuple[tuple[int, str], ...] = ()  # (replica, actor id) by rank 1..
         self.rebuilds = 0  # groups made again after a member changed or died
@@ -115,14 +139,16 @@ class CollectiveSync:
             self.rebuilds += 1
         self.generation += 1
         world = 1 + len(members)
-        address, opened = trainer.open_weight_group(world, self.generation, self.timeout_s)
+        address, opened = trainer.open_weight_group(
+            world, self.generation, self.timeout_s, self.via_vllm
+        )
         joins = [
             self.group.workers[i].open_weight_group.remote(
                 address, rank, world, self.generation, self.timeout_s
             )
             for rank, (i, _) in enumerate(members, start=1)
         ]
-        ray.get([opened, *joins])
+        self.layout, *_ = ray.get([opened, *joins])
         self.members = members
 
     def sync(self, trainer: TrainerGroup, version: int, interrupt: bool) -> dict[str, float]:
@@ -139,7 +165,8 @@ class CollectiveSync:
             start = time.perf_counter()
             sends = trainer.send_weights(self.bucket_bytes)
             receives = {
-                i: g.workers[i].receive_weights.remote(version, interrupt) for i, _ in members
+                i: g.workers[i].receive_weights.remote(version, interrupt, self.layout)
+                for i, _ in members
             }
             died, failed = [], []
             for i, ref in receives.items():

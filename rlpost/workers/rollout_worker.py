@@ -107,12 +107,18 @@ class RolloutWorker:
         open_group(address.removeprefix("tcp://"), base_rank, world_size, generation, timeout_s)
         return 1
 
-    async def receive_weights(self, version: int | None = None, interrupt: bool = False) -> float:
+    async def receive_weights(
+        self, version: int | None = None, interrupt: bool = False, layout: Any = None
+    ) -> float:
         """Seconds until the weights rank 0 of the weight group sends are in, as
-        ``load_weights`` (``version``, ``interrupt``)."""
+        ``load_weights`` (``version``, ``interrupt``). ``layout``: what is sent, where
+        the group is vLLM's own weight transfer (``rlpost.trainers.vllm_transfer``)."""
         start = time.perf_counter()
         version = self.version + 1 if version is None else version
-        await self.engine.areceive_weights(version=version, interrupt=interrupt)
+        if layout is None:
+            await self.engine.areceive_weights(version=version, interrupt=interrupt)
+        else:
+            await self.engine.areceive_weights(version=version, interrupt=interrupt, layout=layout)
         self.version = version
         return time.perf_counter() - start
 

@@ -61,11 +61,20 @@ class TrainerWorker:
         return getattr(self.engine, method)(*args, **kwargs)
 
     def open_weight_group(
-        self, address: str, world_size: int, generation: int, timeout_s: float
-    ) -> None:
+        self,
+        address: str,
+        world_size: int,
+        generation: int,
+        timeout_s: float,
+        via_vllm: bool = False,
+    ) -> dict[str, list] | None:
         """Rank 0 of the weight group shared with the rollout replicas' workers
         (``rollout.weight_sync=collective``): its TCP store listens at ``address``
-        (``tcp://host:port``, from ``address()``). Blocks until every member joined."""
+        (``tcp://host:port``, from ``address()``). Blocks until every member joined.
+
+        ``via_vllm``: the group is vLLM's own NCCL weight transfer
+        (``rlpost.trainers.vllm_transfer``); returns the layout the replicas receive
+        by (None for rlpost's own group, which sends its layout itself)."""
         from rlpost.trainers.device import weight_group_backend
         from rlpost.trainers.weight_sync import SyncGroup
 
@@ -74,10 +83,23 @@ class TrainerWorker:
         if old is not None:
             old.close()
         device = getattr(self.engine, "device", None)
+        if via_vllm:
+            from rlpost.trainers import vllm_transfer
+
+            stream = getattr(self.engine, "weight_stream", None)
+            if stream is None:
+                raise ValueError(
+                    f"{type(self.engine).__name__} cannot stream its weights, which vLLM's "
+                    "weight transfer needs; use rollout.weight_sync=object_store"
+                )
+            specs = stream()[0]  # names, shapes and dtypes only: nothing is gathered
+            self.weight_group = vllm_transfer.VllmNcclSender(address, world_size, timeout_s)
+            return vllm_transfer.layout(specs)
         self.weight_group = SyncGroup(
             host, int(port), 0, world_size, backend=weight_group_backend(device), timeout_s=timeout_s,
             generation=generation, device=device if isinstance(device, torch.device) else None,
         )  # fmt: skip
+        return None
 
     def send_weights(self, bucket_bytes: int) -> dict[str, int]:
         """Every rank: gather the full weights (collective); rank 0 sends them over
@@ -90,6 +112,11 @@ class TrainerWorker:
                 for _ in items:
                     pass
                 return {}
+            from rlpost.trainers.vllm_transfer import VllmNcclSender
+
+            if isinstance(self.weight_group, VllmNcclSender):  # vLLM's NCCL transfer
+                device = getattr(self.engine, "device", torch.device("cpu"))
+                return self.weight_group.send(items, specs, bucket_bytes, device)
             stats = self.weight_group.send(items, bucket_bytes, specs)
         else:
             named = self.engine.named_weights()
@@ -239,13 +266,14 @@ class TrainerGroup:
         return refs[0]
 
     def open_weight_group(
-        self, world_size: int, generation: int, timeout_s: float
+        self, world_size: int, generation: int, timeout_s: float, via_vllm: bool = False
     ) -> tuple[str, ray.ObjectRef]:
         """The weight group's address on rank 0's node and the call that opens it
-        there (it returns once the replicas' workers have joined)."""
+        there (it returns once the replicas' workers have joined, with the layout
+        they receive by when ``via_vllm``: ``TrainerWorker.open_weight_group``)."""
         address = ray.get(self.workers[0].address.remote())
         opened = self.workers[0].open_weight_group.remote(
-            address, world_size, generation, timeout_s
+            address, world_size, generation, timeout_s, via_vllm
         )
         return address, opened
 

@@ -35,6 +35,11 @@ class VLLMEngineConfig:
     max_images: int = 1
     # Colocated on an accelerator (rollout.sleep): the engine can free its memory.
     sleep_mode: bool = False
+    # Weights through vLLM's own weight-transfer engine (rollout.weight_sync=collective
+    # on CUDA, rlpost.trainers.vllm_transfer): its backend (NCCL) and the bytes of a
+    # bucket (rollout.weight_sync_bucket_mb); None: rlpost's own weight group.
+    weight_transfer: str | None = None
+    weight_transfer_bucket_bytes: int = 512 * 2**20
 
 
 def engine_args(cfg: VLLMEngineConfig, image_limit: int) -> dict[str, Any]:
@@ -76,6 +81,8 @@ def engine_args(cfg: VLLMEngineConfig, image_limit: int) -> dict[str, Any]:
         kwargs.update(ascend_engine_args())
     if cfg.sleep_mode:
         kwargs["enable_sleep_mode"] = True
+    if cfg.weight_transfer is not None:
+        kwargs["weight_transfer_config"] = {"backend": cfg.weight_transfer}
     if cfg.lora:
         kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=lora_slot(cfg.lora))
     return kwargs

@@ -87,6 +87,7 @@ class VLLMEngine:
         self._weight_loads = 0
         self._interrupted = 0
         self._busy_s = 0.0  # seconds the async path had requests to step
+        self._transfer_timeout_s = 120.0  # vLLM's weight transfer: set when its group opens
         # The policy version of the loaded weights, stamped on every sampled token.
         self.version = 0
         self.start_s = time.perf_counter() - start
@@ -117,17 +118,37 @@ class VLLMEngine:
     ) -> None:
         """Join the weight group whose rank 0 (the trainer) listens at ``address``
         (``host:port``): each of this engine's workers as rank ``base_rank`` plus its
-        own rank. Blocks until every member has joined."""
+        own rank. Blocks until every member has joined. With ``weight_transfer`` set,
+        the group is vLLM's own weight-transfer engine's (``rlpost.trainers.vllm_transfer``)."""
+        if self.cfg.weight_transfer is not None:
+            from rlpost.trainers.vllm_transfer import worker_init_info
+
+            self._transfer_timeout_s = timeout_s
+            info = worker_init_info(
+                address, base_rank, world_size, self.cfg.weight_transfer_bucket_bytes
+            )
+            self.engine.collective_rpc("rlpost_open_vllm_transfer", args=(info,))
+            return
         self.engine.collective_rpc(
             "rlpost_open_weight_group", args=(address, base_rank, world_size, generation, timeout_s)
         )
 
-    def receive_weights(self) -> dict[str, int]:
+    def receive_weights(self, layout: dict[str, list] | None = None) -> dict[str, int]:
         """Load the weights rank 0 sends, bucket by bucket; call with no request in
-        flight. Returns the first worker's bucket counts."""
+        flight. Returns the first worker's bucket counts. ``layout``: the names,
+        dtypes and shapes sent, which vLLM's own weight transfer receives by (the
+        trainer's ``open_weight_group`` gives it)."""
         if self.engine.has_unfinished_requests():
             raise RuntimeError("receive_weights with requests in flight; use areceive_weights")
-        stats = self.engine.collective_rpc("rlpost_receive_weights")[0]
+        if self.cfg.weight_transfer is not None:
+            if layout is None:
+                raise ValueError("vLLM's weight transfer receives by a layout; none was given")
+            stats = self.engine.collective_rpc(
+                "rlpost_receive_weights_vllm",
+                args=(layout, self._transfer_timeout_s, self.cfg.weight_transfer_bucket_bytes),
+            )[0]
+        else:
+            stats = self.engine.collective_rpc("rlpost_receive_weights")[0]
         self._weights_changed()
         return stats
 
@@ -149,9 +170,16 @@ class VLLMEngine:
             lambda: self.receive_weights_ipc(source), version=version, interrupt=interrupt
         )
 
-    async def areceive_weights(self, version: int | None = None, interrupt: bool = False) -> None:
+    async def areceive_weights(
+        self,
+        version: int | None = None,
+        interrupt: bool = False,
+        layout: dict[str, list] | None = None,
+    ) -> None:
         """``receive_weights`` between two engine steps, as ``aload_weights``."""
-        await self._paused(self.receive_weights, version=version, interrupt=interrupt)
+        await self._paused(
+            lambda: self.receive_weights(layout), version=version, interrupt=interrupt
+        )
 
     # -- memory, when the trainer shares the device (rollout.sleep) -------------
 

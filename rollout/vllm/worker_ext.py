@@ -5,7 +5,7 @@ Names are prefixed ``rlpost_`` so they never clash with the worker's own.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -67,14 +67,64 @@ class WeightSyncExtension:
         self._rlpost_reload(source.tensors(stats))
         return {"buckets": stats.buckets, "bytes": stats.bytes, "peak": stats.peak_bucket_bytes}
 
+    def rlpost_open_vllm_transfer(self, init_info: dict[str, Any]) -> None:
+        """Join the trainer's weight group through vLLM's own weight-transfer engine
+        (the engine's ``weight_transfer_config``; ``init_info``:
+        ``rlpost.trainers.vllm_transfer.worker_init_info``), after releasing the
+        group of an earlier generation."""
+        self.shutdown_weight_transfer_engine()  # type: ignore[attr-defined]
+        self.init_weight_transfer_engine(init_info)  # type: ignore[attr-defined]
+
+    def rlpost_receive_weights_vllm(
+        self, layout: dict[str, list], timeout_s: float, bucket_bytes: int
+    ) -> dict[str, int]:
+        """Reload through vLLM's own weight transfer: its start, the packed broadcast
+        (``layout``: the names, dtypes and shapes sent) into the model's loader, its
+        finish, with ``_rlpost_reload``'s check that every parameter was written.
+        Past ``timeout_s`` the communicator is aborted and this raises."""
+        from rlpost.trainers import vllm_transfer
+
+        transfer = self.weight_transfer_engine  # type: ignore[attr-defined]
+        if transfer is None:
+            raise RuntimeError("the engine was built without weight_transfer_config")
+
+        def receive(_: Iterator[tuple[str, torch.Tensor]]) -> None:
+            with vllm_transfer.watchdog(timeout_s, transfer.shutdown, "receiving the weights"):
+                self.start_weight_update()  # type: ignore[attr-defined]
+                self.update_weights(layout)  # type: ignore[attr-defined]
+                self.finish_weight_update()  # type: ignore[attr-defined]
+
+        self._rlpost_checked(transfer.model, None, receive)
+        specs = [
+            (name, tuple(shape), getattr(torch, dtype))
+            for name, dtype, shape in zip(layout["names"], layout["dtype_names"], layout["shapes"])
+        ]
+        return vllm_transfer.figures(specs, bucket_bytes)
+
     def _rlpost_reload(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> int:
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        if not any(name.endswith("lm_head") for name, _ in model.named_modules()):
-            # A tied head without a module of its own (vLLM's Gemma 2 computes logits
-            # from the embedding): the tied copy has nowhere to go, its twin does.
-            named_tensors = ((n, t) for n, t in named_tensors if not n.startswith("lm_head."))
+
+        def reload(weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+            self.model_runner.reload_weights(weights_iterator=weights)  # type: ignore[attr-defined]
+
+        return len(self._rlpost_checked(model, named_tensors, reload))
+
+    def _rlpost_checked(
+        self,
+        model: torch.nn.Module,
+        named_tensors: Iterator[tuple[str, torch.Tensor]] | None,
+        load: Callable[[Iterator[tuple[str, torch.Tensor]]], None],
+    ) -> list[str]:
+        """Run ``load`` with the model's loader recording what it wrote, then raise
+        if a parameter of the model was not written. ``load`` gets ``named_tensors``
+        made ready (the tied head dropped where the model has no head of its own,
+        each name recorded) to hand the loader; None: the tensors reach the loader
+        in lists from elsewhere (vLLM's weight transfer) and get the same treatment
+        there. Returns the names given."""
+        headless = not any(name.endswith("lm_head") for name, _ in model.named_modules())
         given: list[str] = []
-        named_tensors = _counted(named_tensors, given)
+        bucketed = named_tensors is None
+        named_tensors = _counted(_heads(named_tensors or iter(()), headless), given)
         expected = {
             name.replace(".base_layer.", ".")
             for name, _ in model.named_parameters()
@@ -82,20 +132,23 @@ class WeightSyncExtension:
         }
         written: set[str] = set()
         checked = True
-        load = model.load_weights
+        loader = model.load_weights
 
         def load_and_record(weights):  # what the model's own loader reports it wrote
             nonlocal checked
-            names = load(weights)
+            if bucketed:  # a bucket handed over whole (vLLM's transfer)
+                weights = list(_heads(iter(weights), headless))
+                given.extend(name for name, _ in weights)
+            names = loader(weights)
             if names is None:
                 checked = False
             else:
                 written.update(names)
             return names
 
-        model.load_weights = load_and_record
+        model.load_weights = load_and_record  # type: ignore[method-assign,assignment]
         try:
-            self.model_runner.reload_weights(weights_iterator=iter(named_tensors))  # type: ignore[attr-defined]
+            load(named_tensors)
         finally:
             del model.load_weights
         _repack_cpu_experts(model)
@@ -106,7 +159,18 @@ class WeightSyncExtension:
                 f"{missing[:5]}; the trainer sent {len(given)} tensors named like "
                 f"{given[:3]}: the names do not match what the engine's loader expects"
             )
-        return len(given)
+        return given
+
+
+def _heads(
+    named_tensors: Iterator[tuple[str, torch.Tensor]], headless: bool
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``named_tensors`` without the tied head where the model has no head module
+    (vLLM's Gemma 2 computes logits from the embedding): the tied copy has nowhere
+    to go, its twin does."""
+    if not headless:
+        return named_tensors
+    return ((n, t) for n, t in named_tensors if not n.startswith("lm_head."))
 
 
 def _counted(
