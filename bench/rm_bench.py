@@ -5,11 +5,12 @@
     python bench/rm_bench.py --rm bench/.runs/rm-<time>/rm-0   # reuse a reward model (one seed)
 
 1. ``python -m rlpost.main algo=rm data=arith_pref`` with the preset's defaults
-   (the built-in model warmed up to 0.9 as the backbone, its pairs, 400 steps),
-   validating every 100 steps: ``val/pair_accuracy`` on the held-out pairs.
+   (the built-in model warmed up to 0.9 as the backbone, its pairs and every
+   prompt's near misses, 5000 steps), validating every 1000 steps:
+   ``val/pair_accuracy`` on the held-out pairs.
 2. ``python -m rlpost.main algo=grpo reward.fn=[] reward.model.path=<rm>/final``
    from the shipped base policy (0.390 held-out accuracy at seed 0) for
-   ``--steps`` steps, validating every 10: ``val/accuracy`` is the task's own
+   ``--steps`` steps (100), validating every 10: ``val/accuracy`` is the task's own
    check of the greedy answers, which the reward model never sees.
 
 The targets: pair accuracy >= 0.90, and GRPO's held-out accuracy up >= 15 points.
@@ -88,7 +89,7 @@ def curve(points: list[tuple[int, float]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--steps", type=int, default=30, help="GRPO steps")
+    parser.add_argument("--steps", type=int, default=100, help="GRPO steps")
     parser.add_argument("--rm", type=Path, help="a finished algo=rm run dir to reuse (one seed)")
     parser.add_argument("--rm-args", nargs="*", default=[], help="extra overrides of the rm run")
     parser.add_argument("--grpo-args", nargs="*", default=[], help="extra overrides of GRPO")

@@ -193,6 +193,24 @@ def sampled_pairs(
     return pairs
 
 
+def near_miss_pairs(rows: list[dict], misses: Any) -> list[dict]:
+    """Pairs of a task with a known answer against wrong answers made from it:
+    ``misses(answer, other)`` (e.g. ``rlpost.data.tasks.arith.near_misses``) lists
+    them, ``other`` being the next row's answer (the first row's for the last)."""
+    pairs = []
+    for i, row in enumerate(rows):
+        other = str(rows[(i + 1) % len(rows)]["answer"])
+        for answer in misses(str(row["answer"]), other):
+            pairs.append(
+                {
+                    **row,
+                    "chosen": [{"role": "assistant", "content": str(row["answer"])}],
+                    "rejected": [{"role": "assistant", "content": answer}],
+                }
+            )
+    return pairs
+
+
 def raise_if_none(rows: list[dict], source: str, reasons: list[str]) -> None:
     if not rows:
         first = f"; first problem: {reasons[0]}" if reasons else ""

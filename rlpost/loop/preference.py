@@ -4,7 +4,9 @@ a frozen reference) and ``algo=rm`` (a Bradley-Terry reward model).
 Nothing is sampled during training. ``data=arith_pref`` samples its pairs once,
 at the start of the run, from the base policy on the rollout replica the run
 starts anyway: chosen is the right sum, rejected a sampled answer that is wrong
-(``SAMPLES_PER_PROMPT``), so the pairs lie on the policy's own distribution. Data files hold the pairs themselves
+(``SAMPLES_PER_PROMPT``), so the pairs lie on the policy's own distribution; for
+``algo=rm`` every prompt also gets its near misses as rejected answers
+(``rlpost.data.tasks.arith.near_misses``). Data files hold the pairs themselves
 (``rlpost.data.preference``).
 
 Held-out figures: ``val/pair_accuracy`` (rm: share of held-out pairs the model
@@ -24,7 +26,12 @@ import torch
 
 from rlpost.algos import PreferenceConfig, build_preference_loss, sequence_logps
 from rlpost.config.groups import Config
-from rlpost.data.preference import is_preference_row, preference_batch, sampled_pairs
+from rlpost.data.preference import (
+    is_preference_row,
+    near_miss_pairs,
+    preference_batch,
+    sampled_pairs,
+)
 from rlpost.data.rows import DataError, PromptStream
 from rlpost.data.tasks import task_correctness
 from rlpost.loop.roles import Workers
@@ -110,7 +117,7 @@ class PreferenceSteps:
 
     def sample_pairs(self, rows: list[dict], seed: int) -> list[dict]:
         """Pairs of the built-in task's ``rows``: the answer against a wrong sample."""
-        from rlpost.data.tasks.arith import answer_text
+        from rlpost.data.tasks.arith import answer_text, near_misses
 
         r, n = self.cfg.rollout, SAMPLES_PER_PROMPT[self.cfg.algo.name]
         sampling = SamplingConfig(
@@ -119,7 +126,10 @@ class PreferenceSteps:
         results = self.request(rows, sampling, seed).result()
         texts = [[c.text for c in res.completions] for res in results]
         correct = task_correctness(self.cfg.data.name)
-        return sampled_pairs(rows, texts, correct, answer_text, every_wrong=self.is_rm)
+        pairs = sampled_pairs(rows, texts, correct, answer_text, every_wrong=self.is_rm)
+        if self.is_rm:  # and the near misses a policy would find unranked otherwise
+            pairs += near_miss_pairs(rows, near_misses)
+        return pairs
 
     def attach_reference(self, rows: list[dict], chunk: int = 256) -> None:
         """Each pair row's reference log-probs, kept in the row (``REF_KEY``)."""

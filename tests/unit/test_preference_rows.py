@@ -5,13 +5,14 @@ import pytest
 from rlpost.config import compose
 from rlpost.config.schema import ConfigError
 from rlpost.data.preference import (
+    near_miss_pairs,
     parse_preference_row,
     parse_preference_rows,
     preference_batch,
     sampled_pairs,
 )
 from rlpost.data.rows import DataError
-from rlpost.data.tasks.arith import answer_text, correctness
+from rlpost.data.tasks.arith import answer_text, correctness, near_misses
 from rlpost.models.tiny import build_tokenizer
 
 USER = [{"role": "user", "content": "2+2="}]
@@ -105,6 +106,31 @@ def test_sampled_pairs_reject_the_first_wrong_sample():
     pairs = sampled_pairs([row, right], [["5", "6", "7"], ["2", "2"]], correctness, answer_text)
     assert len(pairs) == 1  # every sample of 1+1= was right: no pair
     assert pairs[0]["chosen"] == _assistant("5") and pairs[0]["rejected"] == _assistant("6")
+
+
+def test_near_misses_of_a_sum():
+    # 146: +-1, +-10, +-20, +-100, rounded down to tens, 100, the other prompt's 58
+    assert near_misses("146", "58") == [
+        "147", "145", "156", "136", "166", "126", "246", "46", "140", "100", "58",
+    ]  # fmt: skip
+    # 9: none below zero, the sum itself (other = 9) and repeats (100 twice) left out
+    assert near_misses("9", "9") == ["10", "8", "19", "29", "109", "0", "100"]
+
+
+def test_near_miss_pairs_take_the_next_rows_answer_as_the_other():
+    rows = [
+        {"prompt": [{"role": "user", "content": "2+3="}], "answer": "5"},
+        {"prompt": [{"role": "user", "content": "60+40="}], "answer": "100"},
+    ]
+    pairs = near_miss_pairs(rows, lambda answer, other: [other])
+    assert [(p["chosen"], p["rejected"]) for p in pairs] == [
+        (_assistant("5"), _assistant("100")),
+        (_assistant("100"), _assistant("5")),
+    ]
+    assert pairs[1]["prompt"] == rows[1]["prompt"]
+    # 5: 6 4 15 25 105 0 100 (-5, -15, -95 below zero; 100 twice); 100: 101 99 110 90
+    # 120 80 200 0 5 (rounded down and 100 are the sum itself)
+    assert len(near_miss_pairs(rows, near_misses)) == 7 + 9
 
 
 def test_offline_config_errors_name_the_key():

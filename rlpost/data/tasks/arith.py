@@ -88,6 +88,18 @@ def answer_text(completion: str) -> str:
     return _answer_text(completion)
 
 
+def near_misses(answer: str, other: str) -> list[str]:
+    """Wrong answers a reward model must rank below ``answer`` (a sum's digits) besides
+    those a policy samples: one off in each of the last three digits (+-1, +-10,
+    +-100), +-20, the sum rounded down to tens, 100, and ``other`` (another prompt's
+    sum), each once, none negative. A reward model trained only on a policy's near
+    misses leaves these unranked, and RL against it finds them (docs/preference.md)."""
+    s = int(answer)
+    found = [s + d for d in (1, -1, 10, -10, 20, -20, 100, -100)]
+    found += [s // 10 * 10, 100, int(other)]
+    return [str(c) for c in dict.fromkeys(found) if c >= 0 and c != s]
+
+
 def correctness(completion: str, row: dict) -> float:
     """1.0 iff the completion (up to the end token, stripped) is the answer."""
     return float(_answer_text(completion) == row["answer"])
