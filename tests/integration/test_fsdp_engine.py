@@ -79,10 +79,19 @@ def _policy_worker(
     weights = engine.named_weights()
     specs, items = engine.weight_stream()  # a layer gathered at a time (collective sync)
     streamed = [(name, tuple(t.shape), t.dtype, t.clone()) for name, t in items]
+    # Where converting layer by layer would rename a tensor, the stream is the whole
+    # state; it gathers only once iterated (rank 0 reads the specs alone).
+    layerwise = engine._layerwise  # what the first stream found
+    engine._layerwise, gathers, named = False, [], engine.named_weights
+    engine.named_weights = lambda: gathers.append(1) or named()  # type: ignore[method-assign]
+    _, whole = engine.weight_stream()
+    lazy = gathers == []
+    whole_streamed = [(name, t.clone()) for name, t in whole]
     if rank == 0:
         torch.save(
             {"metrics": metrics, "grads": grads, "weights": dict(weights), "rows": len(batch),
-             "specs": specs, "streamed": streamed, "layerwise": engine._layerwise},
+             "specs": specs, "streamed": streamed, "layerwise": layerwise, "lazy": lazy,
+             "whole_streamed": whole_streamed, "gathers": len(gathers)},
             out,
         )  # fmt: skip
     else:
@@ -229,6 +238,9 @@ def test_the_weight_stream_is_named_weights_a_layer_at_a_time(run, request):
     got = request.getfixturevalue(run)
     assert got["layerwise"]
     assert [(n, s, d) for n, s, d, _ in got["streamed"]] == got["specs"]
+    # the whole-state fallback: nothing gathered before it is iterated, once after
+    assert got["lazy"] and got["gathers"] == 1
+    assert {n: t for n, t in got["whole_streamed"]}.keys() == got["weights"].keys()
     assert sorted(n for n, *_ in got["streamed"]) == sorted(got["weights"])
     for name, _, _, tensor in got["streamed"]:
         assert torch.equal(tensor, got["weights"][name]), name

@@ -317,8 +317,13 @@ class FSDPEngine(PolicyUpdates):
             if not self._layerwise:
                 self._specs = [(n, tuple(t.shape), t.dtype) for n, t in whole]
         if not self._layerwise:
-            return self._specs, iter(self.named_weights() or [])
+            return self._specs, self._whole_state()
         return self._specs, self._streamed(empty)
+
+    def _whole_state(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``named_weights`` once iterated (a collective, so every rank iterates it):
+        the specs are read without it."""
+        yield from self.named_weights() or []
 
     def _streamed(self, empty: Empty) -> Iterator[tuple[str, torch.Tensor]]:
         for group in _layer_groups(self.model.state_dict()):
