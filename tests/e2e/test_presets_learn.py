@@ -68,7 +68,8 @@ def shared_ray():
 #   tests/integration/test_agent_modes.py, dapo and LoRA adapter sync stream under
 #   fully_async in tests/integration/test_fully_async_cli.py, PD's log-prob parity is
 #   tests/integration/test_pd_cli.py's, gdpo's weights tests/integration/test_gdpo_weights.py's;
-# - PPO learns on the Megatron trainer in tests/e2e/test_megatron_learns.py.
+# - PPO learns on the Megatron trainer in tests/e2e/test_megatron_learns.py;
+# - cispo, sapo and rm run three steps each by default (test_preset_runs_short).
 BY_DEFAULT = {"grpo_fully_async"}
 
 
@@ -121,3 +122,41 @@ def test_preset_learns(algo, tmp_path, model_cache, shared_ray):
     if algo == "dapo":
         assert all("dapo/dropped_groups" in h for h in history[1:])
         assert all(h["dapo/kept_groups"] == 32 for h in history[1:])
+
+
+# The presets whose learning runs are opt-in still run in CI, briefly: three steps
+# each through the same API and Ray, checking what each adds to GRPO's step.
+SHORT = {
+    "cispo": ["actor/pg_clipfrac"],
+    "sapo": ["actor/gate_mean"],
+    "rm": ["rm/loss", "rm/accuracy"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", sorted(SHORT))
+def test_preset_runs_short(algo, tmp_path, model_cache, shared_ray):
+    from rlpost import compose, train
+
+    run_dir = tmp_path / "run"
+    args = [
+        f"algo={algo}", *(["data=arith_pref"] if algo == "rm" else []),
+        "trainer.total_steps=3", "trainer.val_every=0", "trainer.seed=0",
+        f"trainer.run_dir={run_dir}", f"model.cache_dir={model_cache}",
+    ]  # fmt: skip
+    history = train(compose(args)).history
+    trained = [h for h in history if h["step"] > 0 and "timing/step_s" in h]
+    assert len(trained) == 3
+    assert all(key in h for h in trained for key in SHORT[algo]), trained[-1].keys()
+    if algo == "sapo":
+        # on-policy the ratio is 1, where the gate sigmoid(tau (r - 1)) 4 / tau is
+        # 2 / tau: 2.0 for positive advantages (tau_pos 1), 1.905 for the others (1.05)
+        assert all(1.89 < h["actor/gate_mean"] < 2.01 for h in trained), trained
+    if algo == "rm":
+        from rlpost.rewards.reward_model import SequenceRewardModel, chat_of
+
+        pairs = [h["val/pair_accuracy"] for h in history if "val/pair_accuracy" in h]
+        assert len(pairs) == 2 and 0.0 <= pairs[-1] <= 1.0
+        model = SequenceRewardModel(str(run_dir / "final"))  # the reward model path loads it
+        scores = model.score([chat_of("2+3=", "5"), chat_of("2+3=", "100")])
+        assert len(scores) == 2 and all(s == s for s in scores)  # finite, one per chat
