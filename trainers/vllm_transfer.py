@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 from rlpost.trainers import device as devices
+from rlpost.trainers.weight_sync import SyncStats
 
 NUM_BUFFERS = 2  # buckets in flight on each side: the two-bucket bound of the sync
 # vLLM's weight-transfer backend used: its dense NCCL engine, named as the CUDA backend is.
@@ -52,6 +53,14 @@ def available() -> bool:
 
 
 Specs = list[tuple[str, tuple[int, ...], torch.dtype]]
+
+
+def specs_of(layout: dict[str, list]) -> Specs:
+    """The specs ``layout`` lists (its inverse)."""
+    return [
+        (name, tuple(shape), getattr(torch, dtype))
+        for name, dtype, shape in zip(layout["names"], layout["dtype_names"], layout["shapes"])
+    ]
 
 
 def layout(specs: Specs) -> dict[str, list]:
@@ -166,24 +175,21 @@ def watchdog(timeout_s: float, abort: Callable[[], None], what: str) -> Iterator
 
 class VllmNcclSender:
     """Trainer rank 0's end of vLLM's NCCL weight transfer: opens the group (it
-    returns once every worker has joined) and broadcasts bucket by bucket."""
+    returns once every worker has joined) and broadcasts bucket by bucket from
+    ``device``. ``send`` and ``close`` are ``SyncGroup``'s, so the trainer sends
+    through either the same way."""
 
-    def __init__(self, address: str, world_size: int, timeout_s: float):
+    def __init__(self, address: str, world_size: int, timeout_s: float, device: torch.device):
         from vllm.distributed.weight_transfer.nccl_common import trainer_init
 
         host, _, port = address.removeprefix("tcp://").rpartition(":")
-        self.timeout_s = timeout_s
-        self.comm: Any = None
+        self.timeout_s, self.device = timeout_s, device
         info = {"master_address": host, "master_port": int(port), "world_size": world_size}
-        self.comm = trainer_init(info)
+        self.comm: Any = trainer_init(info)
 
     def send(
-        self,
-        items: Iterator[tuple[str, torch.Tensor]],
-        specs: Specs,
-        bucket_bytes: int,
-        device: torch.device,
-    ) -> dict[str, int]:
+        self, items: Iterator[tuple[str, torch.Tensor]], bucket_bytes: int, specs: Specs
+    ) -> SyncStats:
         """Broadcast ``items`` (in ``specs``' order; a sharded trainer gathers each as
         the iterator reaches it); returns the sync's figures (``figures``)."""
         from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer
@@ -197,14 +203,15 @@ class VllmNcclSender:
             # a tensor larger than a bucket gets a bucket of its own, as designed
             warnings.filterwarnings("ignore", "Tensor .* exceeds buffer_size_bytes")
             packed_nccl_broadcast_producer(
-                iterator=checked(items, specs, device),
+                iterator=checked(items, specs, self.device),
                 group=self.comm,
                 src=0,
                 post_iter_func=lambda item: item[1],
                 buffer_size_bytes=bucket_bytes,
                 num_buffers=NUM_BUFFERS,
             )
-        return figures(specs, bucket_bytes)
+        sent = figures(specs, bucket_bytes)
+        return SyncStats(sent["buckets"], sent["bytes"], sent["peak"])
 
     def close(self) -> None:
         """Abort the communicator (safe while a call on it is blocked)."""

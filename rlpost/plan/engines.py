@@ -49,7 +49,7 @@ def rollout_engine_config(cfg: Any, model_path: str, device_kind: str) -> Any:
             seed=cfg.trainer.seed,
         )
     from rlpost.rollout.vllm import VLLMEngineConfig
-    from rlpost.serving.weight_group import vllm_transfer_backend
+    from rlpost.serving.weight_group import bucket_bytes, vllm_transfer_backend
 
     base = VLLMEngineConfig(
         model_path=model_path,
@@ -66,7 +66,7 @@ def rollout_engine_config(cfg: Any, model_path: str, device_kind: str) -> Any:
         max_images=r.max_images,
         sleep_mode=sleeps(cfg, device_kind),
         weight_transfer=vllm_transfer_backend(r, device_kind),
-        weight_transfer_bucket_bytes=max(1, int(r.weight_sync_bucket_mb * 2**20)),
+        weight_transfer_bucket_bytes=bucket_bytes(r.weight_sync_bucket_mb),
     )
     if not r.pd.enabled:
         return base

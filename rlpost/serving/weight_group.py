@@ -47,6 +47,11 @@ def weight_sync_mode(setting: str, rollout_name: str, device_kind: str) -> str:
     )
 
 
+def bucket_bytes(bucket_mb: float) -> int:
+    """``rollout.weight_sync_bucket_mb`` in bytes, as both ends of a sync take it."""
+    return max(1, int(bucket_mb * 2**20))
+
+
 def vllm_transfer_backend(rollout: Any, device_kind: str) -> str | None:
     """The backend of vLLM's own weight-transfer engine the collective sync goes
     through (``rlpost.trainers.vllm_transfer.BACKEND``, NCCL) where the sync is
@@ -120,7 +125,7 @@ class CollectiveSync:
 
     def __init__(self, group: Replicas, bucket_mb: float, timeout_s: float, via_vllm: bool = False):
         self.group = group
-        self.bucket_bytes = max(1, int(bucket_mb * 2**20))
+        self.bucket_bytes = bucket_bytes(bucket_mb)
         self.timeout_s = timeout_s
         # Through vLLM's own NCCL weight transfer (rlpost.trainers.vllm_transfer):
         # the replicas receive by the layout the trainer gives when the group opens.
@@ -214,7 +219,7 @@ class IpcSync:
 
     def __init__(self, group: Replicas, bucket_mb: float):
         self.group = group
-        self.bucket_bytes = max(1, int(bucket_mb * 2**20))
+        self.bucket_bytes = bucket_bytes(bucket_mb)
 
     def sync(self, trainer: TrainerGroup, version: int, interrupt: bool) -> dict[str, float]:
         g = self.group

@@ -115,10 +115,8 @@ class RolloutWorker:
         the group is vLLM's own weight transfer (``rlpost.trainers.vllm_transfer``)."""
         start = time.perf_counter()
         version = self.version + 1 if version is None else version
-        if layout is None:
-            await self.engine.areceive_weights(version=version, interrupt=interrupt)
-        else:
-            await self.engine.areceive_weights(version=version, interrupt=interrupt, layout=layout)
+        given = {} if layout is None else {"layout": layout}  # engines without one take none
+        await self.engine.areceive_weights(version=version, interrupt=interrupt, **given)
         self.version = version
         return time.perf_counter() - start
 

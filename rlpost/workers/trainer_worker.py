@@ -83,6 +83,7 @@ class TrainerWorker:
         if old is not None:
             old.close()
         device = getattr(self.engine, "device", None)
+        device = device if isinstance(device, torch.device) else None  # None: the CPU
         if via_vllm:
             from rlpost.trainers import vllm_transfer
 
@@ -93,11 +94,13 @@ class TrainerWorker:
                     "weight transfer needs; use rollout.weight_sync=object_store"
                 )
             specs = stream()[0]  # names, shapes and dtypes only: nothing is gathered
-            self.weight_group = vllm_transfer.VllmNcclSender(address, world_size, timeout_s)
+            self.weight_group = vllm_transfer.VllmNcclSender(
+                address, world_size, timeout_s, device or torch.device("cpu")
+            )
             return vllm_transfer.layout(specs)
         self.weight_group = SyncGroup(
             host, int(port), 0, world_size, backend=weight_group_backend(device), timeout_s=timeout_s,
-            generation=generation, device=device if isinstance(device, torch.device) else None,
+            generation=generation, device=device,
         )  # fmt: skip
         return None
 
@@ -112,11 +115,6 @@ class TrainerWorker:
                 for _ in items:
                     pass
                 return {}
-            from rlpost.trainers.vllm_transfer import VllmNcclSender
-
-            if isinstance(self.weight_group, VllmNcclSender):  # vLLM's NCCL transfer
-                device = getattr(self.engine, "device", torch.device("cpu"))
-                return self.weight_group.send(items, specs, bucket_bytes, device)
             stats = self.weight_group.send(items, bucket_bytes, specs)
         else:
             named = self.engine.named_weights()

@@ -95,11 +95,7 @@ class WeightSyncExtension:
                 self.finish_weight_update()  # type: ignore[attr-defined]
 
         self._rlpost_checked(transfer.model, None, receive)
-        specs = [
-            (name, tuple(shape), getattr(torch, dtype))
-            for name, dtype, shape in zip(layout["names"], layout["dtype_names"], layout["shapes"])
-        ]
-        return vllm_transfer.figures(specs, bucket_bytes)
+        return vllm_transfer.figures(vllm_transfer.specs_of(layout), bucket_bytes)
 
     def _rlpost_reload(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> int:
         model = self.model_runner.get_model()  # type: ignore[attr-defined]

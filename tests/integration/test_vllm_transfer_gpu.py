@@ -29,10 +29,10 @@ def _send(address: str, path: str, bucket_bytes: int, done: mp.Queue) -> None:
     devices.set_device(devices.CUDA, 1)
     state = AutoModelForCausalLM.from_pretrained(path).state_dict()
     specs = [(n, tuple(t.shape), t.dtype) for n, t in state.items()]
-    sender = VllmNcclSender(address, world_size=2, timeout_s=120)
-    figures = sender.send(iter(state.items()), specs, bucket_bytes, torch.device("cuda", 1))
+    sender = VllmNcclSender(address, world_size=2, timeout_s=120, device=torch.device("cuda", 1))
+    stats = sender.send(iter(state.items()), bucket_bytes, specs)
     sender.close()
-    done.put(figures)
+    done.put({"buckets": stats.buckets, "bytes": stats.bytes, "peak": stats.peak_bucket_bytes})
 
 
 @pytest.mark.gpu
