@@ -201,25 +201,29 @@ def summarise(run_dir: Path) -> dict:
 
 
 def report(results: dict, run_root: Path, command: str) -> None:
-    # A run of some workloads keeps the others' results (their raw figures) as they were.
+    # A run of some workloads keeps the others' results (their raw figures and
+    # the command that measured them) as they were.
+    where = run_root.relative_to(REPO) if run_root.is_relative_to(REPO) else run_root
+    commands = {w: (command, f"{where}/{w}") for w in results}
     if RESULTS_JSON.exists():
         before = json.loads(RESULTS_JSON.read_text())
-        kept = {w: before[w]["raw"] for w in WORKLOADS if w in before and w not in results}
-        if kept:
-            results = {**kept, **results}
-            command = f"{command} (other workloads: {before.get('command', '?')})"
+        for w in WORKLOADS:
+            if w in before and w not in results:
+                results = {**results, w: before[w]["raw"]}
+                commands[w] = (before[w].get("command", "?"), before[w].get("runs", "?"))
+        results = {w: results[w] for w in WORKLOADS if w in results}
     lines = [
         "# sync, one_step_off and fully_async",
         "",
-        f"`{command}` on this machine ({os.cpu_count()} CPU cores, no GPU); runs in "
-        f"`{run_root.relative_to(REPO) if run_root.is_relative_to(REPO) else run_root}`. "
-        "Steps 2..N of each run; seed 0 unless marked. See `bench/async_bench.py` for the method.",
+        f"On this machine ({os.cpu_count()} CPU cores, no GPU); each workload names the command "
+        "that measured it. Steps 2..N of each run; seed 0 unless marked. See "
+        "`bench/async_bench.py` for the method.",
         "",
     ]
-    out: dict = {"command": command}
+    out: dict = {}
     for workload, runs in results.items():
         base = {k.removesuffix("-seed0"): v for k, v in runs.items() if k.endswith("-seed0")}
-        lines += [f"## {workload}", "", "| mode | seed | samples/s | vs sync | tokens/s | step s | "
+        lines += [f"## {workload}", "", "`{}` (runs in `{}`)".format(*commands[workload]), "", "| mode | seed | samples/s | vs sync | tokens/s | step s | "
                   "trainer idle | rollout idle | staleness mean / max | partial | dropped | "
                   "accuracy |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         sync = base.get("sync", {}).get("samples_per_s")
@@ -249,6 +253,8 @@ def report(results: dict, run_root: Path, command: str) -> None:
         headline = HEADLINE if HEADLINE in base else "fully_async_s1"
         head = base.get(headline)
         entry = {
+            "command": commands[workload][0],
+            "runs": commands[workload][1],
             "fully_async_vs_sync_samples_s": head["samples_per_s"] / sync if head and sync else None,
             "fully_async_vs_one_step_off_samples_s": (
                 head["samples_per_s"] / base["one_step_off"]["samples_per_s"]
