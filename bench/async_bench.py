@@ -52,7 +52,8 @@ and checkpoints are outside the steps, ``trainer.val_every=0``):
 Writes bench/results/async.md (one table per workload) and
 bench/results/async.json (per workload: ``fully_async_vs_sync_samples_s`` and
 ``fully_async_vs_one_step_off_samples_s`` at max_staleness 2 with partial
-rollout, ``accuracy`` per mode, and every run's raw figures). Runs stay in
+rollout, seed 0; ``fully_async_vs_sync_samples_s_both_seeds``, the same over
+the seed-0 and seed-1 runs together; ``accuracy`` per mode, and every run's raw figures). Runs stay in
 bench/.runs/async-<time>/.
 """
 
@@ -200,11 +201,24 @@ def summarise(run_dir: Path) -> dict:
     }
 
 
-def report(results: dict, run_root: Path, command: str) -> None:
+def both_seeds(runs: dict, mode: str) -> float | None:
+    """Samples/s of the mode's seed-0 and seed-1 runs together (None without both)."""
+    keys = [f"{mode}-seed{s}" for s in (0, 1)]
+    if any(k not in runs for k in keys):
+        return None
+    pair = [runs[k] for k in keys]
+    return sum(f["samples"] for f in pair) / sum(f["seconds"] for f in pair)
+
+
+def report(results: dict, roots: dict[str, Path], command: str) -> None:
+    """Write the tables and the JSON; ``roots``: each workload's run directory."""
+
     # A run of some workloads keeps the others' results (their raw figures and
     # the command that measured them) as they were.
-    where = run_root.relative_to(REPO) if run_root.is_relative_to(REPO) else run_root
-    commands = {w: (command, f"{where}/{w}") for w in results}
+    def shown(root: Path) -> Path:
+        return root.relative_to(REPO) if root.is_relative_to(REPO) else root
+
+    commands = {w: (command, f"{shown(roots[w])}/{w}") for w in results}
     if RESULTS_JSON.exists():
         before = json.loads(RESULTS_JSON.read_text())
         for w in WORKLOADS:
@@ -252,6 +266,7 @@ def report(results: dict, run_root: Path, command: str) -> None:
         # a short workload runs fully_async at max_staleness 1 only
         headline = HEADLINE if HEADLINE in base else "fully_async_s1"
         head = base.get(headline)
+        pooled = both_seeds(runs, headline), both_seeds(runs, "sync")
         entry = {
             "command": commands[workload][0],
             "runs": commands[workload][1],
@@ -259,6 +274,10 @@ def report(results: dict, run_root: Path, command: str) -> None:
             "fully_async_vs_one_step_off_samples_s": (
                 head["samples_per_s"] / base["one_step_off"]["samples_per_s"]
                 if head and "one_step_off" in base else None
+            ),
+            # The batches' longest samples differ between seeds, and sync waits for them.
+            "fully_async_vs_sync_samples_s_both_seeds": (
+                pooled[0] / pooled[1] if pooled[0] and pooled[1] else None
             ),
             "accuracy": {m: f["accuracy"] for m, f in base.items()},
             "accuracy_seed_noise": noise,
@@ -271,6 +290,12 @@ def report(results: dict, run_root: Path, command: str) -> None:
             "rollout) over sync: "
             f"**{entry['fully_async_vs_sync_samples_s'] or float('nan'):.2f}x** samples/s; over "
             f"one_step_off: **{entry['fully_async_vs_one_step_off_samples_s'] or float('nan'):.2f}x**."
+            + (
+                " Seeds 0 and 1 together (samples over seconds of both runs): "
+                f"{entry['fully_async_vs_sync_samples_s_both_seeds']:.2f}x sync."
+                if entry["fully_async_vs_sync_samples_s_both_seeds"]
+                else ""
+            )
             + (
                 " Accuracy noise between seeds 0 and 1: "
                 + ", ".join(f"{m} {v:.3f}" for m, v in noise.items())
@@ -298,22 +323,23 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     workloads = list(WORKLOADS) if args.workload == "all" else [args.workload]
     command = "python bench/async_bench.py" + " ".join(["", *(argv or sys.argv[1:])]).rstrip()
+    results: dict[str, dict] = {}
     if args.report:
-        results = {}
+        roots = {}
         for root in args.report:
             for w in workloads:
                 if (root / w).is_dir():
+                    roots[w] = root.resolve()
                     results[w] = {
                         d.name: json.loads((d / "bench.json").read_text())
                         for d in sorted((root / w).iterdir()) if (d / "bench.json").exists()
                     }  # fmt: skip
-        report(results, args.report[-1], command)
+        report(results, roots, command)
         return 0
     run_root = REPO / "bench" / ".runs" / time.strftime("async-%Y%m%d-%H%M%S")
     run_root.mkdir(parents=True)
     steps = 3 if args.quick else args.steps
     modes = QUICK_MODES if args.quick else tuple(MODES)
-    results: dict[str, dict] = {}
     for workload in workloads:
         runs: dict[str, dict] = {}
         w_modes, w_steps = SHORT.get(workload, (modes, steps))
@@ -323,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
             for mode in NOISE_MODES:
                 runs[f"{mode}-seed1"] = run_mode(workload, mode, 1, run_root, steps)
         results[workload] = runs
-        report(results, run_root, command)
+        report(results, {w: run_root for w in results}, command)
     return 0
 
 

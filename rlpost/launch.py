@@ -208,7 +208,7 @@ class Launch:
         from rlpost.models.warmup import builtin_model
         from rlpost.serving.agent_episodes import AgentRollout
         from rlpost.serving.rollout_group import RolloutGroup
-        from rlpost.workers.placement import cpu_threads, rollout_idle_priority
+        from rlpost.workers.placement import cpu_threads
 
         cfg, plan = self.cfg, self.plan
         model_path = cfg.model.path or builtin_model(cfg, self.warmup_trainer)
@@ -227,7 +227,6 @@ class Launch:
             engine=r.name,
             scheduling=self.placement.scheduling("rollout"),
             wait=False,
-            idle_priority=rollout_idle_priority(cfg, plan.device.kind),
         )
         policy, reference, critic, teacher = self.build_trainers(model_path)
         self.rollout.wait_ready()

@@ -239,10 +239,6 @@ class RolloutConfig:
         "auto",
         help="CPU: cores for vLLM's threads, e.g. '1' or '0-3' ('auto': all); one core leaves the rest to the trainer in one_step_off mode",
     )
-    cpu_priority: Literal["auto", "idle", "normal"] = spec(
-        "auto",
-        help="CPU scheduling of the replicas' threads: 'idle' (Linux SCHED_IDLE) gives them a core only when no other thread wants it, so an overlapping update runs at full speed and generation fills the cores' idle time; 'auto': idle on the CPU in single-turn fully_async (measured faster there; slower in one_step_off and agent mode), normal otherwise",
-    )
     block_size: int | None = spec(
         None,
         ge=1,

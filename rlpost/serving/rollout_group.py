@@ -67,8 +67,6 @@ class RolloutGroup:
     runs; None lets Ray choose. A replica that dies is restarted up to
     ``max_restarts`` times, then left out. ``wait=False``: the constructor
     returns once the replicas are asked to start; ``wait_ready`` waits for them.
-    ``idle_priority``: the replicas' threads run under SCHED_IDLE
-    (``rollout.cpu_priority``).
     """
 
     def __init__(
@@ -83,7 +81,6 @@ class RolloutGroup:
         vnodes: int = 128,
         max_restarts: int = 3,
         wait: bool = True,
-        idle_priority: bool = False,
     ):
         cls = ray.remote(num_cpus=num_cpus, runtime_env=QUIET, **(device_opts or {}))(RolloutWorker)
         where = scheduling or [None] * replicas
@@ -112,13 +109,13 @@ class RolloutGroup:
                 dataclasses.replace(engine_cfg, seed=engine_cfg.seed + i) for i in range(replicas)
             ]
         self.workers: list[Any] = [
-            cls.options(scheduling_strategy=s).remote(c, threads, engine, idle_priority)
+            cls.options(scheduling_strategy=s).remote(c, threads, engine)
             for c, s in zip(configs, where)
         ]
         # What a restarted replica needs: how to start one, and what every
         # replica has loaded (the last weights and adapter; ``_version`` counts loads).
         self._cls, self._configs, self._where = cls, configs, where
-        self._threads, self._engine, self._idle = threads, engine, idle_priority
+        self._threads, self._engine = threads, engine
         self._weights: Any = None
         # The last collective weight sync's figures (rollout.weight_sync=collective).
         self.weight_sync_metrics: dict[str, float] = {}
@@ -349,7 +346,7 @@ class RolloutGroup:
         ray.kill(self.workers[worker])  # it may be hung rather than gone
         start = time.perf_counter()
         self.workers[worker] = self._cls.options(scheduling_strategy=self._where[worker]).remote(
-            self._configs[worker], self._threads, self._engine, self._idle
+            self._configs[worker], self._threads, self._engine
         )
         self.restarts[worker] += 1
         self._stats.forget(worker)

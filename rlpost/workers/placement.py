@@ -63,29 +63,6 @@ def cpu_threads(cfg: Config, device_kind: str, role: str = "trainer") -> int:
     return max(1, cores // t.world_size)
 
 
-def rollout_idle_priority(cfg: Config, device_kind: str) -> bool:
-    """Whether the replicas run their threads at idle priority (``rollout.cpu_priority``).
-
-    ``auto``: on the CPU in single-turn ``fully_async``, where the update and
-    generation compute at once on the same cores and the update is what a step
-    waits for. The update then gets every core it asks for, and generation takes
-    the cycles its threads leave (at barriers, in its single-threaded parts,
-    during the weight sync) while the many groups in flight keep the next batch
-    filling. On the long-tail workload of bench/async_bench.py (``model=small``,
-    two cores) fully_async went from ~9 to ~11.5 samples/s with it (``sync``:
-    ~9). Measured slower, so left at normal priority: ``one_step_off``, whose
-    next batch is due when the update ends (10.2 to 8.0 samples/s: the trainer
-    waited for a starved generation), and agent episodes, whose turns wait on one
-    another (35.1 to 31.6 on the agent workload). Never in ``sync`` mode (the two
-    take turns) nor on accelerators (the host threads mostly wait).
-    """
-    priority = cfg.rollout.cpu_priority
-    if priority != "auto":
-        return priority == "idle"
-    single_turn = not cfg.agent.enabled
-    return cfg.trainer.async_mode == "fully_async" and single_turn and device_kind == "cpu"
-
-
 def set_wait_policy(cfg: Config, device_kind: str) -> None:
     """OpenMP's wait policy in the workers started after this call.
 

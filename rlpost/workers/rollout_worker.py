@@ -19,8 +19,6 @@ import torch
 
 from rlpost.rollout.base import GenerationRequest, GenerationResult
 
-log = logging.getLogger(__name__)
-
 
 def prompt_hash(prompt_ids: list[int]) -> str:
     """A short stable digest of a prompt's token ids."""
@@ -28,35 +26,11 @@ def prompt_hash(prompt_ids: list[int]) -> str:
     return hashlib.blake2b(data, digest_size=8).hexdigest()
 
 
-def run_at_idle_priority() -> int:
-    """Every thread of this process under Linux's SCHED_IDLE: it runs on a core
-    only when no thread of normal priority wants that core. Threads started later
-    inherit it from the thread that starts them. Returns the threads set."""
-    idle = getattr(os, "SCHED_IDLE", None)
-    if idle is None:  # not Linux
-        log.warning(
-            "rollout.cpu_priority=idle needs Linux's SCHED_IDLE; the replica runs as normal"
-        )
-        return 0
-    done = 0
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setscheduler(int(tid), idle, os.sched_param(0))
-            done += 1
-        except (ProcessLookupError, PermissionError):  # a thread that just ended
-            continue
-    return done
-
-
 class RolloutWorker:
     # Most recent requests remembered for ``served()``.
     SERVED_LOG = 100_000
 
-    def __init__(
-        self, engine_cfg: Any, threads: int, engine: str = "vllm", idle_priority: bool = False
-    ):
-        if idle_priority:  # before the engine starts its threads (rollout.cpu_priority)
-            run_at_idle_priority()
+    def __init__(self, engine_cfg: Any, threads: int, engine: str = "vllm"):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # vLLM's per-reload INFO/WARNING lines drown the progress bar.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -77,16 +51,6 @@ class RolloutWorker:
     def pid(self) -> int:
         """This replica's process id (fault-injection tests kill it)."""
         return os.getpid()
-
-    def thread_policies(self) -> list[int]:
-        """The scheduling policy of each of this process's threads (``os.SCHED_*``)."""
-        policies = []
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                policies.append(os.sched_getscheduler(int(tid)))
-            except ProcessLookupError:
-                continue
-        return policies
 
     async def resync(self, weights: Any, adapter: Any, version: int = 0) -> None:
         """Catch a restarted replica up: the group's last weights, then its last

@@ -6,7 +6,7 @@ import pytest
 
 from rlpost.config.compose import compose
 from rlpost.config.schema import ConfigError
-from rlpost.workers.placement import cpu_threads, rollout_idle_priority
+from rlpost.workers.placement import cpu_threads
 
 
 @pytest.fixture
@@ -73,48 +73,3 @@ def test_overlapping_modes_on_the_cpu_let_idle_openmp_threads_sleep(monkeypatch)
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the user's own choice wins
     set_wait_policy(compose(["trainer.async_mode=one_step_off"]), "cpu")
     assert "OMP_WAIT_POLICY" not in WORKER_ENV
-
-
-@pytest.mark.parametrize(
-    "overrides, device, idle",
-    [
-        ([], "cpu", False),  # sync: generation and the update take turns
-        # one_step_off's next batch is due when the update ends: a starved
-        # generation would make the trainer wait
-        (["trainer.async_mode=one_step_off"], "cpu", False),
-        (["trainer.async_mode=fully_async"], "cpu", True),
-        (["trainer.async_mode=fully_async"], "cuda", False),
-        # agent turns wait on one another: a starved replica delays every episode
-        (["trainer.async_mode=fully_async", "agent=calculator"], "cpu", False),
-        (["trainer.async_mode=fully_async", "rollout.cpu_priority=normal"], "cpu", False),
-        (["rollout.cpu_priority=idle"], "cpu", True),
-        (["rollout.cpu_priority=idle"], "cuda", True),
-    ],
-)
-def test_replicas_run_at_idle_priority_when_they_overlap_the_update(overrides, device, idle):
-    assert rollout_idle_priority(compose(["algo=grpo", *overrides]), device) is idle
-
-
-def test_cpu_priority_names_its_choices():
-    with pytest.raises(ConfigError, match="rollout.cpu_priority='low'"):
-        compose(["algo=grpo", "rollout.cpu_priority=low"])
-
-
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's SCHED_IDLE")
-def test_idle_priority_reaches_every_thread_and_those_started_later():
-    import subprocess
-    import sys
-
-    # A process of its own: SCHED_IDLE cannot be undone without privileges.
-    code = (
-        "import os, threading\n"
-        "from rlpost.workers.rollout_worker import run_at_idle_priority\n"
-        "before = threading.Thread(target=threading.Event().wait, daemon=True); before.start()\n"
-        "assert run_at_idle_priority() >= 2\n"
-        "later = []\n"
-        "t = threading.Thread(target=lambda: later.append(os.sched_getscheduler(0))); t.start(); t.join()\n"
-        "every = {os.sched_getscheduler(int(tid)) for tid in os.listdir('/proc/self/task')}\n"
-        "print(every == {os.SCHED_IDLE}, later == [os.SCHED_IDLE])\n"
-    )  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["True", "True"], out.stderr
