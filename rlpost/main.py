@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import sys
+import threading
+from typing import NoReturn
 
 USAGE = """usage: python -m rlpost.main [--config-dir DIR ...] [group=option ...] [key=value ...]
 
@@ -131,5 +135,31 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_now(code: int) -> NoReturn:
+    """End the process with ``code`` once ``main`` has returned, without the
+    interpreter's teardown.
+
+    By then the run has written and closed everything and stopped Ray; what is
+    left of shutting Python down is freeing the modules it imported (torch,
+    transformers, Ray, vLLM's), 1.7 s after a one-step run's 23 s. The exit
+    handlers still run (logging's flush among them). A thread that is not a
+    daemon, which the interpreter would wait for, makes it exit the usual way.
+    """
+    if any(t is not threading.main_thread() and not t.daemon for t in threading.enumerate()):
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can be said
+            pass
+    os._exit(code)
+
+
+def cli() -> NoReturn:
+    """The ``rlpost`` command."""
+    exit_now(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()
