@@ -53,7 +53,8 @@ Writes bench/results/async.md (one table per workload) and
 bench/results/async.json (per workload: ``fully_async_vs_sync_samples_s`` and
 ``fully_async_vs_one_step_off_samples_s`` at max_staleness 2 with partial
 rollout, seed 0; ``fully_async_vs_sync_samples_s_both_seeds``, the same over
-the seed-0 and seed-1 runs together; ``accuracy`` per mode, and every run's raw figures). Runs stay in
+the seed-0 and seed-1 runs together; ``accuracy`` per mode; the command and run
+directory that measured it; and every run's raw figures). Runs stay in
 bench/.runs/async-<time>/.
 """
 
@@ -210,15 +211,16 @@ def both_seeds(runs: dict, mode: str) -> float | None:
     return sum(f["samples"] for f in pair) / sum(f["seconds"] for f in pair)
 
 
+def shown(path: Path) -> Path:
+    """``path`` relative to the repository where it lies inside it."""
+    return path.relative_to(REPO) if path.is_relative_to(REPO) else path
+
+
 def report(results: dict, roots: dict[str, Path], command: str) -> None:
     """Write the tables and the JSON; ``roots``: each workload's run directory."""
-
+    commands = {w: (command, f"{shown(roots[w])}/{w}") for w in results}
     # A run of some workloads keeps the others' results (their raw figures and
     # the command that measured them) as they were.
-    def shown(root: Path) -> Path:
-        return root.relative_to(REPO) if root.is_relative_to(REPO) else root
-
-    commands = {w: (command, f"{shown(roots[w])}/{w}") for w in results}
     if RESULTS_JSON.exists():
         before = json.loads(RESULTS_JSON.read_text())
         for w in WORKLOADS:
