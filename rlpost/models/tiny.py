@@ -17,6 +17,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config,
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
+from rlpost.models.positions import TEXT_POSITIONS
 from rlpost.trainers.files import atomic_directory
 
 PAD = "<|pad|>"
@@ -67,7 +68,7 @@ TINY_PRESETS: dict[str, dict] = {
         intermediate_size=128,
     ),
 }
-MAX_POSITIONS = 256
+MAX_POSITIONS = TEXT_POSITIONS
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:

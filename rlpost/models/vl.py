@@ -26,13 +26,14 @@ from typing import Any
 import torch
 
 from rlpost.models.archs import GEMMA_INIT_STD, GEMMA_SLIDING_WINDOW, INIT_STD, build_tokenizer
+from rlpost.models.positions import VL_TEXT_POSITIONS
 from rlpost.trainers.files import atomic_directory
 
 IMAGE_SIDE = 56  # pixels; 14-pixel patches merged 2x2 give 4 image tokens
 
 TEXT = dict(
     hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=1024, initializer_range=INIT_STD,
+    num_key_value_heads=2, max_position_embeddings=VL_TEXT_POSITIONS, initializer_range=INIT_STD,
 )  # fmt: skip
 # A two-layer vision tower of width 64 (CLIP, SigLIP and InternViT configs).
 TOWER = dict(

@@ -35,12 +35,10 @@ def model_positions(cfg: Config) -> int | None:
     """The positions the model has (``max_position_embeddings``, a VL model's text
     part's), read from its config.json; None for a hub id (not downloaded here)."""
     if cfg.model.path is None:
-        from rlpost.models.tiny import MAX_POSITIONS
-        from rlpost.models.vl import TEXT
+        from rlpost.models.positions import TEXT_POSITIONS, VL_TEXT_POSITIONS
         from rlpost.models.warmup import VL_PRESETS
 
-        vl = cfg.model.preset in VL_PRESETS
-        return int(TEXT["max_position_embeddings"]) if vl else MAX_POSITIONS
+        return VL_TEXT_POSITIONS if cfg.model.preset in VL_PRESETS else TEXT_POSITIONS
     found = local_config(cfg)
     if found is None:
         return None

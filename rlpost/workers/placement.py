@@ -153,6 +153,10 @@ def connect(cfg: Config) -> bool:
             include_dashboard=False,
             log_to_driver=True,
             logging_level=logging.WARNING,
+            # Ray starts idle workers for a new driver's tasks by default; every
+            # worker here is an actor with a runtime_env of its own, which never
+            # takes one, so they would only take CPU while the run starts.
+            _system_config={"prestart_worker_first_driver": False},
         )
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)

@@ -4,6 +4,7 @@ execution where every failure is a message to the model and a timeout kills the 
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -140,10 +141,15 @@ def tools_file(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def pool():
+def pool(tmp_path_factory):
+    """The pool, its workers' temporary directories in a folder of this module's own
+    (``tempfile.tempdir``), so what a test finds there is this pool's alone, whatever
+    else runs on the machine."""
+    saved, tempfile.tempdir = tempfile.tempdir, str(tmp_path_factory.mktemp("tool-tmp"))
     pool = ToolWorkerPool(max_workers=4)
     yield pool
     pool.close()
+    tempfile.tempdir = saved
 
 
 def _tools(tools_file: Path) -> dict:
@@ -266,16 +272,20 @@ def test_async_tools_run_in_process_and_are_cancelled(tools_file, pool):
 
 
 def _sandbox_processes() -> list[int]:
-    """Live processes running the python tool's sandbox script."""
+    """Live processes running the python tool's sandbox script in a working
+    directory under this module's temporary folder (the ``pool`` fixture's): the
+    sandboxes this module started, whatever else runs on the machine."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
             cmdline = (entry / "cmdline").read_bytes()
+            cwd = os.readlink(entry / "cwd")
         except OSError:
             continue
         if (
             entry.name.isdigit()
             and b"rollout/agent/sandbox_child.py" in cmdline
+            and cwd.startswith(tempfile.gettempdir())
             and _alive(int(entry.name))
         ):
             found.append(int(entry.name))

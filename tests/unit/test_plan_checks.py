@@ -31,6 +31,30 @@ def test_an_engine_length_past_the_built_in_models_positions_is_refused():
     )
 
 
+def test_the_built_in_positions_are_the_builders_and_the_check_imports_no_transformers():
+    from rlpost.models.tiny import build_config, build_tokenizer
+    from rlpost.models.vl import TEXT
+
+    assert (
+        model_positions(compose([]))
+        == build_config("tiny", build_tokenizer()).max_position_embeddings
+    )
+    vl = compose(["model.preset=tiny_vl"])
+    assert model_positions(vl) == TEXT["max_position_embeddings"] == 1024
+    # The check itself, in a fresh interpreter: the built-in model's positions come
+    # without transformers, whose import (~2.5 s) the driver makes while Ray starts.
+    code = (
+        "import sys\n"
+        "from rlpost.config.compose import compose\n"
+        "from rlpost.plan.checks import check_model_length\n"
+        "print(check_model_length(compose(['rollout.max_model_len=512', 'rollout.max_tokens=128'])))\n"
+        "print('transformers' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    problems, imported = out.stdout.strip().splitlines()
+    assert "has 256 positions" in problems and imported == "False"
+
+
 def test_a_model_directorys_positions_come_from_its_config(tmp_path):
     (tmp_path / "config.json").write_text(
         json.dumps({"model_type": "qwen2_vl", "text_config": {"max_position_embeddings": 128}})
