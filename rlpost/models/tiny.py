@@ -68,7 +68,6 @@ TINY_PRESETS: dict[str, dict] = {
         intermediate_size=128,
     ),
 }
-MAX_POSITIONS = TEXT_POSITIONS
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
@@ -97,7 +96,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         pad_token=PAD,
         chat_template=CHAT_TEMPLATE,
         clean_up_tokenization_spaces=False,
-        model_max_length=MAX_POSITIONS,
+        model_max_length=TEXT_POSITIONS,
     )
     specials = [t for t in tokens if t not in char_tokens]
     tokenizer.add_tokens(
@@ -114,7 +113,7 @@ def build_config(preset: str, tokenizer: PreTrainedTokenizerFast) -> Qwen2Config
     vocab_size = -(-len(tokenizer) // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
     return Qwen2Config(
         vocab_size=vocab_size,
-        max_position_embeddings=MAX_POSITIONS,
+        max_position_embeddings=TEXT_POSITIONS,
         tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
