@@ -47,7 +47,13 @@ and checkpoints are outside the steps, ``trainer.val_every=0``):
   to generate (from each engine's busy seconds);
 - staleness: ``async/staleness_mean`` (updates, per token) and its maximum;
   ``async/partial_frac`` and ``async/dropped_stale``;
-- held-out greedy accuracy after the last step (``val/accuracy``).
+- held-out greedy accuracy after the last step (``val/accuracy``);
+- CPU busy: the machine's busy share of its CPU time over steps 2..N-1 (from
+  ``/proc/stat``; the share the hypervisor took is kept as
+  ``cpu_stolen_frac``), and the busy core-seconds per sample trained. ``sync``'s
+  busy share bounds what overlapping can gain on the machine: a mode that does
+  ``sync``'s work per sample is at most 1 / busy as fast
+  (``overlap_bound_vs_sync``).
 
 Writes bench/results/async.md (one table per workload) and
 bench/results/async.json (per workload: ``fully_async_vs_sync_samples_s`` and
@@ -157,17 +163,71 @@ def run_mode(workload: str, mode: str, seed: int, run_root: Path, steps: int) ->
     log = run_dir.with_suffix(".log")
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
-        proc = subprocess.run([sys.executable, "-m", "rlpost.main", *args], stdout=out,
-                              stderr=subprocess.STDOUT, env=env, cwd=REPO)  # fmt: skip
+        proc = subprocess.Popen([sys.executable, "-m", "rlpost.main", *args], stdout=out,
+                                stderr=subprocess.STDOUT, env=env, cwd=REPO)  # fmt: skip
+        try:
+            marks = cpu_at_each_step(proc, run_dir / "metrics.jsonl")
+        except BaseException:  # the bench is stopped: so is its run
+            proc.kill()
+            proc.wait()
+            raise
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"{workload} {mode} seed {seed} failed; see {log}")
     figures = summarise(run_dir)
+    figures.update(cpu_use(marks, run_dir, steps))
     figures["wall_s"] = wall
     (run_dir / "bench.json").write_text(json.dumps(figures, indent=1))
     print(f"  {workload:13s} {mode:26s} seed {seed}: {figures['samples_per_s']:.2f} samples/s, "
           f"accuracy {figures['accuracy']}, {wall:.0f} s", flush=True)  # fmt: skip
     return figures
+
+
+def cpu_seconds() -> tuple[float, float, float]:
+    """The machine's CPU seconds so far, all cores: (busy, idle, stolen by the
+    hypervisor), from the first line of /proc/stat."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, idle, iowait, irq, softirq, steal = ticks
+    hz = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq) / hz, (idle + iowait) / hz, steal / hz
+
+
+def cpu_at_each_step(proc: subprocess.Popen, metrics: Path) -> dict[int, tuple]:
+    """Until ``proc`` ends: the machine's ``cpu_seconds()`` when each step's line
+    reaches ``metrics`` (a step's line is written as the step ends)."""
+    marks: dict[int, tuple] = {}
+    seen = 0
+    while proc.poll() is None:
+        time.sleep(0.05)
+        if not metrics.exists():
+            continue
+        text = metrics.read_text()
+        complete = text[: text.rfind("\n") + 1].splitlines()
+        if len(complete) > seen:
+            now = cpu_seconds()
+            for line in complete[seen:]:
+                marks[json.loads(line)["step"]] = now
+            seen = len(complete)
+    return marks
+
+
+def cpu_use(marks: dict[int, tuple], run_dir: Path, steps: int) -> dict:
+    """The machine's CPU use over steps 2..N-1 (from step 1's line to step N-1's;
+    step N's line waits for the last validation): the busy share of the CPU time
+    the machine had, the share the hypervisor took, and busy core-seconds per
+    trained sample. ``sync``'s busy share bounds what overlapping can gain: a mode
+    that does the same work per sample is at most 1 / busy as fast."""
+    if 1 not in marks or steps - 1 not in marks or steps < 3:
+        return {}
+    (b0, i0, s0), (b1, i1, s1) = marks[1], marks[steps - 1]
+    busy, idle, stolen = b1 - b0, i1 - i0, s1 - s0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    samples = sum(r["data/samples"] for r in rows if 2 <= r["step"] <= steps - 1)
+    return {
+        "cpu_busy_frac": busy / max(busy + idle, 1e-9),
+        "cpu_stolen_frac": stolen / max(busy + idle + stolen, 1e-9),
+        "core_s_per_sample": busy / max(samples, 1),
+    }
 
 
 def summarise(run_dir: Path) -> dict:
@@ -200,6 +260,12 @@ def summarise(run_dir: Path) -> dict:
         "accuracy_start": val[0] if val else None,
         "accuracy": val[-1] if val else None,
     }
+
+
+def _num(figures: dict, key: str, digits: int = 2) -> str:
+    """A figure to ``digits`` places, or "-" for a run measured before it was kept."""
+    value = figures.get(key)
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def both_seeds(runs: dict, mode: str) -> float | None:
@@ -240,8 +306,9 @@ def report(results: dict, roots: dict[str, Path], command: str) -> None:
     for workload, runs in results.items():
         base = {k.removesuffix("-seed0"): v for k, v in runs.items() if k.endswith("-seed0")}
         lines += [f"## {workload}", "", "`{}` (runs in `{}`)".format(*commands[workload]), "", "| mode | seed | samples/s | vs sync | tokens/s | step s | "
-                  "trainer idle | rollout idle | staleness mean / max | partial | dropped | "
-                  "accuracy |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "trainer idle | rollout idle | CPU busy | core-s / sample | staleness mean / max | "
+                  "partial | dropped | accuracy |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         sync = base.get("sync", {}).get("samples_per_s")
         order = list(MODES)
         for key, f in sorted(runs.items(), key=lambda kv: (
@@ -257,6 +324,7 @@ def report(results: dict, roots: dict[str, Path], command: str) -> None:
             lines.append(
                 f"| {mode} | {seed} | {f['samples_per_s']:.2f} | {ratio} | {f['tokens_per_s']:.0f} "
                 f"| {f['step_s']:.2f} | {f['trainer_idle_frac']:.2f} | {f['rollout_idle_frac']:.2f} "
+                f"| {_num(f, 'cpu_busy_frac')} | {_num(f, 'core_s_per_sample', 3)} "
                 f"| {f['staleness_mean']:.2f} / {f['staleness_max']:.0f} | {f['partial_frac']:.2f} "
                 f"| {f['dropped_stale']:.0f} | {acc} |"
             )
@@ -281,6 +349,13 @@ def report(results: dict, roots: dict[str, Path], command: str) -> None:
             "fully_async_vs_sync_samples_s_both_seeds": (
                 pooled[0] / pooled[1] if pooled[0] and pooled[1] else None
             ),
+            # The cores sync left idle: what overlapping could at most fill.
+            "sync_cpu_busy_frac": base.get("sync", {}).get("cpu_busy_frac"),
+            "overlap_bound_vs_sync": (
+                1 / base["sync"]["cpu_busy_frac"] if base.get("sync", {}).get("cpu_busy_frac")
+                else None
+            ),
+            "core_s_per_sample": {m: f.get("core_s_per_sample") for m, f in base.items()},
             "accuracy": {m: f["accuracy"] for m, f in base.items()},
             "accuracy_seed_noise": noise,
             "raw": runs,
@@ -296,6 +371,15 @@ def report(results: dict, roots: dict[str, Path], command: str) -> None:
                 " Seeds 0 and 1 together (samples over seconds of both runs): "
                 f"{entry['fully_async_vs_sync_samples_s_both_seeds']:.2f}x sync."
                 if entry["fully_async_vs_sync_samples_s_both_seeds"]
+                else ""
+            )
+            + (
+                f" sync kept the cores busy {entry['sync_cpu_busy_frac']:.0%} of its steps, so a "
+                "mode that does sync's work per sample can be at most "
+                f"{entry['overlap_bound_vs_sync']:.2f}x sync; {headline} used "
+                f"{head.get('core_s_per_sample', float('nan')):.3f} core-seconds per sample "
+                f"against sync's {base['sync']['core_s_per_sample']:.3f}."
+                if entry["overlap_bound_vs_sync"] and head
                 else ""
             )
             + (
