@@ -50,10 +50,12 @@ and checkpoints are outside the steps, ``trainer.val_every=0``):
 - held-out greedy accuracy after the last step (``val/accuracy``);
 - CPU busy: the machine's busy share of its CPU time over steps 2..N-1 (from
   ``/proc/stat``; the share the hypervisor took is kept as
-  ``cpu_stolen_frac``), and the busy core-seconds per sample trained. ``sync``'s
-  busy share bounds what overlapping can gain on the machine: a mode that does
-  ``sync``'s work per sample is at most 1 / busy as fast
-  (``overlap_bound_vs_sync``).
+  ``cpu_stolen_frac``), and the busy core-seconds per sample trained. Since
+  samples/s = busy share x cores / core-seconds per sample, a mode's ratio to
+  ``sync`` splits into its work per sample and its busy share, and a mode can
+  reach at most ``sync``'s samples/s x (``sync``'s core-seconds per sample / its
+  own) / ``sync``'s busy share, with every core busy
+  (``fully_async_max_vs_sync_samples_s``).
 
 Writes bench/results/async.md (one table per workload) and
 bench/results/async.json (per workload: ``fully_async_vs_sync_samples_s`` and
@@ -76,6 +78,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_MD = REPO / "bench" / "results" / "async.md"
@@ -192,10 +195,38 @@ def cpu_seconds() -> tuple[float, float, float]:
     return (user + nice + system + irq + softirq) / hz, (idle + iowait) / hz, steal / hz
 
 
-def cpu_at_each_step(proc: subprocess.Popen, metrics: Path) -> dict[int, tuple]:
-    """Until ``proc`` ends: the machine's ``cpu_seconds()`` when each step's line
-    reaches ``metrics`` (a step's line is written as the step ends)."""
-    marks: dict[int, tuple] = {}
+ROLES = {"ray::TrainerWorker": "trainer", "ray::RolloutWorker": "rollout"}
+
+
+def process_seconds() -> dict[int, tuple[str, float]]:
+    """Every process's role (``ROLES`` by its title, else "other") and CPU seconds so far."""
+    hz = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            title = (entry / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+        except OSError:  # it ended meanwhile
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()  # utime and stime are fields 14, 15
+        role = next((r for prefix, r in ROLES.items() if title.startswith(prefix)), "other")
+        out[int(entry.name)] = (role, (int(fields[11]) + int(fields[12])) / hz)
+    return out
+
+
+class Mark(NamedTuple):
+    busy: float
+    idle: float
+    stolen: float
+    processes: dict[int, tuple[str, float]]
+
+
+def cpu_at_each_step(proc: subprocess.Popen, metrics: Path) -> dict[int, Mark]:
+    """Until ``proc`` ends: the machine's and each process's CPU seconds when each
+    step's line reaches ``metrics`` (a step's line is written as the step ends)."""
+    marks: dict[int, Mark] = {}
     seen = 0
     while proc.poll() is None:
         time.sleep(0.05)
@@ -204,29 +235,36 @@ def cpu_at_each_step(proc: subprocess.Popen, metrics: Path) -> dict[int, tuple]:
         text = metrics.read_text()
         complete = text[: text.rfind("\n") + 1].splitlines()
         if len(complete) > seen:
-            now = cpu_seconds()
+            now = Mark(*cpu_seconds(), process_seconds())
             for line in complete[seen:]:
                 marks[json.loads(line)["step"]] = now
             seen = len(complete)
     return marks
 
 
-def cpu_use(marks: dict[int, tuple], run_dir: Path, steps: int) -> dict:
+def cpu_use(marks: dict[int, Mark], run_dir: Path, steps: int) -> dict:
     """The machine's CPU use over steps 2..N-1 (from step 1's line to step N-1's;
     step N's line waits for the last validation): the busy share of the CPU time
     the machine had, the share the hypervisor took, and busy core-seconds per
-    trained sample. ``sync``'s busy share bounds what overlapping can gain: a mode
-    that does the same work per sample is at most 1 / busy as fast."""
+    trained sample, in all and by role (the trainer's ranks, the replicas, and
+    the rest: the driver, Ray's daemons, the kernel). ``cpu_bound`` reads them."""
     if 1 not in marks or steps - 1 not in marks or steps < 3:
         return {}
-    (b0, i0, s0), (b1, i1, s1) = marks[1], marks[steps - 1]
-    busy, idle, stolen = b1 - b0, i1 - i0, s1 - s0
+    a, b = marks[1], marks[steps - 1]
+    busy, idle, stolen = b.busy - a.busy, b.idle - a.idle, b.stolen - a.stolen
+    by_role = {"trainer": 0.0, "rollout": 0.0}
+    for pid, (role, seconds) in b.processes.items():
+        if role in by_role:  # a process started since step 1 counts from its start
+            by_role[role] += seconds - a.processes.get(pid, (role, 0.0))[1]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    samples = sum(r["data/samples"] for r in rows if 2 <= r["step"] <= steps - 1)
+    samples = max(sum(r["data/samples"] for r in rows if 2 <= r["step"] <= steps - 1), 1)
     return {
         "cpu_busy_frac": busy / max(busy + idle, 1e-9),
         "cpu_stolen_frac": stolen / max(busy + idle + stolen, 1e-9),
-        "core_s_per_sample": busy / max(samples, 1),
+        "core_s_per_sample": busy / samples,
+        "trainer_core_s_per_sample": by_role["trainer"] / samples,
+        "rollout_core_s_per_sample": by_role["rollout"] / samples,
+        "other_core_s_per_sample": (busy - sum(by_role.values())) / samples,
     }
 
 
@@ -260,6 +298,39 @@ def summarise(run_dir: Path) -> dict:
         "accuracy_start": val[0] if val else None,
         "accuracy": val[-1] if val else None,
     }
+
+
+def cpu_bound(sync: dict | None, other: dict | None) -> float | None:
+    """The most ``other`` could reach over ``sync`` in samples/s with its own CPU
+    work per sample and every core busy (samples/s = busy share x cores /
+    core-seconds per sample); None where a run lacks the CPU figures."""
+    keys = ("cpu_busy_frac", "core_s_per_sample")
+    if not sync or not other or any(f.get(k) is None for f in (sync, other) for k in keys):
+        return None
+    return sync["core_s_per_sample"] / (other["core_s_per_sample"] * sync["cpu_busy_frac"])
+
+
+def cpu_sentence(sync: dict, other: dict, name: str) -> str:
+    """Where ``other``'s ratio to ``sync`` comes from, in CPU terms."""
+    work = other["core_s_per_sample"] / sync["core_s_per_sample"]
+    busy = other["cpu_busy_frac"] / sync["cpu_busy_frac"]
+
+    def split(f: dict) -> str:
+        if f.get("trainer_core_s_per_sample") is None:
+            return ""  # measured before the roles were
+        return (
+            f" (trainer {f['trainer_core_s_per_sample']:.3f}, replicas "
+            f"{f['rollout_core_s_per_sample']:.3f}, the rest {f['other_core_s_per_sample']:.3f})"
+        )
+
+    return (
+        f" In CPU terms (samples/s = busy share x cores / core-seconds per sample): sync kept "
+        f"the cores {sync['cpu_busy_frac']:.0%} busy at {sync['core_s_per_sample']:.3f} "
+        f"core-seconds a sample{split(sync)}, {name} {other['cpu_busy_frac']:.0%} at "
+        f"{other['core_s_per_sample']:.3f}{split(other)}: {work:.2f}x sync's work a sample at "
+        f"{busy:.2f}x its busy share, so {busy / work:.2f}x its samples/s. With every core busy, "
+        f"{name}'s work a sample allows at most {cpu_bound(sync, other):.2f}x sync."
+    )
 
 
 def _num(figures: dict, key: str, digits: int = 2) -> str:
@@ -349,13 +420,9 @@ def report(results: dict, roots: dict[str, Path], command: str) -> None:
             "fully_async_vs_sync_samples_s_both_seeds": (
                 pooled[0] / pooled[1] if pooled[0] and pooled[1] else None
             ),
-            # The cores sync left idle: what overlapping could at most fill.
-            "sync_cpu_busy_frac": base.get("sync", {}).get("cpu_busy_frac"),
-            "overlap_bound_vs_sync": (
-                1 / base["sync"]["cpu_busy_frac"] if base.get("sync", {}).get("cpu_busy_frac")
-                else None
-            ),
+            "cpu_busy_frac": {m: f.get("cpu_busy_frac") for m, f in base.items()},
             "core_s_per_sample": {m: f.get("core_s_per_sample") for m, f in base.items()},
+            "fully_async_max_vs_sync_samples_s": cpu_bound(base.get("sync"), head),
             "accuracy": {m: f["accuracy"] for m, f in base.items()},
             "accuracy_seed_noise": noise,
             "raw": runs,
@@ -374,12 +441,8 @@ def report(results: dict, roots: dict[str, Path], command: str) -> None:
                 else ""
             )
             + (
-                f" sync kept the cores busy {entry['sync_cpu_busy_frac']:.0%} of its steps, so a "
-                "mode that does sync's work per sample can be at most "
-                f"{entry['overlap_bound_vs_sync']:.2f}x sync; {headline} used "
-                f"{head.get('core_s_per_sample', float('nan')):.3f} core-seconds per sample "
-                f"against sync's {base['sync']['core_s_per_sample']:.3f}."
-                if entry["overlap_bound_vs_sync"] and head
+                cpu_sentence(base["sync"], head, headline)
+                if head and entry["fully_async_max_vs_sync_samples_s"]
                 else ""
             )
             + (
