@@ -177,8 +177,9 @@ def run_mode(workload: str, mode: str, seed: int, run_root: Path, steps: int) ->
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"{workload} {mode} seed {seed} failed; see {log}")
-    figures = summarise(run_dir)
-    figures.update(cpu_use(marks, run_dir, steps))
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    figures = summarise(rows)
+    figures.update(cpu_use(marks, rows, steps))
     figures["wall_s"] = wall
     (run_dir / "bench.json").write_text(json.dumps(figures, indent=1))
     print(f"  {workload:13s} {mode:26s} seed {seed}: {figures['samples_per_s']:.2f} samples/s, "
@@ -242,7 +243,7 @@ def cpu_at_each_step(proc: subprocess.Popen, metrics: Path) -> dict[int, Mark]:
     return marks
 
 
-def cpu_use(marks: dict[int, Mark], run_dir: Path, steps: int) -> dict:
+def cpu_use(marks: dict[int, Mark], rows: list[dict], steps: int) -> dict:
     """The machine's CPU use over steps 2..N-1 (from step 1's line to step N-1's;
     step N's line waits for the last validation): the busy share of the CPU time
     the machine had, the share the hypervisor took, and busy core-seconds per
@@ -256,7 +257,6 @@ def cpu_use(marks: dict[int, Mark], run_dir: Path, steps: int) -> dict:
     for pid, (role, seconds) in b.processes.items():
         if role in by_role:  # a process started since step 1 counts from its start
             by_role[role] += seconds - a.processes.get(pid, (role, 0.0))[1]
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     samples = max(sum(r["data/samples"] for r in rows if 2 <= r["step"] <= steps - 1), 1)
     return {
         "cpu_busy_frac": busy / max(busy + idle, 1e-9),
@@ -268,8 +268,8 @@ def cpu_use(marks: dict[int, Mark], run_dir: Path, steps: int) -> dict:
     }
 
 
-def summarise(run_dir: Path) -> dict:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+def summarise(rows: list[dict]) -> dict:
+    """A run's figures from its metrics.jsonl rows."""
     steps = [r for r in rows if r["step"] >= 2]
     seconds = sum(r["timing/step_s"] for r in steps)
     samples = sum(r["data/samples"] for r in steps)

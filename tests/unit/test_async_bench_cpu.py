@@ -5,7 +5,6 @@ steps 2..N-1, and the bound they put on a mode's samples/s."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -56,9 +55,8 @@ def test_marks_follow_each_step_line_of_a_real_process(bench, tmp_path):
     assert all(b > a for a, b in zip(busy, busy[1:]))
 
 
-def test_busy_share_and_core_seconds_over_steps_2_to_n_minus_1(bench, tmp_path):
+def test_busy_share_and_core_seconds_over_steps_2_to_n_minus_1(bench):
     rows = [{"step": 0}] + [{"step": s, "data/samples": 32.0} for s in range(1, 12)]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     # (busy, idle, stolen) seconds and {pid: (role, seconds)} at step 1's line and
     # at step 10's (steps = 11); pid 7 is a replica restarted after step 1
     first = {5: ("trainer", 40.0), 6: ("rollout", 20.0), 9: ("other", 3.0)}
@@ -68,7 +66,7 @@ def test_busy_share_and_core_seconds_over_steps_2_to_n_minus_1(bench, tmp_path):
         10: bench.Mark(138.0, 52.0, 1.5, later),
         11: bench.Mark(150.0, 60.0, 2.0, later),
     }
-    out = bench.cpu_use(marks, tmp_path, steps=11)
+    out = bench.cpu_use(marks, rows, steps=11)
     # busy 38 s of 38 + 2 = 40 s: 0.95; stolen 0.5 of 40.5; steps 2..10 trained 9 x 32 = 288
     assert out["cpu_busy_frac"] == pytest.approx(0.95)
     assert out["cpu_stolen_frac"] == pytest.approx(0.5 / 40.5)
@@ -77,7 +75,7 @@ def test_busy_share_and_core_seconds_over_steps_2_to_n_minus_1(bench, tmp_path):
     assert out["trainer_core_s_per_sample"] == pytest.approx(24 / 288)
     assert out["rollout_core_s_per_sample"] == pytest.approx(9 / 288)
     assert out["other_core_s_per_sample"] == pytest.approx(5 / 288)
-    assert bench.cpu_use({1: marks[1]}, tmp_path, steps=11) == {}  # a run cut short
+    assert bench.cpu_use({1: marks[1]}, rows, steps=11) == {}  # a run cut short
 
 
 def test_processes_are_found_with_their_roles(bench):
