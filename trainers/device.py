@@ -219,6 +219,22 @@ def current_device(name: str) -> Any:
     return torch.device(name, module.current_device())
 
 
+def collective_device(backend: str) -> Any:
+    """The device whose tensors a process group with ``backend`` reduces: the CPU
+    where gloo is among its backends (``gloo``, Ascend's ``cpu:gloo,npu:hccl``),
+    else this process's accelerator (NCCL and HCCL take no CPU tensors)."""
+    import torch
+
+    parts = {part.split(":")[-1] for part in backend.lower().split(",")}
+    if KINDS[CPU].backend in parts:
+        return torch.device(CPU)
+    if KINDS[CUDA].backend in parts:
+        return current_device(CUDA)
+    if "hccl" in parts:
+        return current_device(NPU)
+    raise ValueError(f"process-group backend {backend!r}: no device known for its collectives")
+
+
 def weight_group_backend(device: Any) -> str:
     """The backend of a weight-transfer group between processes on ``device`` (a
     ``torch.device`` or None for the CPU): gloo on the CPU, NCCL on CUDA, HCCL on

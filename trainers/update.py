@@ -17,9 +17,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 import torch
-import torch.distributed as dist
 from rlpost.algos import PAIR_METRICS, LossNorm
 from rlpost.trainers.batch import TrajectoryBatch
+from rlpost.trainers.distributed import all_reduce_
 
 # Metrics that are a micro-batch's share of the global loss (or of a global mean
 # over preference pairs): summed, not averaged.
@@ -76,7 +76,7 @@ def global_norm(batch: TrajectoryBatch, norm_const: float) -> LossNorm:
     counts = torch.tensor(
         [float(batch.response_mask_bt.sum()), float(batch.real_samples)], dtype=torch.float64
     )
-    dist.all_reduce(counts)
+    all_reduce_(counts)  # on the group's device: NCCL takes no CPU tensor
     return LossNorm(
         global_tokens=max(counts[0].item(), 1.0),
         global_samples=max(counts[1].item(), 1.0),
@@ -97,7 +97,7 @@ def global_metrics(
     response token of the global batch, and ``{prefix}/loss``. Collective."""
     local = [sums[k] for k in keys] + [loss_sum] if contributes else [0.0] * (len(keys) + 1)
     totals = torch.tensor(local, dtype=torch.float64)
-    dist.all_reduce(totals)
+    all_reduce_(totals)
     out = {
         k: totals[i].item() / (1.0 if k in SUMMED_METRICS else norm.global_tokens)
         for i, k in enumerate(keys)

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from rlpost.trainers.distributed import all_gather
 
 ATTENTION = "rlpost_ulysses"  # the name the attention function is registered under
 
@@ -146,10 +147,8 @@ class _GatherTokens(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: Any, n: int, rank: int) -> torch.Tensor:  # type: ignore[override]
-        parts = [torch.empty_like(x) for _ in range(n)]
-        dist.all_gather(parts, x.contiguous(), group=group)
         ctx.rank, ctx.width = rank, x.shape[1]
-        return torch.cat(parts, dim=1)
+        return torch.cat(all_gather(x, group), dim=1)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:  # type: ignore[override]

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from rlpost.trainers.distributed import all_gather, all_reduce_
 
 
 def rank_positions(seq: int, cp: int, rank: int) -> torch.Tensor:
@@ -63,16 +64,13 @@ class _GatherSequence(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, dim: int, group: Any, reduce: bool) -> torch.Tensor:
         ctx.dim, ctx.group, ctx.reduce = dim, group, reduce
         ctx.rank, ctx.size = dist.get_rank(group), dist.get_world_size(group)
-        x = x.contiguous()  # gloo writes into the buffers as given
-        parts = [torch.empty_like(x) for _ in range(ctx.size)]
-        dist.all_gather(parts, x, group=group)
-        return torch.cat(parts, dim=dim)
+        return torch.cat(all_gather(x, group), dim=dim)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         grad = grad.contiguous()
         if ctx.reduce:
-            dist.all_reduce(grad, group=ctx.group)
+            all_reduce_(grad, ctx.group)
         piece = grad.shape[ctx.dim] // ctx.size
         return grad.narrow(ctx.dim, ctx.rank * piece, piece).contiguous(), None, None, None
 

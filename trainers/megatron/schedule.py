@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from rlpost.trainers.batch import TrajectoryBatch, join_shares, pad_width
+from rlpost.trainers.distributed import broadcast_
 from rlpost.trainers.megatron.context_parallel import gather_output, pad_inputs, split_inputs
 from rlpost.trainers.micro_batching import pack
 
@@ -152,8 +153,7 @@ def from_last_stage(tensor: torch.Tensor, mpu: Any, pp: int) -> torch.Tensor:
     if pp == 1:
         return tensor
     src = mpu.get_pipeline_model_parallel_last_rank()
-    dist.broadcast(tensor, src, group=mpu.get_pipeline_model_parallel_group())
-    return tensor
+    return broadcast_(tensor, src, mpu.get_pipeline_model_parallel_group())
 
 
 def all_keys(keys: list[str]) -> list[str]:
