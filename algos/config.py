@@ -114,15 +114,17 @@ class OffPolicyConfig:
     """Settings for an off-policy correction; ``name`` keys ``OFF_POLICY``.
 
     ``is_cap``: C of token_is / seq_is (truncation) and decoupled (tokens above it are
-    dropped); ``lo``/``hi``: the ratio interval icepop and mis keep (``lo`` None: 1 / hi);
-    ``delta``: opsm's KL(pi_behav || pi_theta) bound on a negative sample. The default is
-    the token truncated IS the trainer has always applied.
+    dropped); ``lo``/``hi``: the ratio interval icepop and mis keep (``lo`` None: 1 / hi),
+    and the k1 band of the ``*_k1`` rejections; ``kl_max``: the largest k2 / k3 estimate the
+    ``*_k2`` / ``*_k3`` rejections keep; ``delta``: opsm's KL(pi_behav || pi_theta) bound on
+    a negative sample. The default is the token truncated IS the trainer has always applied.
     """
 
     name: str = "token_is"
     is_cap: float = 2.0
     lo: float | None = None
     hi: float = 2.0
+    kl_max: float = 0.01
     delta: float = 1e-3
 
     def __post_init__(self) -> None:
@@ -135,6 +137,8 @@ class OffPolicyConfig:
             errors.append(f"lo={self.lo} must be in (0, hi={self.hi})")
         if self.lo is None and self.hi > 0 and not self.hi > 1:
             errors.append(f"hi={self.hi} must be > 1 when lo is unset (lo = 1 / hi)")
+        if not self.kl_max > 0:
+            errors.append(f"kl_max={self.kl_max} must be > 0")
         if not self.delta >= 0:
             errors.append(f"delta={self.delta} must be >= 0")
         _raise_all("OffPolicyConfig", errors)

@@ -12,11 +12,12 @@ scales each token's advantage (scaling A_t by w_t >= 0 scales that token's clipp
 term by w_t), 0 for rejected tokens and off the mask. Rejected tokens keep their place
 in the loss's denominator (the global token count is fixed before the micro-batches).
 
-Names follow verl's ``algorithm.rollout_correction`` (Liu, Li et al. 2025, "When Speed
-Kills Stability"): ``token_is`` is ``rollout_is=token``, ``seq_is`` is
+Names follow verl 0.9's ``algorithm.rollout_correction`` (Liu, Li et al. 2025, "When
+Speed Kills Stability"): ``token_is`` is ``rollout_is=token``, ``seq_is`` is
 ``rollout_is=sequence`` (both with ``rollout_is_threshold`` = ``is_cap``), ``icepop`` is
-``rollout_rs=token`` and ``mis`` is ``rollout_rs=geometric`` (``rollout_rs_threshold`` =
-``hi``, ``rollout_rs_threshold_lower`` = ``lo``).
+``rollout_is=token`` with ``rollout_is_threshold="lo_hi"``, and each rejection criterion
+of ``rollout_rs`` (``token_k1`` ... ``seq_max_k3``, see ``REJECTION_CRITERIA``) is an entry of
+the same name. ``mis`` is the older ``rollout_rs=geometric``.
 """
 
 from __future__ import annotations
@@ -197,14 +198,16 @@ def icepop(
     adv_bt: torch.Tensor,
     cfg: OffPolicyConfig,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """IcePop token masking (Ling team 2025, Ring-1T, "IcePop" eq. 3): weight 1 where
-    rho_t = pi_prox / pi_behav lies in [lo, hi], 0 outside, so tokens on which the two
-    engines disagree most give no gradient. verl: ``rollout_rs=token``."""
+    """IcePop (Ling team 2025, Ring-1T report, sec. "IcePop", M(k) in eq. 2): w_t = rho_t
+    where rho_t = pi_prox / pi_behav lies in [lo, hi], 0 outside. Inside the band the token
+    keeps its importance weight; tokens on which the two engines disagree most give no
+    gradient. verl: ``rollout_is=token``, ``rollout_is_threshold="lo_hi"``. The band with
+    weight 1 inside is ``token_k1``."""
     prox, behav, m_bt, log_rho_bt = _prepare(prox_logp_bt, behav_logp_bt, mask_bt)
     lo, hi = _bounds(cfg)
     rho_bt = torch.exp(log_rho_bt.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
     rejected_bt = (rho_bt < lo) | (rho_bt > hi)
-    w_bt = (~rejected_bt).to(m_bt.dtype) * m_bt
+    w_bt = torch.where(rejected_bt, torch.zeros_like(rho_bt), rho_bt) * m_bt
     return w_bt, off_policy_metrics(w_bt, m_bt, torch.zeros_like(m_bt), rejected_bt, prox, behav)
 
 
@@ -221,7 +224,8 @@ def mis(
     rejected when its geometric-mean ratio exp(mean_t log rho_t) lies outside [lo, hi],
     i.e. when its token-mean log-ratio lies outside [log lo, log hi]; kept samples get
     weight 1. Unlike the product, the mean does not grow with the length. verl:
-    ``rollout_rs=geometric``."""
+    ``rollout_rs=geometric`` before 0.9; 0.9's ``seq_mean_k1`` bounds the inverse ratio
+    (the same samples when lo = 1 / hi)."""
     prox, behav, m_bt, log_rho_bt = _prepare(prox_logp_bt, behav_logp_bt, mask_bt)
     lo, hi = _bounds(cfg)
     mean_b = _seq_mean(log_rho_bt, m_bt)
@@ -252,3 +256,91 @@ def opsm(
     rejected_bt = (neg_b & (kl_b > cfg.delta))[:, None].expand_as(m_bt)
     w_bt = (~rejected_bt).to(m_bt.dtype) * m_bt
     return w_bt, off_policy_metrics(w_bt, m_bt, torch.zeros_like(m_bt), rejected_bt, prox, behav)
+
+
+# Rejection criteria, verl 0.9's ``rollout_rs`` options: weight 1 on what is kept, 0 on
+# what is rejected. ``token_k*`` judges each token by its own estimate k_t; ``seq_sum_k*``,
+# ``seq_mean_k*`` and ``seq_max_k*`` judge a sample by the sum, mean or max of k_t over its
+# tokens and keep or reject all of it. k1 = log(pi_behav / pi_prox) is signed and kept
+# inside [log lo, log hi] (lo unset: 1 / hi), so token_k1 keeps 1 / hi <= rho_t <= 1 / lo,
+# as verl reads "lo_hi" for k1: icepop's band when lo = 1 / hi, its inverse otherwise.
+# k2 and k3 are >= 0 and kept up to ``kl_max`` (verl's rollout_rs_threshold for them).
+#
+# Schulman (2020), "Approximating KL divergence": per-token estimates of
+# KL(pi_behav || pi_prox) over tokens pi_behav sampled, from log r_t = log rho_t.
+KL_ESTIMATES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "k1": lambda log_r_bt: -log_r_bt,  # log(pi_behav / pi_prox), signed
+    "k2": lambda log_r_bt: 0.5 * log_r_bt**2,  # >= 0
+    "k3": lambda log_r_bt: torch.expm1(log_r_bt) - log_r_bt,  # r - 1 - log r >= 0
+}
+
+
+def _seq_max(x_bt: torch.Tensor, m_bt: torch.Tensor) -> torch.Tensor:
+    """Max over the mask's tokens; 0 for a sample with none."""
+    max_b = x_bt.masked_fill(m_bt == 0, -math.inf).max(-1).values
+    return torch.where(torch.isinf(max_b), torch.zeros_like(max_b), max_b)
+
+
+_REDUCE: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "seq_sum": _seq_sum,
+    "seq_mean": _seq_mean,
+    "seq_max": _seq_max,
+}
+# verl 0.9's rollout_rs options; k1 is signed, so its max says little and verl has none.
+REJECTION_CRITERIA = (
+    "token_k1",
+    "token_k2",
+    "token_k3",
+    "seq_sum_k1",
+    "seq_sum_k2",
+    "seq_sum_k3",
+    "seq_mean_k1",
+    "seq_mean_k2",
+    "seq_mean_k3",
+    "seq_max_k2",
+    "seq_max_k3",
+)
+
+
+def _rejection(name: str) -> OffPolicyFn:
+    level, k = name.rsplit("_", 1)
+    estimate = KL_ESTIMATES[k]
+
+    def reject(
+        logp_bt: torch.Tensor,
+        prox_logp_bt: torch.Tensor,
+        behav_logp_bt: torch.Tensor,
+        mask_bt: torch.Tensor,
+        adv_bt: torch.Tensor,
+        cfg: OffPolicyConfig,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        prox, behav, m_bt, log_r_bt = _prepare(prox_logp_bt, behav_logp_bt, mask_bt)
+        k_bt = estimate(log_r_bt.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+        # token: each token's own estimate; seq_*: the sample's, on every one of its tokens
+        stat_bt = k_bt if level == "token" else _REDUCE[level](k_bt, m_bt)[:, None]
+        if k == "k1":
+            lo, hi = _bounds(cfg)
+            kept_bt = (stat_bt >= math.log(lo)) & (stat_bt <= math.log(hi))
+        else:
+            kept_bt = stat_bt <= cfg.kl_max
+        rejected_bt = (~kept_bt).expand_as(m_bt)
+        w_bt = kept_bt.to(m_bt.dtype).expand_as(m_bt) * m_bt
+        zero_bt = torch.zeros_like(m_bt)
+        return w_bt, off_policy_metrics(w_bt, m_bt, zero_bt, rejected_bt, prox, behav)
+
+    what = (
+        "each token by its own"
+        if level == "token"
+        else f"each sample by the {level[4:]} of its tokens'"
+    )
+    bound = "kept inside [log lo, log hi]" if k == "k1" else "kept up to kl_max"
+    reject.__name__ = reject.__qualname__ = name
+    reject.__doc__ = (
+        f"Rejection by {k} (verl ``rollout_rs={name}``): judges {what} {k} estimate of "
+        f"KL(pi_behav || pi_prox), {bound}; weight 1 kept, 0 rejected."
+    )
+    return reject
+
+
+for _name in REJECTION_CRITERIA:
+    register_off_policy(_name)(_rejection(_name))

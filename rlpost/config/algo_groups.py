@@ -97,7 +97,8 @@ class OffPolicySchema:
     name: str = spec(
         "token_is",
         help="correction for tokens the rollout sampled off the trainer's policy: none, token_is, "
-        "seq_is, decoupled, icepop, mis, opsm, or a registered name (docs/algorithms.md)",
+        "seq_is, decoupled, icepop, mis, opsm, verl's rejections token_k1..3, seq_sum_k1..3, "
+        "seq_mean_k1..3, seq_max_k2..3, or a registered name (docs/algorithms.md)",
     )
     is_cap: float = spec(
         2.0,
@@ -108,9 +109,17 @@ class OffPolicySchema:
     lo: float | None = spec(
         None,
         gt=0,
-        help="icepop, mis: lower ratio kept (verl rollout_rs_threshold_lower; null: 1 / hi)",
+        help="icepop, mis: lower ratio kept; *_k1: lower bound of pi_rollout / pi_old, as verl's "
+        "'lo_hi' thresholds (null: 1 / hi)",
     )
-    hi: float = spec(2.0, gt=0, help="icepop, mis: upper ratio kept (verl rollout_rs_threshold)")
+    hi: float = spec(
+        2.0, gt=0, help="icepop, mis: upper ratio kept; *_k1: upper bound of pi_rollout / pi_old"
+    )
+    kl_max: float = spec(
+        0.01,
+        gt=0,
+        help="*_k2, *_k3: largest KL estimate kept (verl rollout_rs_threshold for those options)",
+    )
     delta: float = spec(
         1e-3,
         ge=0,

@@ -76,7 +76,9 @@ def off_policy_config(cfg: Config) -> OffPolicyConfig:
     (the config check refuses it next to another correction)."""
     op = cfg.algo.off_policy
     cap = op.is_cap if cfg.algo.rollout_is_cap is None else cfg.algo.rollout_is_cap
-    return OffPolicyConfig(name=op.name, is_cap=cap, lo=op.lo, hi=op.hi, delta=op.delta)
+    return OffPolicyConfig(
+        name=op.name, is_cap=cap, lo=op.lo, hi=op.hi, kl_max=op.kl_max, delta=op.delta
+    )
 
 
 def kl_controller(cfg: Config) -> Any:

@@ -101,7 +101,7 @@ def test_decoupled_drops_tokens_above_the_cap():
     assert m["off_policy/ess"] == pytest.approx(6.25 / 9.75)
 
 
-@pytest.mark.parametrize("name", ["decoupled", "token_is"])
+@pytest.mark.parametrize("name", ["decoupled", "token_is", "icepop"])
 def test_behaviour_weight_scales_the_ppo_gradient_and_is_detached(name):
     # decoupled PPO: loss = w_t * clippedPPO(pi_theta / pi_prox), with logp = prox at the
     # first step (r = 1, nothing clipped): d loss / d logp_t = -A w_t r / n = -w_t / 3
@@ -113,27 +113,143 @@ def test_behaviour_weight_scales_the_ppo_gradient_and_is_detached(name):
     assert not w.requires_grad
     loss, _ = ppo_clip_loss(logp, prox.detach(), adv * w, mask, PolicyLossConfig(), LossNorm(3, 1))
     loss.backward()
-    expected = {"decoupled": [1.0, 1.5, 0.0], "token_is": [1.0, 1.5, 2.0]}[name]
-    # decoupled: -(1, 1.5, 0) / 3 ; token_is: -(1, 1.5, 2) / 3 ; masked token: 0
+    expected = {
+        "decoupled": [1.0, 1.5, 0.0],
+        "token_is": [1.0, 1.5, 2.0],
+        "icepop": [1.0, 1.5, 0.0],
+    }[name]
+    # decoupled: -(1, 1.5, 0) / 3 ; token_is: -(1, 1.5, 2) / 3 ; icepop (band [0.5, 2]):
+    # -(1, 1.5, 0) / 3 ; masked token: 0
     torch.testing.assert_close(logp.grad, -torch.tensor([expected + [0.0]]) / 3)
     assert prox.grad is None
 
 
-def test_icepop_masks_tokens_outside_the_interval():
-    # rho = 1, 0.4, 2.5, 1.9 with [lo, hi] = [0.5, 2]: 0.4 and 2.5 masked, the rest weight 1
+def test_icepop_weights_tokens_inside_the_band_by_their_ratio():
+    # IcePop, M(k) = k in [lo, hi] else 0: rho = 1, 0.4, 2.5, 1.9 with [0.5, 2]
+    # -> 1, 0 (0.4 < 0.5), 0 (2.5 > 2), 1.9 (kept at its ratio, not at 1)
     prox = torch.tensor([[0.0, LN(0.4), LN(2.5), LN(1.9)]])
     w, m = _run("icepop", prox, torch.zeros(1, 4), torch.ones(1, 4), lo=0.5, hi=2.0)
-    torch.testing.assert_close(w, torch.tensor([[1.0, 0.0, 0.0, 1.0]]))
+    torch.testing.assert_close(w, torch.tensor([[1.0, 0.0, 0.0, 1.9]]))
     assert m["off_policy/rejected_frac"] == pytest.approx(0.5)  # 2 of 4
-    assert m["off_policy/is_mean"] == pytest.approx(0.5)
-    assert m["off_policy/ess"] == pytest.approx(0.5)  # 2^2 / (4 * 2)
+    assert m["off_policy/is_mean"] == pytest.approx(2.9 / 4)  # (1 + 1.9) / 4 = 0.725
+    assert m["off_policy/is_max"] == pytest.approx(1.9)
+    # ess = 2.9^2 / (4 * (1 + 1.9^2)) = 8.41 / 18.44 = 0.456074
+    assert m["off_policy/ess"] == pytest.approx(8.41 / 18.44)
 
 
 def test_icepop_lower_bound_defaults_to_the_reciprocal():
-    # hi = 2, lo unset -> 1/2: rho = 0.4 masked, 0.6 kept
+    # hi = 2, lo unset -> 1/2: rho = 0.4 rejected, 0.6 kept at 0.6
     prox = torch.tensor([[LN(0.4), LN(0.6)]])
     w, _ = _run("icepop", prox, torch.zeros(1, 2), torch.ones(1, 2), hi=2.0)
-    torch.testing.assert_close(w, torch.tensor([[0.0, 1.0]]))
+    torch.testing.assert_close(w, torch.tensor([[0.0, 0.6]]))
+
+
+def _k_case():
+    # one sample, log rho = 0.1, -0.2, 0.3 on the response; the 4th token (log rho 5,
+    # k2 = 12.5) is off the mask and must not count
+    # k1 = -log rho             = -0.1,      0.2,      -0.3
+    # k2 = (log rho)^2 / 2      =  0.005,    0.02,      0.045
+    # k3 = rho - 1 - log rho    =  0.005171, 0.018731,  0.049859
+    #      (e^0.1 - 1.1 = 1.105171 - 1.1; e^-0.2 - 0.8 = 0.818731 - 0.8; e^0.3 - 1.3 = 1.349859 - 1.3)
+    prox = torch.tensor([[0.1, -0.2, 0.3, 5.0]])
+    return prox, torch.zeros(1, 4), torch.tensor([[1, 1, 1, 0]])
+
+
+@pytest.mark.parametrize(
+    ("name", "cfg", "kept"),
+    [
+        # k1 in [log lo, log hi] = [-ln 1.25, ln 1.25] = [-0.2231, 0.2231]: -0.3 out
+        ("token_k1", {"hi": 1.25}, [1.0, 1.0, 0.0]),
+        # k2 <= 0.019: 0.02 and 0.045 out
+        ("token_k2", {"kl_max": 0.019}, [1.0, 0.0, 0.0]),
+        # k3 <= 0.019: 0.018731 kept (k3 < k2 for a negative log rho), 0.049859 out
+        ("token_k3", {"kl_max": 0.019}, [1.0, 1.0, 0.0]),
+    ],
+)
+def test_token_rejections_by_hand(name, cfg, kept):
+    w, m = _run(name, *_k_case(), **cfg)
+    torch.testing.assert_close(w, torch.tensor([kept + [0.0]]))
+    assert m["off_policy/rejected_frac"] == pytest.approx(kept.count(0.0) / 3)
+    assert m["off_policy/clipped_frac"] == 0.0
+
+
+def test_token_k1_is_the_band_with_weight_one_and_icepop_the_band_with_rho():
+    # lo = 1/hi: both keep rho in [0.5, 2]; token_k1 gives the kept tokens 1, icepop rho
+    prox = torch.tensor([[0.0, LN(0.4), LN(2.5), LN(1.9)]])
+    args = (prox, torch.zeros(1, 4), torch.ones(1, 4))
+    w_k1, _ = _run("token_k1", *args, hi=2.0)
+    w_ice, _ = _run("icepop", *args, hi=2.0)
+    torch.testing.assert_close(w_k1, torch.tensor([[1.0, 0.0, 0.0, 1.0]]))
+    torch.testing.assert_close(w_ice, torch.tensor([[1.0, 0.0, 0.0, 1.9]]))
+
+
+def test_k1_band_bounds_the_inverse_ratio_as_verl_reads_it():
+    # verl's "lo_hi" for k1 bounds k1 = log(pi_behav / pi_prox): lo = 0.25, hi = 2 keeps
+    # pi_behav / pi_prox = 1 / rho in [0.25, 2], i.e. rho in [0.5, 4];
+    # rho = 1, 0.4, 2.5, 1.9 -> 1/rho = 1, 2.5 (out), 0.4, 0.526 -> kept 1, 0, 1, 1
+    prox = torch.tensor([[0.0, LN(0.4), LN(2.5), LN(1.9)]])
+    args = (prox, torch.zeros(1, 4), torch.ones(1, 4))
+    w, _ = _run("token_k1", *args, lo=0.25, hi=2.0)
+    torch.testing.assert_close(w, torch.tensor([[1.0, 0.0, 1.0, 1.0]]))
+    # icepop bounds rho itself: rho in [0.25, 2] -> 1, 0.4, 0 (2.5 > 2), 1.9
+    w, _ = _run("icepop", *args, lo=0.25, hi=2.0)
+    torch.testing.assert_close(w, torch.tensor([[1.0, 0.4, 0.0, 1.9]]))
+
+
+def _seq_case():
+    # sample 0: log rho = 0.1, 0.1, 0.1
+    #   k1 = -0.1 each: sum -0.3, mean -0.1
+    #   k2 = 0.005 each: sum 0.015, mean 0.005, max 0.005
+    #   k3 = 0.005171 each: sum 0.015513, mean 0.005171, max 0.005171
+    # sample 1: log rho = 0.3, -0.3 and a 3rd token off the mask (log rho 5)
+    #   k1 = -0.3, 0.3: sum 0, mean 0
+    #   k2 = 0.045, 0.045: sum 0.09, mean 0.045, max 0.045
+    #   k3 = 0.049859, 0.040818 (e^-0.3 - 0.7 = 0.740818 - 0.7): sum 0.090677,
+    #        mean 0.045338, max 0.049859
+    prox = torch.tensor([[0.1, 0.1, 0.1], [0.3, -0.3, 5.0]])
+    return prox, torch.zeros(2, 3), torch.tensor([[1, 1, 1], [1, 1, 0]])
+
+
+@pytest.mark.parametrize(
+    ("name", "cfg", "kept_b"),
+    [
+        # band [-ln 1.2, ln 1.2] = [-0.1823, 0.1823]: sum -0.3 out, 0 in
+        ("seq_sum_k1", {"hi": 1.2}, [0, 1]),
+        # mean -0.1 in, 0 in (sample 1's tokens, |k1| = 0.3, would each fail token_k1)
+        ("seq_mean_k1", {"hi": 1.2}, [1, 1]),
+        # kl_max 0.012: sums 0.015 and 0.09 both out
+        ("seq_sum_k2", {"kl_max": 0.012}, [0, 0]),
+        ("seq_sum_k3", {"kl_max": 0.012}, [0, 0]),
+        # kl_max 0.046: sum 0.015 in, 0.09 out; mean 0.005 in, 0.045 in; max likewise
+        ("seq_sum_k2", {"kl_max": 0.046}, [1, 0]),
+        ("seq_mean_k2", {"kl_max": 0.046}, [1, 1]),
+        ("seq_max_k2", {"kl_max": 0.046}, [1, 1]),
+        # k3 at 0.046: sum 0.090677 out; mean 0.045338 in; max 0.049859 out
+        ("seq_sum_k3", {"kl_max": 0.046}, [1, 0]),
+        ("seq_mean_k3", {"kl_max": 0.046}, [1, 1]),
+        ("seq_max_k3", {"kl_max": 0.046}, [1, 0]),
+        # kl_max 0.012 for means and maxes: sample 0 (0.005, 0.005171) in, sample 1 out
+        ("seq_mean_k2", {"kl_max": 0.012}, [1, 0]),
+        ("seq_max_k3", {"kl_max": 0.012}, [1, 0]),
+    ],
+)
+def test_sequence_rejections_by_hand(name, cfg, kept_b):
+    prox, behav, mask = _seq_case()
+    w, m = _run(name, prox, behav, mask, **cfg)
+    expected = torch.tensor(kept_b, dtype=torch.float32)[:, None] * mask
+    torch.testing.assert_close(w, expected)
+    # rejected_frac counts mask tokens: sample 0 has 3, sample 1 has 2, of 5
+    assert m["off_policy/rejected_frac"] == pytest.approx(
+        ((1 - kept_b[0]) * 3 + (1 - kept_b[1]) * 2) / 5
+    )
+
+
+def test_every_verl_rejection_criterion_is_registered():
+    names = {f"token_k{k}" for k in (1, 2, 3)} | {
+        f"seq_{r}_k{k}" for r in ("sum", "mean") for k in (1, 2, 3)
+    }
+    names |= {"seq_max_k2", "seq_max_k3"}
+    assert names <= set(OFF_POLICY)
 
 
 def test_mis_rejects_sequences_by_their_geometric_mean():

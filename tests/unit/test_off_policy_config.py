@@ -31,6 +31,12 @@ def test_settings_reach_the_algos_config():
     assert off_policy_config(cfg) == OffPolicyConfig("mis", lo=0.9, hi=1.1)
 
 
+def test_a_verl_rejection_criterion_takes_its_kl_bound_from_the_config():
+    cfg = compose(["algo.off_policy.name=seq_mean_k3", "algo.off_policy.kl_max=0.05"])
+    assert off_policy_config(cfg) == OffPolicyConfig("seq_mean_k3", kl_max=0.05)
+    assert "algo.off_policy.kl_max=0.0" in _problems(["algo.off_policy.kl_max=0"])
+
+
 def test_old_rollout_is_cap_is_token_is_at_that_cap():
     assert off_policy_config(compose(["algo.rollout_is_cap=3.0"])) == OffPolicyConfig(
         "token_is", is_cap=3.0
