@@ -59,8 +59,14 @@ def compose_eval(overrides: list[str]) -> Config:
     so the training config's checks -- columns the reward names -- see those rows)."""
     raw = compose_dict(overrides)
     data = raw.get("data")
-    if isinstance(data, dict) and data.get("name") == "files" and not data.get("train_files"):
-        data["train_files"] = data.get("val_files") or []
+    # data=files leaves train_files as "???" (required) until it is set
+    if (
+        isinstance(data, dict)
+        and data.get("name") == "files"
+        and data.get("train_files") in (None, "???", [])
+    ):
+        val = data.get("val_files")
+        data["train_files"] = val if isinstance(val, list) else []
     return from_dict(raw)
 
 
