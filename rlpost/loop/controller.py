@@ -187,6 +187,7 @@ class Controller:
                     self.sync_weights()
                 metrics.update(self.validate(step))
             metrics["trainer/restarts"] = float(rec.trainer_restarts)
+            metrics.update(self.data_counts())
             self.tracker.log(step, metrics)
             rec.count_bad_step(step, metrics)
             if metrics.get("async/staleness_max", 0.0) == 0.0:
@@ -196,6 +197,15 @@ class Controller:
             if saved:
                 rec.save_checkpoint(step)
             rec.stop_if_requested(step, saved)
+
+    def data_counts(self) -> dict[str, float]:
+        """The rows dropped before training, by cause; every algorithm logs them each step
+        (the warnings at load name these keys)."""
+        return {
+            "data/malformed_rows": float(self.malformed_rows),
+            "data/dropped_chars": float(self.dropped_chars),
+            "data/dropped_long_prompts": float(self.long_prompts),
+        }
 
     def sync_steps(self, todo: range) -> Iterator[dict[str, float]]:
         """Generate, then train, then sync: the batch of step k comes from step k's weights."""
@@ -341,9 +351,6 @@ class Controller:
         metrics["response/length_mean"] = tokens / batch.real_samples
         metrics["data/samples"] = float(batch.real_samples)
         metrics["response/clip_ratio"] = clip_ratio(rollouts.results)
-        metrics["data/malformed_rows"] = float(self.malformed_rows)
-        metrics["data/dropped_chars"] = float(self.dropped_chars)
-        metrics["data/dropped_long_prompts"] = float(self.long_prompts)
         metrics.update(self.workers.rollout.stats())
         return metrics
 

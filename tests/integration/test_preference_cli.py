@@ -64,9 +64,9 @@ def test_dpo_on_sampled_arith_pairs(tmp_path):
 def test_rm_on_pair_files_saves_a_loadable_reward_model(tmp_path):
     model = build_tiny_model("micro", tmp_path / "m", seed=0)
     train, val = tmp_path / "train.jsonl", tmp_path / "val.jsonl"
-    train.write_text(
-        "".join(json.dumps(_pair(a, b, a + b + 1)) + "\n" for a in range(6) for b in range(6))
-    )
+    pairs = [_pair(a, b, a + b + 1) for a in range(6) for b in range(6)]
+    pairs += [_pair(1, 1, 2), _pair(2, 2, 4)]  # the same completion twice: malformed
+    train.write_text("".join(json.dumps(p) + "\n" for p in pairs))
     val_pairs = [_pair(a, 9, a + 7) for a in range(8)]
     val.write_text("".join(json.dumps(p) + "\n" for p in val_pairs))
     run_dir = tmp_path / "rm"
@@ -81,6 +81,7 @@ def test_rm_on_pair_files_saves_a_loadable_reward_model(tmp_path):
     assert len(steps) == 3
     for r in steps:
         assert 0.0 <= r["rm/accuracy"] <= 1.0 and math.isfinite(r["rm/loss"])
+        assert r["data/malformed_rows"] == 2  # the count the load warning names
     assert "val/pair_accuracy" in rows[0] and "val/pair_accuracy" in rows[-1]
     final = run_dir / "final"
     assert check_reward_model(str(final)) == []
