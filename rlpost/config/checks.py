@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from rlpost.config.distill_checks import distill_checks
 from rlpost.config.groups import PREFERENCE_PRESETS
+from rlpost.config.ignored_checks import ignored_key_checks
 from rlpost.config.preference_checks import preference_checks
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ def cross_checks(cfg: Config) -> list[str]:
     by the schema); every problem is reported, not only the first."""
     checks = (
         algo_checks, rollout_checks, data_checks, agent_checks, trainer_checks, async_checks,
-        eval_checks, preference_checks, distill_checks,
+        eval_checks, preference_checks, distill_checks, ignored_key_checks,
     )  # fmt: skip
     return [problem for check in checks for problem in check(cfg)]
 

@@ -201,7 +201,9 @@ class RolloutConfig:
     )
     n: int = spec(8, ge=1, help="samples per prompt (the group size)")
     max_tokens: int = spec(
-        8, ge=1, help="maximum tokens per completion (agent mode: agent.max_turn_tokens per turn)"
+        8,
+        ge=1,
+        help="maximum tokens per single-turn completion (agent mode does not read it: a turn's limit is agent.max_turn_tokens)",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = spec(
         "auto",

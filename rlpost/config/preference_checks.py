@@ -16,7 +16,7 @@ PREFERENCE_DATA = ("arith_pref", "files")
 # Keys that configure sampling during training, which the offline presets do not do
 # (the data=arith_pref pairs are sampled once, at rollout.temperature / top_p).
 _ROLLOUT_ONLY = ("n", "min_tokens")
-_TRAINER_ONLY = ("async_mode", "val_n", "critic_warmup")
+_TRAINER_ONLY = ("async_mode", "val_n")  # the critic keys: ignored_key_checks
 
 
 def preference_checks(cfg: Config) -> list[str]:

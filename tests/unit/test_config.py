@@ -193,7 +193,8 @@ def test_batch_must_split_over_ranks():
 
 
 def test_sft_skips_the_rollout_split_check():
-    cfg = compose(["algo=sft", "data.prompts_per_step=3", "rollout.n=3", "trainer.world_size=2"])
+    # 3 prompts x rollout.n 8 = 24 samples would not split over 5 ranks; sft samples nothing
+    cfg = compose(["algo=sft", "data.prompts_per_step=3", "trainer.world_size=5"])
     assert cfg.algo.name == "sft"
 
 
