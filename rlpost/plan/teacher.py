@@ -5,6 +5,7 @@ the reverse KL it gives would be noise, not an error."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -30,11 +31,25 @@ def check_teacher(cfg: Config) -> list[str]:
             f"teacher.path={path}: no HF model (config.json) in that directory; give the "
             "teacher's model folder, e.g. a GRPO run's run_dir/final"
         ]
+    head = classification_head(folder)
+    if head is not None:
+        return [
+            f"teacher.path={path}: its config.json names {head}, a sequence-classification "
+            "head (a reward model: one score per sequence); the teacher gives a log-prob for "
+            "each of the student's tokens, which takes a language-model head (...ForCausalLM), "
+            "e.g. a GRPO run's run_dir/final"
+        ]
     student, student_name = student_vocab(cfg)
     if student is None:
         return []
     teacher = tokenizer_vocab(str(folder))
     return vocab_problems(path, teacher, student, student_name)
+
+
+def classification_head(folder: Path) -> str | None:
+    """The ``...ForSequenceClassification`` class ``config.json`` lists, if any."""
+    archs = json.loads((folder / "config.json").read_text()).get("architectures") or []
+    return next((a for a in archs if a.endswith("ForSequenceClassification")), None)
 
 
 def student_vocab(cfg: Config) -> tuple[dict[str, int] | None, str]:

@@ -98,6 +98,23 @@ def test_a_student_folder_is_compared_with_its_own_tokenizer(same_vocab, other_v
     assert check_teacher(cfg) == []
 
 
+def test_a_reward_model_as_teacher_is_a_config_error_naming_its_head(tmp_path):
+    from rlpost.models.tiny import build_tokenizer
+
+    folder = tokenizer_folder(tmp_path / "rm", build_tokenizer())  # the student's vocabulary
+    config = {"model_type": "qwen2", "architectures": ["Qwen2ForSequenceClassification"]}
+    (folder / "config.json").write_text(json.dumps(config))
+    cfg = compose(["algo=opd", f"teacher.path={folder}"])
+    with pytest.raises(ConfigError) as err:
+        build_plan(cfg)  # before Ray starts
+    (problem,) = err.value.problems
+    assert problem.startswith(
+        f"teacher.path={folder}: its config.json names Qwen2ForSequenceClassification, a "
+        "sequence-classification head"
+    )
+    assert "...ForCausalLM" in problem
+
+
 def test_the_vocabulary_problem_names_the_tokens_that_differ():
     student = {"a": 0, "b": 1, "c": 2}
     teacher = {"a": 0, "b": 2, "c": 1, "d": 3}
