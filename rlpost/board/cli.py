@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import secrets
+import socket
 import sys
 from pathlib import Path
 
@@ -31,6 +32,27 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+# Addresses that bind every interface: no browser opens them, another machine uses a name.
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+def url(host: str, port: int, token: str | None) -> str:
+    """The board's address on ``host`` (an IPv6 address in brackets), with the token."""
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+
+
+def listening(host: str, port: int, token: str | None) -> str:
+    """What the start line says: the address bound, as given; on a wildcard address
+    also the URL another machine opens, by this machine's name."""
+    if host not in WILDCARD_HOSTS:
+        return url(host, port, token)
+    return (
+        f"{url(host, port, token)} (every address of this machine; from another: "
+        f"{url(socket.gethostname(), port, token)})"
+    )
+
+
 async def serve(args: argparse.Namespace) -> None:
     from aiohttp import web
 
@@ -46,10 +68,11 @@ async def serve(args: argparse.Namespace) -> None:
     server = site._server
     sockets = getattr(server, "sockets", None) or []
     port = sockets[0].getsockname()[1] if sockets else args.port
-    shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-    link = f"http://{shown_host}:{port}/" + (f"?token={token}" if token else "")
     launch = "on" if args.allow_launch else "off (--allow-launch to enable)"
-    print(f"rlpost board: {link}  (runs {root}; launching {launch})", flush=True)
+    print(
+        f"rlpost board: {listening(args.host, port, token)}  (runs {root}; launching {launch})",
+        flush=True,
+    )
     try:
         await asyncio.Event().wait()
     finally:
