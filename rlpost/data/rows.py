@@ -120,7 +120,11 @@ def validate_row(row: Any) -> str | None:
     if not isinstance(row, dict):
         return f"row has type {type(row).__name__}, expected an object with a 'prompt' field"
     if "prompt" not in row:
-        return f"row has no 'prompt' field (fields: {sorted(row)})"
+        return (
+            f"row has no 'prompt' field (fields: {sorted(row)}); name the column that holds "
+            "it with data.prompt_key=<column>, or build it from the row's fields with "
+            "data.prompt_template (an agent.program gets the whole row, and its prompt too)"
+        )
     for key in LENGTH_COLUMNS:
         value = row.get(key)
         if value is not None and (type(value) is not int or value < 0):

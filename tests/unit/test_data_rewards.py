@@ -54,7 +54,12 @@ def test_load_rows_errors_name_the_problem(tmp_path):
         ({"prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}, None),
         ({"prompt": [{"role": "user", "content": [{"type": "text", "text": "u"}]}]}, None),
         (["prompt"], "row has type list, expected an object with a 'prompt' field"),
-        ({"question": "hi"}, "row has no 'prompt' field (fields: ['question'])"),
+        (
+            {"question": "hi"},
+            "row has no 'prompt' field (fields: ['question']); name the column that holds it "
+            "with data.prompt_key=<column>, or build it from the row's fields with "
+            "data.prompt_template (an agent.program gets the whole row, and its prompt too)",
+        ),
         ({"prompt": ""}, "'prompt' is an empty string"),
         ({"prompt": 3}, "'prompt' has type int, expected a string or a list of messages"),
         ({"prompt": []}, "'prompt' is an empty list of messages"),
