@@ -1,16 +1,49 @@
 #!/usr/bin/env bash
-# The prepared accelerator check (bench/gpu_check.py): the FSDP2 engine's bf16 update
-# (tokens/s, MFU), log-prob memory at a 150k vocabulary, and the CUDA-IPC weight
-# hand-off, on one CUDA GPU with torch, transformers and peft only (no vLLM, no Ray).
-# About 3-5 minutes on an H100-class GPU; a hard limit of 8. Results go to $OUT (the
-# device machine's result folder) when it is set, else bench/results/.
-set -euo pipefail
+# The GPU acceptance check, on one CUDA GPU with torch, transformers and peft only (no
+# vLLM, Ray, omegaconf or hydra), in at most six minutes:
+#   1. `pytest -m gpu` over the engine tests that run on one device (their `cuda`
+#      cases: FSDP2 full, LoRA, critic, reward model, SFT, DPO, checkpoints, export,
+#      weight stream, packing and offload, bf16; the collectives and the IPC buckets);
+#   2. bench/gpu_check.py: the FSDP2 update beside a plain torch + transformers loop at
+#      two shapes, log-prob memory and time at a 150k vocabulary, the CUDA-IPC hand-off.
+# Every result goes to $OUT (the device machine's result folder) when it is set, else
+# bench/results/; the summary table is printed last.
+#   bash bench/gpu_check.sh                      # on the GPU machine
+#   PYTHON=.venv/bin/python bash bench/gpu_check.sh --device cpu --small  # the code, on the CPU (CI)
+set -uo pipefail
 cd "$(dirname "$0")/.."
-python - <<'PY'
-import torch, transformers, peft  # noqa: F401
-assert torch.cuda.is_available(), "bench/gpu_check.sh needs a CUDA GPU"
-print("torch", torch.__version__, "on", torch.cuda.get_device_name(), flush=True)
-PY
 out="${OUT:-bench/results}"
+py="${PYTHON:-python}"  # the interpreter with torch, transformers and peft
 mkdir -p "$out"
-timeout 480 python bench/gpu_check.py --device cuda --out "$out/gpu_check" "$@"
+device=cuda
+for arg in "$@"; do [ "$arg" = cpu ] && device=cpu; done
+# four groups of about equal length, run side by side (one NCCL rank each, tiny models)
+TEST_GROUPS=(
+  "tests/unit/test_collective_devices.py tests/unit/test_ipc_buckets.py tests/integration/test_fsdp_engine.py"
+  "tests/integration/test_lora.py tests/integration/test_critic_and_kl.py tests/integration/test_preference_engines.py"
+  "tests/integration/test_checkpoint.py tests/integration/test_export.py"
+  "tests/integration/test_single_pass_update.py tests/integration/test_packing.py"
+)
+tests=()
+if [ "$device" = cuda ]; then
+  "$py" - <<'PY' || exit 1
+import torch, transformers, peft
+assert torch.cuda.is_available(), "bench/gpu_check.sh needs a CUDA GPU (or --device cpu --small)"
+print("torch", torch.__version__, "transformers", transformers.__version__, "peft",
+      peft.__version__, "on", torch.cuda.get_device_name(), flush=True)
+PY
+  start=$(date +%s)
+  for i in "${!TEST_GROUPS[@]}"; do
+    # shellcheck disable=SC2086  # a group is a list of paths
+    timeout 180 "$py" -m pytest -q -m gpu -p no:cacheprovider -o addopts="" \
+      --junitxml "$out/gpu_tests_$i.xml" ${TEST_GROUPS[$i]} > "$out/gpu_tests_$i.log" 2>&1 &
+  done
+  wait
+  echo "pytest -m gpu: $(( $(date +%s) - start )) s"
+  for i in "${!TEST_GROUPS[@]}"; do
+    tail -n 1 "$out/gpu_tests_$i.log"
+    tests+=(--tests "$out/gpu_tests_$i.xml")
+  done
+fi
+timeout 240 "$py" bench/gpu_check.py --device "$device" --out "$out/gpu_check" \
+  ${tests[@]+"${tests[@]}"} "$@"

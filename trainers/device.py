@@ -175,6 +175,25 @@ def free_memory_bytes(name: str) -> tuple[int, int] | None:
     return int(free), int(total)
 
 
+# The float32 workspace one chunked computation (``rlpost.trainers.logprobs``) may
+# hold at once: two 16 MiB temporaries stay in a CPU's caches; an accelerator runs
+# each chunk as a handful of kernels, which a chunk of a few dozen tokens at a 150k
+# vocabulary leaves launch-bound, so its chunks are hundreds of tokens.
+WORKSPACE_BYTES = {CPU: 32 << 20, CUDA: 1 << 30, NPU: 1 << 30}
+
+
+def workspace_bytes(name: str) -> int:
+    """``WORKSPACE_BYTES`` of device kind ``name``."""
+    return WORKSPACE_BYTES[kind(name).name]
+
+
+def fused_optimizer(name: str) -> bool:
+    """Whether AdamW runs fused (one kernel over every tensor) on device kind ``name``:
+    on CUDA; not on the CPU, where the built-in model's cached warm-ups were made with
+    the per-tensor step, nor on Ascend, whose fused step torch does not provide."""
+    return name == CUDA
+
+
 def bf16_supported(name: str) -> bool:
     """Whether bf16 math runs natively: the CPU's oneDNN bf16 instructions, or the
     accelerator's own answer."""

@@ -1,17 +1,31 @@
-"""Per-token log-probs and entropies from logits, a few tokens at a time.
+"""Per-token log-probs and entropies, a chunk of tokens at a time, from logits or
+from the last hidden states and the output layer's weight.
 
-Legend: b = samples, t = tokens, v = vocab, n = tokens of a flattened (b, t).
+Legend: b = samples, t = tokens, v = vocab, d = hidden size, n = tokens of a
+flattened (b, t), c = tokens of one chunk.
 
 ``log_softmax(logits.float())`` materialises a float32 [b, t, v] tensor and
 autograd keeps it for the backward pass; the division by the temperature, the
 gather's backward and the entropy's softmax each add another. At a 150k
 vocabulary that is 2.4 GB per 4,096 tokens, every time. Here the forward pass
-walks over chunks of tokens and keeps only two floats per token (the
-log-normaliser and the mean logit); the backward pass recomputes each chunk's
-softmax from the logits, which the graph holds anyway, and writes the
-gradient chunk by chunk. Peak memory is the logits and their gradient, both
-in the model's dtype, plus one chunk's float32 temporaries
-(``bench/logprob_memory.py``).
+walks over chunks of tokens and keeps two floats per token (the log-prob and the
+entropy); the backward pass recomputes each chunk's softmax and writes its
+gradient chunk by chunk.
+
+Two entry points:
+
+- ``token_logprobs_and_entropy`` takes the model's logits: peak memory is the
+  logits and their gradient, in the model's dtype, plus one chunk's float32
+  temporaries.
+- ``hidden_token_stats`` takes the hidden states the output layer would read and
+  its weight, and computes each chunk's logits itself (again in the backward
+  pass): the [b, t, v] logits and their gradient never exist. At a 150k
+  vocabulary they are 10 GB apiece for 32k tokens in bf16.
+
+How many tokens a chunk holds follows the device's workspace
+(``rlpost.trainers.device.workspace_bytes``): a few MiB on a CPU, whose caches
+favour small chunks; about a GiB on an accelerator, where a chunk of a few dozen
+tokens leaves every kernel too small to keep it busy (launch-bound).
 """
 
 from __future__ import annotations
@@ -20,41 +34,79 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from rlpost.trainers import device as devices
 
-# float32 elements of a chunk's temporaries (16 MiB each, two at a time): 27 tokens
-# at a 150k vocabulary, the whole batch at a small one.
+# float32 elements of a chunk's temporaries on a CPU (16 MiB each, two at a time):
+# 27 tokens at a 150k vocabulary, the whole batch at a small one.
 CHUNK_ELEMENTS = 1 << 22
+_LOWEST = torch.finfo(torch.float32).min
 
 
-def _shifted(
-    logits_cv: torch.Tensor, temperature: float, max_c: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(z - m, m) for z = float32 logits / T and m = max_v z (or the given ``max_c``),
-    in a new tensor: the only chunk-sized allocation besides exp(z - m).
+def chunk_tokens(vocab: int, device_type: str, bytes_per_element: int = 8) -> int:
+    """Tokens per chunk on ``device_type``: its workspace over ``bytes_per_element``
+    (two float32 temporaries; more where the chunk also holds its logits) per logit."""
+    return max(1, devices.workspace_bytes(device_type) // (bytes_per_element * vocab))
 
-    A -inf logit becomes the lowest float: its p is still 0, and p * (z - m) stays 0
-    instead of 0 * inf = NaN in the entropy.
+
+def _log_softmax(logits_cv: torch.Tensor, temperature: float) -> torch.Tensor:
+    """float32 log-softmax of logits / T, in one kernel at T = 1 (the cast fused in)."""
+    if temperature == 1.0:
+        return torch.log_softmax(logits_cv, dim=-1, dtype=torch.float32)
+    return torch.log_softmax(logits_cv.to(torch.float32, copy=True).div_(temperature), dim=-1)
+
+
+def _softmax(logits_cv: torch.Tensor, temperature: float) -> torch.Tensor:
+    if temperature == 1.0:
+        return torch.softmax(logits_cv, dim=-1, dtype=torch.float32)
+    return torch.softmax(logits_cv.to(torch.float32, copy=True).div_(temperature), dim=-1)
+
+
+def _forward_chunk(
+    logits_cv: torch.Tensor, ids_c: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logp_c, entropy_c or None) of one chunk. H = sum_v entr(p_v), entr(x) = -x ln x
+    with entr(0) = 0, so a -inf logit (p = 0) adds nothing instead of 0 * inf = NaN."""
+    lsm_cv = _log_softmax(logits_cv, temperature)
+    logp_c = lsm_cv.gather(-1, ids_c[:, None])[:, 0]
+    if not with_entropy:
+        return logp_c, None
+    p_cv = lsm_cv.exp_()  # lsm becomes p
+    return logp_c, torch.special.entr(p_cv, out=p_cv).sum(-1)
+
+
+def _grad_chunk(
+    logits_cv: torch.Tensor,
+    ids_c: torch.Tensor,
+    temperature: float,
+    g_logp_c: torch.Tensor | None,
+    g_entropy_c: torch.Tensor | None,
+    entropy_c: torch.Tensor,
+) -> torch.Tensor:
+    """float32 d/dlogits of sum(g_logp * logp + g_entropy * H) over one chunk.
+
+    With z = logits / T and p = softmax(z): d logp / dz = onehot(id) - p and
+    dH / dz = -p (log p + H); each times 1/T for the logits.
     """
-    z_cv = logits_cv.float() / temperature
-    z_cv.clamp_(min=torch.finfo(torch.float32).min)
-    if max_c is None:
-        max_c = z_cv.max(dim=-1).values
-    return z_cv.sub_(max_c[:, None]), max_c
-
-
-def _dot(x_cv: torch.Tensor, y_cv: torch.Tensor) -> torch.Tensor:
-    """sum_v x * y per row, without a chunk-sized product."""
-    return torch.bmm(x_cv[:, None, :], y_cv[:, :, None])[:, 0, 0]
+    scale = 1.0 / temperature
+    if g_entropy_c is None:  # one chunk-sized temporary
+        g_cv = _softmax(logits_cv, temperature)
+    else:
+        lsm_cv = _log_softmax(logits_cv, temperature).clamp_(min=_LOWEST)
+        g_cv = lsm_cv.exp()
+        # lsm becomes g_H / T * dH/dz = -(g_H / T) * p * (log p + H)
+        lsm_cv.add_(entropy_c[:, None]).mul_(g_cv).mul_(-scale * g_entropy_c[:, None])
+    if g_logp_c is None:
+        g_cv.zero_()
+    else:
+        g_cv.mul_(-scale * g_logp_c[:, None])
+        g_cv.scatter_add_(-1, ids_c[:, None], scale * g_logp_c[:, None])
+    if g_entropy_c is not None:
+        g_cv.add_(lsm_cv)
+    return g_cv
 
 
 class _TokenStats(torch.autograd.Function):
-    """(logits_nv, next_ids_n) -> (logp_n, entropy_n) of softmax(logits / temperature).
-
-    With z = logits / T, m = max_v z and log_s = log sum_v exp(z - m), as
-    ``log_softmax`` computes it: logp = (z[id] - m) - log_s, p = exp(z - m - log_s)
-    and H = log_s - sum_v p_v (z_v - m). Gradients: d logp / dz = onehot(id) - p and
-    dH / dz = p (E_p[z] - z), both times 1/T for the logits.
-    """
+    """(logits_nv, ids_n) -> (logp_n, entropy_n) of softmax(logits / temperature)."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -67,19 +119,15 @@ class _TokenStats(torch.autograd.Function):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n = logits_nv.shape[0]
         logp_n = torch.empty(n, dtype=torch.float32, device=logits_nv.device)
-        max_n, log_s_n = torch.empty_like(logp_n), torch.empty_like(logp_n)
-        mean_zm_n = torch.empty_like(logp_n) if with_entropy else logp_n.new_zeros(0)
+        entropy_n = torch.zeros_like(logp_n)
         for s in range(0, n, chunk):
             rows = slice(s, s + chunk)
-            zm_cv, max_n[rows] = _shifted(logits_nv[rows], temperature)
-            e_cv = zm_cv.exp()
-            sum_c = e_cv.sum(-1)
-            log_s_n[rows] = sum_c.log()
-            logp_n[rows] = zm_cv.gather(-1, ids_n[rows, None])[:, 0] - log_s_n[rows]
-            if with_entropy:
-                mean_zm_n[rows] = _dot(e_cv.div_(sum_c[:, None]), zm_cv)  # e becomes p
-        entropy_n = log_s_n - mean_zm_n if with_entropy else torch.zeros_like(logp_n)
-        ctx.save_for_backward(logits_nv, ids_n, max_n, log_s_n, mean_zm_n)
+            logp_n[rows], ent = _forward_chunk(
+                logits_nv[rows], ids_n[rows], temperature, with_entropy
+            )
+            if ent is not None:
+                entropy_n[rows] = ent
+        ctx.save_for_backward(logits_nv, ids_n, entropy_n)
         ctx.temperature, ctx.with_entropy, ctx.chunk = temperature, with_entropy, chunk
         ctx.set_materialize_grads(False)
         if not with_entropy:
@@ -88,33 +136,109 @@ class _TokenStats(torch.autograd.Function):
 
     @staticmethod
     def backward(  # type: ignore[override]
-        ctx: Any,
-        g_logp_n: torch.Tensor | None,
-        g_entropy_n: torch.Tensor | None,
+        ctx: Any, g_logp_n: torch.Tensor | None, g_entropy_n: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, None, None, None, None]:
-        logits_nv, ids_n, max_n, log_s_n, mean_zm_n = ctx.saved_tensors
-        temperature, chunk = ctx.temperature, ctx.chunk
+        logits_nv, ids_n, entropy_n = ctx.saved_tensors
         if not ctx.with_entropy:
             g_entropy_n = None
         if g_logp_n is None and g_entropy_n is None:
             return None, None, None, None, None
         grad_nv = torch.empty_like(logits_nv)
-        for s in range(0, logits_nv.shape[0], chunk):
-            rows = slice(s, s + chunk)
-            zm_cv, _ = _shifted(logits_nv[rows], temperature, max_n[rows])
-            g_cv = (zm_cv - log_s_n[rows, None]).exp_()  # p, then the gradient in place
-            if g_entropy_n is not None:  # zm becomes g_H * p * (E_p[z - m] - (z - m))
-                zm_cv.neg_().add_(mean_zm_n[rows, None]).mul_(g_cv)
-                zm_cv.mul_(g_entropy_n[rows, None])
-            if g_logp_n is None:
-                g_cv = zm_cv
-            else:
-                g_cv.mul_(-g_logp_n[rows, None])
-                g_cv.scatter_add_(-1, ids_n[rows, None], g_logp_n[rows, None])
-                if g_entropy_n is not None:
-                    g_cv.add_(zm_cv)
-            grad_nv[rows] = g_cv.div_(temperature)
+        for s in range(0, logits_nv.shape[0], ctx.chunk):
+            rows = slice(s, s + ctx.chunk)
+            grad_nv[rows] = _grad_chunk(
+                logits_nv[rows],
+                ids_n[rows],
+                ctx.temperature,
+                None if g_logp_n is None else g_logp_n[rows],
+                None if g_entropy_n is None else g_entropy_n[rows],
+                entropy_n[rows],
+            )
         return grad_nv, None, None, None, None
+
+
+def _chunk_logits(
+    hidden_cd: torch.Tensor, weight_vd: torch.Tensor, never: tuple[int, ...]
+) -> torch.Tensor:
+    """One chunk's logits, as the output layer computes them; ``never`` (tokens the
+    rollout never samples) at the dtype's lowest value, as ``FSDPEngine._logits`` sets them."""
+    logits_cv = F.linear(hidden_cd, weight_vd)
+    if never:
+        logits_cv[:, list(never)] = torch.finfo(logits_cv.dtype).min
+    return logits_cv
+
+
+class _HiddenTokenStats(torch.autograd.Function):
+    """(hidden_nd, weight_vd, ids_n) -> (logp_n, entropy_n) of softmax(hidden @ W^T / T),
+    each chunk's logits computed in the forward pass and again in the backward."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden_nd: torch.Tensor,
+        weight_vd: torch.Tensor,
+        ids_n: torch.Tensor,
+        temperature: float,
+        with_entropy: bool,
+        chunk: int,
+        never: tuple[int, ...],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n = hidden_nd.shape[0]
+        logp_n = torch.empty(n, dtype=torch.float32, device=hidden_nd.device)
+        entropy_n = torch.zeros_like(logp_n)
+        for s in range(0, n, chunk):
+            rows = slice(s, s + chunk)
+            logits_cv = _chunk_logits(hidden_nd[rows], weight_vd, never)
+            logp_n[rows], ent = _forward_chunk(logits_cv, ids_n[rows], temperature, with_entropy)
+            if ent is not None:
+                entropy_n[rows] = ent
+            del logits_cv
+        ctx.save_for_backward(hidden_nd, weight_vd, ids_n, entropy_n)
+        ctx.temperature, ctx.with_entropy, ctx.chunk, ctx.never = (
+            temperature,
+            with_entropy,
+            chunk,
+            never,
+        )
+        ctx.set_materialize_grads(False)
+        if not with_entropy:
+            ctx.mark_non_differentiable(entropy_n)
+        return logp_n, entropy_n
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any, g_logp_n: torch.Tensor | None, g_entropy_n: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, ...]:
+        hidden_nd, weight_vd, ids_n, entropy_n = ctx.saved_tensors
+        if not ctx.with_entropy:
+            g_entropy_n = None
+        if g_logp_n is None and g_entropy_n is None:
+            return None, None, None, None, None, None, None
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_hidden = torch.empty_like(hidden_nd) if need_h else None
+        # the weight's gradient adds up over chunks in float32: one rounding per chunk
+        # to the weight's dtype, as the whole product would have one
+        grad_weight = torch.zeros_like(weight_vd, dtype=torch.float32) if need_w else None
+        for s in range(0, hidden_nd.shape[0], ctx.chunk):
+            rows = slice(s, s + ctx.chunk)
+            g_cv = _grad_chunk(
+                _chunk_logits(hidden_nd[rows], weight_vd, ctx.never),
+                ids_n[rows],
+                ctx.temperature,
+                None if g_logp_n is None else g_logp_n[rows],
+                None if g_entropy_n is None else g_entropy_n[rows],
+                entropy_n[rows],
+            ).to(hidden_nd.dtype)
+            if ctx.never:  # those logits were overwritten: no gradient reaches them
+                g_cv[:, list(ctx.never)] = 0
+            if grad_hidden is not None:
+                grad_hidden[rows] = g_cv @ weight_vd
+            if grad_weight is not None:
+                grad_weight.add_(g_cv.t() @ hidden_nd[rows])
+            del g_cv
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight_vd.dtype)
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
 def token_logprobs_and_entropy(
@@ -122,7 +246,7 @@ def token_logprobs_and_entropy(
     input_ids_bt: torch.Tensor,
     temperature: float = 1.0,
     with_entropy: bool = True,
-    chunk_elements: int = CHUNK_ELEMENTS,
+    chunk_elements: int | None = None,
     plain_elements: int = CHUNK_ELEMENTS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logp_bt, entropy_bt)`` of ``softmax(logits / temperature)``, float32, aligned
@@ -132,7 +256,8 @@ def token_logprobs_and_entropy(
     The same values and gradients as ``log_softmax`` + ``gather`` and
     ``algos.entropy_from_logits`` on the float32 logits, without their [b, t, v]
     float32 intermediates. ``with_entropy=False`` skips the entropy (returned as
-    zeros, without gradient). Logits of at most ``plain_elements`` elements (a small
+    zeros, without gradient). ``chunk_elements``: logits per chunk (default: the
+    device's workspace). Logits of at most ``plain_elements`` elements (a small
     vocabulary, as the built-in models have) take the plain path, whose float32
     rounding the built-in model's cached warm-up was made with.
     """
@@ -155,7 +280,7 @@ def next_token_stats(
     next_ids_bt: torch.Tensor,
     temperature: float = 1.0,
     with_entropy: bool = True,
-    chunk_elements: int = CHUNK_ELEMENTS,
+    chunk_elements: int | None = None,
     plain_elements: int = CHUNK_ELEMENTS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``token_logprobs_and_entropy`` before its shift: position t holds
@@ -164,11 +289,55 @@ def next_token_stats(
     b, t, v = logits_btv.shape
     if b * t * v <= plain_elements:  # small enough to hold whole: the plain computation
         return _plain(logits_btv, next_ids_bt, temperature, with_entropy)
-    chunk = max(1, chunk_elements // v)
+    if chunk_elements is None:
+        chunk = chunk_tokens(v, logits_btv.device.type)
+    else:
+        chunk = max(1, chunk_elements // v)
     logp_n, entropy_n = _TokenStats.apply(
         logits_btv.reshape(b * t, v), next_ids_bt.reshape(-1), temperature, with_entropy, chunk
     )
     return logp_n.view(b, t), entropy_n.view(b, t)
+
+
+def hidden_token_stats(
+    hidden_btd: torch.Tensor,
+    weight_vd: torch.Tensor,
+    input_ids_bt: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+    never: tuple[int, ...] = (),
+    chunk: int | None = None,
+    plain_elements: int = CHUNK_ELEMENTS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``token_logprobs_and_entropy`` of the logits ``F.linear(hidden, weight)`` (the
+    output layer's), without holding them: each chunk of tokens computes its own,
+    twice (forward and backward). Gradients reach ``hidden_btd`` and ``weight_vd``.
+    ``never``: token ids whose logits are set to the dtype's lowest value (tokens the
+    rollout never samples). ``chunk``: tokens per chunk (default: the device's
+    workspace, with room for the chunk's logits)."""
+    b, t, d = hidden_btd.shape
+    v = weight_vd.shape[0]
+    if b * t * v <= plain_elements:  # the logits whole, as the output layer makes them
+        logits_btv = F.linear(hidden_btd, weight_vd)
+        if never:
+            logits_btv[..., list(never)] = torch.finfo(logits_btv.dtype).min
+        return token_logprobs_and_entropy(
+            logits_btv, input_ids_bt, temperature, with_entropy, None, plain_elements
+        )
+    if chunk is None:
+        chunk = chunk_tokens(v, hidden_btd.device.type, 8 + hidden_btd.element_size())
+    next_ids_bt = F.pad(input_ids_bt[:, 1:], (0, 1))  # the last position predicts nothing
+    logp_n, entropy_n = _HiddenTokenStats.apply(
+        hidden_btd.reshape(b * t, d),
+        weight_vd,
+        next_ids_bt.reshape(-1),
+        temperature,
+        with_entropy,
+        chunk,
+        tuple(never),
+    )
+    logp_bt, entropy_bt = logp_n.view(b, t), entropy_n.view(b, t)
+    return F.pad(logp_bt[:, :-1], (1, 0)), F.pad(entropy_bt[:, :-1], (1, 0))
 
 
 def _plain(
@@ -178,7 +347,7 @@ def _plain(
     batches whose logits fit one chunk, where chunking saves nothing."""
     from rlpost.algos import entropy_from_logits
 
-    z_btv = (logits_btv.float() / temperature).clamp(min=torch.finfo(torch.float32).min)
+    z_btv = (logits_btv.float() / temperature).clamp(min=_LOWEST)
     logp_bt = F.log_softmax(z_btv, dim=-1).gather(-1, next_ids_bt[..., None])[..., 0]
     if with_entropy:
         return logp_bt, entropy_from_logits(z_btv)

@@ -1,5 +1,5 @@
 """Helpers for engine-level tests: fresh processes, ragged batches, parity against
-plain transformers.
+plain transformers, and the devices an engine test runs on.
 
 Shapes: b = samples, t = tokens.
 
@@ -10,10 +10,12 @@ once (a fresh interpreter would spend ~7 s importing on 2 cores).
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from ports import free_port  # noqa: F401  (re-exported for the engine tests)
+from rlpost.trainers import device as devices
 from rlpost.trainers.batch import TrajectoryBatch, pad_sequences
 from rlpost.trainers.fsdp.engine import FSDPEngine, FSDPEngineConfig
 
@@ -28,8 +30,37 @@ def spawn(fn, args: tuple, nprocs: int = 1) -> None:
     mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
 
 
-def engine(model_dir: str, rank: int, world_size: int, port: int, **kw) -> FSDPEngine:
-    kw = {"lr": 1e-3, "lr_warmup_steps": 0, **kw}  # these tests' own rate, no warm-up
+# The devices an engine test runs on: the CPU always; a CUDA GPU under the ``gpu``
+# marker (skipped where none is present, run by bench/gpu_check.sh). One rank per GPU:
+# NCCL refuses two ranks on one device, so multi-rank cases stay on the CPU.
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def on(device: str) -> dict:
+    """An engine config's ``device`` and the process-group backend it takes."""
+    return {"device": device, "backend": devices.kind(device).backend}
+
+
+def one_rank_only(device: str, world_size: int) -> None:
+    if device != "cpu" and world_size > 1:
+        pytest.skip("one GPU holds one NCCL rank: several ranks run on the CPU")
+
+
+def to_cpu(value):  # type: ignore[no-untyped-def]
+    """Tensors (in dicts, lists and tuples) moved to the CPU, for a test to compare."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_cpu(v) for v in value)
+    return value
+
+
+def engine(
+    model_dir: str, rank: int, world_size: int, port: int, device: str = "cpu", **kw
+) -> FSDPEngine:
+    kw = {"lr": 1e-3, "lr_warmup_steps": 0, **on(device), **kw}  # these tests' own rate
     cfg = FSDPEngineConfig(model_path=model_dir, **kw)
     return FSDPEngine(cfg, rank, world_size, f"tcp://127.0.0.1:{port}")
 
@@ -56,7 +87,7 @@ def advantages(batch: TrajectoryBatch, seed: int = 1) -> torch.Tensor:
 def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Unsharded state dict (collective; one rank's model is not sharded)."""
     return {
-        k: v.full_tensor() if hasattr(v, "full_tensor") else v
+        k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu()
         for k, v in model.state_dict().items()
     }
 
@@ -67,7 +98,7 @@ def full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     for name, p in model.named_parameters():
         if p.grad is not None:
             g = p.grad
-            out[name] = (g.full_tensor() if hasattr(g, "full_tensor") else g).clone()
+            out[name] = (g.full_tensor() if hasattr(g, "full_tensor") else g).to("cpu", copy=True)
     return out
 
 
@@ -85,7 +116,7 @@ def streamed_weights(engine) -> tuple[list, list[tuple[str, torch.Tensor]]]:
     """``engine.weight_stream()`` run to its end (collective: every rank calls it):
     the specs and the tensors, copied as they arrive (rank 0's; none elsewhere)."""
     specs, items = engine.weight_stream()
-    return specs, [(name, tensor.clone()) for name, tensor in items]
+    return specs, [(name, tensor.detach().to("cpu", copy=True)) for name, tensor in items]
 
 
 def check_stream(specs: list, streamed: list, weights: dict[str, torch.Tensor]) -> None:

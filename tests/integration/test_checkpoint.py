@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from engine_utils import advantages, engine, free_port, make_batch, spawn
+from engine_utils import DEVICES, advantages, engine, free_port, make_batch, spawn
 from rlpost.algos import PolicyLossConfig
 from rlpost.trainers.fsdp.lora import LoraSettings
 
@@ -35,10 +35,15 @@ VARIANTS = {
 }
 
 
-def _engine(model_dir: str, rank: int, port: int, variant: str):
+def _engine(model_dir: str, rank: int, port: int, variant: str, device: str = "cpu"):
     # warm-up of 3 steps: the LR schedule's position must survive the resume
+    if device != "cpu":
+        # bit-identical runs on a GPU: the deterministic kernels (the embedding's
+        # backward, cuBLAS's workspace), as a user comparing two runs would set
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+        torch.use_deterministic_algorithms(True, warn_only=True)
     return engine(
-        model_dir, rank, 1, port, lr=1e-2, lr_warmup_steps=3, micro_batch_size=3,
+        model_dir, rank, 1, port, device, lr=1e-2, lr_warmup_steps=3, micro_batch_size=3,
         **VARIANTS[variant],
     )  # fmt: skip
 
@@ -63,11 +68,18 @@ def _params(eng) -> dict[str, torch.Tensor]:
 
 
 def _resume_worker(
-    rank: int, model_dir: str, port: int, variant: str, mode: str, run_dir: str, out: str
+    rank: int,
+    model_dir: str,
+    port: int,
+    variant: str,
+    mode: str,
+    run_dir: str,
+    out: str,
+    device: str,
 ) -> None:
     """mode: 'straight' trains 2K steps; 'save' trains K and checkpoints; 'resume'
     loads the latest checkpoint and trains K more."""
-    eng = _engine(model_dir, rank, port, variant)
+    eng = _engine(model_dir, rank, port, variant, device)
     manager = CheckpointManager(run_dir, keep_last=2)
     first = 0
     if mode == "resume":
@@ -92,13 +104,15 @@ def model_dir(tmp_path_factory) -> str:
     return str(build_tiny_model("micro", tmp_path_factory.mktemp("ckpt") / "m", seed=0))
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_resume_is_exact(variant, model_dir, tmp_path):
+def test_resume_is_exact(variant, device, model_dir, tmp_path):
     run_dir = tmp_path / "run"
     results = {}
     for mode in ("straight", "save", "resume"):
         out = tmp_path / f"{mode}.pt"
-        spawn(_resume_worker, (model_dir, free_port(), variant, mode, str(run_dir), str(out)))
+        args = (model_dir, free_port(), variant, mode, str(run_dir), str(out), device)
+        spawn(_resume_worker, args)
         results[mode] = torch.load(out, weights_only=False)
     straight, resumed = results["straight"], results["resume"]
     assert straight["params"].keys() == resumed["params"].keys()

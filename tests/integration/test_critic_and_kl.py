@@ -1,4 +1,5 @@
-"""PPO critic engine and the KL / entropy regularisers of the policy engine (FSDP2, gloo).
+"""PPO critic engine and the KL / entropy regularisers of the policy engine (FSDP2; gloo
+on the CPU, NCCL on one CUDA GPU under the ``gpu`` marker).
 
 Shapes: b = samples, t = tokens.
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from engine_utils import free_port, full_state, make_batch
+from engine_utils import DEVICES, free_port, full_state, make_batch, on
 from rlpost.algos import LossNorm, PolicyLossConfig, aggregate, kl_penalty
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.fsdp.critic import CriticEngine
@@ -40,8 +41,10 @@ def _spawn(fn, args):
     mp.start_processes(fn, args=args, nprocs=1, join=True, start_method="forkserver")
 
 
-def _critic_worker(rank, model_dir, port, out):
-    cfg = FSDPEngineConfig(model_path=model_dir, lr=1e-2, lr_warmup_steps=0, micro_batch_size=3)
+def _critic_worker(rank, model_dir, port, out, device):
+    cfg = FSDPEngineConfig(
+        model_path=model_dir, lr=1e-2, lr_warmup_steps=0, micro_batch_size=3, **on(device)
+    )
     critic = CriticEngine(cfg, 0, 1, f"tcp://127.0.0.1:{port}")
     batch = _batch()
     initial = critic.values(batch)
@@ -64,10 +67,11 @@ def _critic_worker(rank, model_dir, port, out):
     critic.close()
 
 
-def test_critic_values_align_and_fit_returns(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_critic_values_align_and_fit_returns(device, tmp_path):
     model_dir = str(build_tiny_model("micro", tmp_path / "m", seed=0))
     out = tmp_path / "out.pt"
-    _spawn(_critic_worker, (model_dir, _port(), str(out)))
+    _spawn(_critic_worker, (model_dir, _port(), str(out), device))
     r = torch.load(out)
     # The value head starts at zero, so every initial value is 0.
     assert torch.equal(r["initial"], torch.zeros_like(r["initial"]))
@@ -91,13 +95,20 @@ def test_critic_values_align_and_fit_returns(tmp_path):
     assert r["explained"] > 0.5
 
 
-def _kl_worker(rank, model_dir, port, out):
+def _kl_worker(rank, model_dir, port, out, device):
     init = f"tcp://127.0.0.1:{port}"
-    cfg = FSDPEngineConfig(model_path=model_dir, lr=1e-2, lr_warmup_steps=0, micro_batch_size=4)
+    cfg = FSDPEngineConfig(
+        model_path=model_dir, lr=1e-2, lr_warmup_steps=0, micro_batch_size=4, **on(device)
+    )
     policy = FSDPEngine(cfg, 0, 1, init)
     ref = FSDPEngine(
         FSDPEngineConfig(
-            model_path=model_dir, lr=0.0, lr_warmup_steps=0, micro_batch_size=4, trainable=False
+            model_path=model_dir,
+            lr=0.0,
+            lr_warmup_steps=0,
+            micro_batch_size=4,
+            trainable=False,
+            **on(device),
         ),
         0,
         1,
@@ -126,10 +137,11 @@ def _kl_worker(rank, model_dir, port, out):
     policy.close()
 
 
-def test_kl_loss_against_a_frozen_reference(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_kl_loss_against_a_frozen_reference(device, tmp_path):
     model_dir = str(build_tiny_model("micro", tmp_path / "m", seed=0))
     out = tmp_path / "out.pt"
-    _spawn(_kl_worker, (model_dir, _port(), str(out)))
+    _spawn(_kl_worker, (model_dir, _port(), str(out), device))
     r = torch.load(out)
     mask = r["mask"].float()
     # Step 1: policy == reference, so k3 = e^0 + 0 - 1 = 0 on every token.

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_utils import advantages, engine, free_port, hf_logprobs, make_batch, spawn
+from engine_utils import DEVICES, advantages, engine, free_port, hf_logprobs, make_batch, spawn
 from rlpost.algos import PolicyLossConfig
 from rlpost.trainers.fsdp.lora import LoraSettings
 from rlpost.trainers.vl_compat import torchvision_available
@@ -20,8 +20,10 @@ from rlpost.models.tiny import build_tiny_model
 VARIANTS = {"full": {}, "lora": {"lora": LoraSettings(rank=8, alpha=16.0)}}
 
 
-def _train_and_save(rank: int, model_dir: str, port: int, variant: str, run_dir: str, out: str):
-    eng = engine(model_dir, rank, 1, port, lr=5e-2, micro_batch_size=8, **VARIANTS[variant])
+def _train_and_save(
+    rank: int, model_dir: str, port: int, variant: str, run_dir: str, out: str, device: str
+):
+    eng = engine(model_dir, rank, 1, port, device, lr=5e-2, micro_batch_size=8, **VARIANTS[variant])
     batch = make_batch()
     batch.advantages_bt = advantages(batch)
     for _ in range(3):
@@ -38,9 +40,12 @@ def model_dir(tmp_path_factory) -> str:
     return str(build_tiny_model("micro", tmp_path_factory.mktemp("exp") / "m", 0, init_std=0.3))
 
 
-def _export(model_dir: str, tmp: Path, variant: str) -> tuple[Path, torch.Tensor]:
+def _export(
+    model_dir: str, tmp: Path, variant: str, device: str = "cpu"
+) -> tuple[Path, torch.Tensor]:
     run_dir = tmp / "run"
-    spawn(_train_and_save, (model_dir, free_port(), variant, str(run_dir), str(tmp / "t.pt")))
+    args = (model_dir, free_port(), variant, str(run_dir), str(tmp / "t.pt"), device)
+    spawn(_train_and_save, args)
     step = CheckpointManager(run_dir, 1).latest()
     assert step is not None
     out = tmp / "hf"
@@ -50,11 +55,12 @@ def _export(model_dir: str, tmp: Path, variant: str) -> tuple[Path, torch.Tensor
     return out, torch.load(tmp / "t.pt")["logp"]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_export_loads_in_transformers_and_matches_the_trainer(variant, model_dir, tmp_path):
+def test_export_loads_in_transformers_and_matches_the_trainer(variant, device, model_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    out, trainer_logp = _export(model_dir, tmp_path, variant)
+    out, trainer_logp = _export(model_dir, tmp_path, variant, device)
     model = AutoModelForCausalLM.from_pretrained(out).eval()
     # plain HF names: no peft prefixes, no adapter tensors
     assert not any("lora" in k or "base_layer" in k for k in model.state_dict())

@@ -1,4 +1,5 @@
-"""FSDP2 engine on CPU (gloo): log-prob parity, split-invariant updates, SFT, HF export.
+"""FSDP2 engine on the CPU (gloo) and, under the ``gpu`` marker, on one CUDA GPU (NCCL):
+log-prob parity, split-invariant updates, SFT, HF export.
 
 Shapes: b = samples, t = tokens, v = vocab.
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from engine_utils import advantages, engine, free_port, make_batch
+from engine_utils import DEVICES, advantages, engine, free_port, make_batch, one_rank_only, to_cpu
 from rlpost.algos import PolicyLossConfig
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.fsdp.engine import FSDPEngine, token_logprobs
@@ -54,8 +55,8 @@ def _spawn(fn, args: tuple, nprocs: int = 1) -> None:
 
 
 # -- workers (module level so that the child processes can import them) --------
-def _logprobs_worker(rank: int, model_dir: str, port: int, out: str) -> None:
-    engine = _engine(model_dir, rank, 1, port, micro_batch_size=3)
+def _logprobs_worker(rank: int, model_dir: str, port: int, out: str, device: str) -> None:
+    engine = _engine(model_dir, rank, 1, port, micro_batch_size=3, device=device)
     batch = _batch()
     result = {"t1": engine.logprobs(batch), "t2": engine.logprobs(batch, temperature=2.0)}
     engine.close()
@@ -63,10 +64,18 @@ def _logprobs_worker(rank: int, model_dir: str, port: int, out: str) -> None:
 
 
 def _policy_worker(
-    rank: int, world_size: int, model_dir: str, port: int, micro_batch_size: int, out: str
+    rank: int,
+    world_size: int,
+    model_dir: str,
+    port: int,
+    micro_batch_size: int,
+    out: str,
+    device: str,
 ) -> None:
     """One ``update_policy`` step on this rank's share of the 8-sample batch."""
-    engine = _engine(model_dir, rank, world_size, port, micro_batch_size=micro_batch_size)
+    engine = _engine(
+        model_dir, rank, world_size, port, micro_batch_size=micro_batch_size, device=device
+    )
     full = _batch()
     full.advantages_bt = _advantages(full)
     batch = full.shard(rank, world_size)
@@ -78,7 +87,7 @@ def _policy_worker(
         grads[name] = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
     weights = engine.named_weights()
     specs, items = engine.weight_stream()  # a layer gathered at a time (collective sync)
-    streamed = [(name, tuple(t.shape), t.dtype, t.clone()) for name, t in items]
+    streamed = [(name, tuple(t.shape), t.dtype, t.to("cpu", copy=True)) for name, t in items]
     # Where converting layer by layer would rename a tensor, the stream is the whole
     # state; it gathers only once iterated (rank 0 reads the specs alone).
     layerwise = engine._layerwise  # what the first stream found
@@ -86,10 +95,10 @@ def _policy_worker(
     engine.named_weights = lambda: gathers.append(1) or named()  # type: ignore[method-assign]
     _, whole = engine.weight_stream()
     lazy = gathers == []
-    whole_streamed = [(name, t.clone()) for name, t in whole]
+    whole_streamed = [(name, t.to("cpu", copy=True)) for name, t in whole]
     if rank == 0:
         torch.save(
-            {"metrics": metrics, "grads": grads, "weights": dict(weights), "rows": len(batch),
+            {"metrics": metrics, "grads": to_cpu(grads), "weights": dict(weights), "rows": len(batch),
              "specs": specs, "streamed": streamed, "layerwise": layerwise, "lazy": lazy,
              "whole_streamed": whole_streamed, "gathers": len(gathers)},
             out,
@@ -99,9 +108,9 @@ def _policy_worker(
     engine.close()
 
 
-def _sft_worker(rank: int, model_dir: str, port: int, save_dir: str, out: str) -> None:
+def _sft_worker(rank: int, model_dir: str, port: int, save_dir: str, out: str, device: str) -> None:
     """20 SFT steps on one fixed batch, then an HF export."""
-    engine = _engine(model_dir, rank, 1, port, lr=3e-3, micro_batch_size=8)
+    engine = _engine(model_dir, rank, 1, port, lr=3e-3, micro_batch_size=8, device=device)
     batch = _batch(seed=2)
     nll = [engine.update_sft(batch)["sft/nll"] for _ in range(20)]
     path = engine.save_hf(save_dir)
@@ -111,40 +120,48 @@ def _sft_worker(rank: int, model_dir: str, port: int, save_dir: str, out: str) -
 
 
 # -- fixtures -------------------------------------------------------------------
+@pytest.fixture(scope="module", params=DEVICES)
+def device(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
     return str(build_tiny_model("micro", tmp_path_factory.mktemp("fsdp") / "m", seed=0))
 
 
-def _policy_step(tmp: Path, model_dir: str, world_size: int, micro_batch_size: int) -> dict:
+def _policy_step(
+    tmp: Path, model_dir: str, world_size: int, micro_batch_size: int, device: str = "cpu"
+) -> dict:
     out = tmp / f"policy_ws{world_size}_mbs{micro_batch_size}.pt"
-    args = (world_size, model_dir, _free_port(), micro_batch_size, str(out))
+    args = (world_size, model_dir, _free_port(), micro_batch_size, str(out), device)
     _spawn(_policy_worker, args, nprocs=world_size)
     return torch.load(out)
 
 
 @pytest.fixture(scope="module")
-def reference_step(model_dir, tmp_path_factory) -> dict:
+def reference_step(model_dir, device, tmp_path_factory) -> dict:
     """world_size 1, the whole batch in one micro-batch."""
-    return _policy_step(tmp_path_factory.mktemp("ref"), model_dir, 1, 8)
+    return _policy_step(tmp_path_factory.mktemp("ref"), model_dir, 1, 8, device)
 
 
 @pytest.fixture(scope="module")
-def micro_step(model_dir, tmp_path_factory) -> dict:
+def micro_step(model_dir, device, tmp_path_factory) -> dict:
     """world_size 1, micro-batches of 3, 3 and 2 samples."""
-    return _policy_step(tmp_path_factory.mktemp("micro"), model_dir, 1, 3)
+    return _policy_step(tmp_path_factory.mktemp("micro"), model_dir, 1, 3, device)
 
 
 @pytest.fixture(scope="module")
-def two_rank_step(model_dir, tmp_path_factory) -> dict:
+def two_rank_step(model_dir, device, tmp_path_factory) -> dict:
     """world_size 2: each rank holds 4 of the 8 samples, in micro-batches of 3 and 1."""
+    one_rank_only(device, 2)
     return _policy_step(tmp_path_factory.mktemp("ws2"), model_dir, 2, 3)
 
 
 @pytest.fixture(scope="module")
-def sft_run(model_dir, tmp_path_factory) -> dict:
+def sft_run(model_dir, device, tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("sft")
-    _spawn(_sft_worker, (model_dir, _free_port(), str(tmp / "hf"), str(tmp / "sft.pt")))
+    _spawn(_sft_worker, (model_dir, _free_port(), str(tmp / "hf"), str(tmp / "sft.pt"), device))
     return torch.load(tmp / "sft.pt")
 
 
@@ -193,11 +210,11 @@ def test_token_logprobs_hand_values_and_cross_entropy_parity():
     torch.testing.assert_close(logp_bt[:, 1:], -ce, rtol=0, atol=1e-6)
 
 
-def test_logprobs_match_a_plain_transformers_forward(model_dir, tmp_path):
+def test_logprobs_match_a_plain_transformers_forward(model_dir, device, tmp_path):
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "logp.pt"
-    _spawn(_logprobs_worker, (model_dir, _free_port(), str(out)))
+    _spawn(_logprobs_worker, (model_dir, _free_port(), str(out), device))
     got = torch.load(out)
 
     batch = _batch()
@@ -231,7 +248,7 @@ def test_two_ranks_match_one_rank_on_the_full_batch(model_dir, reference_step, t
 
 
 @pytest.mark.parametrize("run", ["reference_step", "two_rank_step"])
-def test_the_weight_stream_is_named_weights_a_layer_at_a_time(run, request):
+def test_the_weight_stream_is_named_weights_a_layer_at_a_time(run, device, request):
     """``weight_stream`` (the collective weight sync's source): the same tensors as
     ``named_weights``, announced up front (names, shapes, dtypes in stream order),
     converted layer by layer without falling back to the whole state."""
@@ -247,7 +264,7 @@ def test_the_weight_stream_is_named_weights_a_layer_at_a_time(run, request):
 
 
 @pytest.mark.parametrize("run", ["reference_step", "micro_step", "two_rank_step"])
-def test_logged_policy_loss_is_the_global_batch_loss(run, request):
+def test_logged_policy_loss_is_the_global_batch_loss(run, device, request):
     # old_logp = logp, so ratio = 1 and nothing is clipped: per token pg = -A_b.
     # token-mean over the global batch: loss = -sum_b A_b r_b / sum_b r_b with
     # r_b the response lengths (4, 2, 7, 1, 5, 3, 6, 2), sum 30. The trainer

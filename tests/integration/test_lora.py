@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_utils import advantages, engine, free_port, hf_logprobs, make_batch, spawn
+from engine_utils import DEVICES, advantages, engine, free_port, hf_logprobs, make_batch, spawn
 from rlpost.algos import PolicyLossConfig
 from rlpost.trainers.fsdp.lora import LoraSettings
 
@@ -19,9 +19,9 @@ LORA = LoraSettings(rank=8, alpha=16.0)
 STEPS = 3
 
 
-def _lora_worker(rank: int, model_dir: str, port: int, out: str) -> None:
+def _lora_worker(rank: int, model_dir: str, port: int, out: str, device: str) -> None:
     # lr 5e-2: three Adam steps move the adapter far enough to change log-probs
-    eng = engine(model_dir, rank, 1, port, lora=LORA, lr=5e-2, micro_batch_size=8)
+    eng = engine(model_dir, rank, 1, port, device, lora=LORA, lr=5e-2, micro_batch_size=8)
     batch = make_batch()
     result: dict = {
         "trainable": sorted(n for n, p in eng.model.named_parameters() if p.requires_grad),
@@ -56,10 +56,15 @@ def model_dir(tmp_path_factory) -> str:
     return str(build_tiny_model("micro", tmp_path_factory.mktemp("lora") / "m", 0, init_std=0.3))
 
 
+@pytest.fixture(scope="module", params=DEVICES)
+def device(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def run(model_dir, tmp_path_factory) -> dict:
+def run(model_dir, device, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("lora_run") / "out.pt"
-    spawn(_lora_worker, (model_dir, free_port(), str(out)))
+    spawn(_lora_worker, (model_dir, free_port(), str(out), device))
     return torch.load(out, weights_only=False)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_utils import advantages, engine, free_port, full_grads, make_batch, spawn
+from engine_utils import DEVICES, advantages, engine, free_port, full_grads, make_batch, spawn
 from rlpost.algos import PolicyLossConfig
 from rlpost.trainers.fsdp.engine import RegularizerConfig
 from rlpost.trainers.fsdp.lora import LoraSettings
@@ -34,12 +34,12 @@ VARIANTS = {
 REG = RegularizerConfig(entropy_coef=0.01)  # the entropy path is packed too
 
 
-def _worker(rank: int, model_dir: str, port: int, out: str) -> None:
+def _worker(rank: int, model_dir: str, port: int, out: str, device: str) -> None:
     """Every variant in one process (they share its process group): log-probs and the
     gradients of one update step, with the parameters seen before it."""
     results = {}
     for name, kw in VARIANTS.items():
-        eng = engine(model_dir, rank, 1, port, lr=1e-4, **kw)
+        eng = engine(model_dir, rank, 1, port, device, lr=1e-4, **kw)
         batch = make_batch()
         batch.advantages_bt = advantages(batch)
         # B = 0 at init would give lora_A no gradient: nudge B so both get one
@@ -59,10 +59,10 @@ def model_dir(tmp_path_factory) -> str:
     return str(build_tiny_model("micro", tmp_path_factory.mktemp("pack") / "m", 0, init_std=0.3))
 
 
-@pytest.fixture(scope="module")
-def results(model_dir, tmp_path_factory) -> dict:
+@pytest.fixture(scope="module", params=DEVICES)
+def results(request, model_dir, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("pack_run") / "out.pt"
-    spawn(_worker, (model_dir, free_port(), str(out)))
+    spawn(_worker, (model_dir, free_port(), str(out), request.param))
     return torch.load(out, weights_only=False)
 
 
@@ -106,8 +106,7 @@ def test_variant_matches_the_padded_path(variant, results):
 
 
 def _bf16_worker(rank: int, model_dir: str, device: str, port: int, out: str) -> None:
-    backend = "nccl" if device == "cuda" else "gloo"
-    eng = engine(model_dir, rank, 1, port, device=device, backend=backend, mixed_precision="bf16")
+    eng = engine(model_dir, rank, 1, port, device, mixed_precision="bf16")
     batch = make_batch()
     batch.advantages_bt = advantages(batch)
     batch.old_logp_bt = eng.logprobs(batch).cpu()
@@ -117,13 +116,11 @@ def _bf16_worker(rank: int, model_dir: str, device: str, port: int, out: str) ->
     eng.close()
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("device", DEVICES)
 def test_bf16_mixed_precision_keeps_fp32_master_weights(device, model_dir, tmp_path):
     """bf16 compute (on the CPU too, where bf16 instructions make it ~2.5x faster):
     the log-probs are a bf16 model's, not the fp32 model's, and the weights the
     optimizer steps stay fp32."""
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
     from engine_utils import hf_logprobs
     from transformers import AutoModelForCausalLM
 

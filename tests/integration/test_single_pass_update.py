@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from engine_utils import advantages, engine, free_port, make_batch, spawn
+from engine_utils import DEVICES, advantages, engine, free_port, make_batch, spawn
 from rlpost.algos import PolicyLossConfig
 from rlpost.trainers.fsdp.engine import RegularizerConfig
 from rlpost.trainers.fsdp.lora import LoraSettings
@@ -37,12 +37,12 @@ def _weights(eng) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in eng.named_weights()}
 
 
-def _worker(rank: int, model_dir: str, port: int, out: str) -> None:
+def _worker(rank: int, model_dir: str, port: int, out: str, device: str) -> None:
     results: dict = {}
     for name, kw in VARIANTS.items():
         batch = make_batch()
         batch.advantages_bt = advantages(batch)
-        separate = engine(model_dir, rank, 1, port, lr=LR, **kw)
+        separate = engine(model_dir, rank, 1, port, device, lr=LR, **kw)
         old_bt = separate.logprobs(batch)
         # The rollout sampled with other numbers: alternate tokens 1 nat above (w = e^-1)
         # and below (w = e, capped at 2) the trainer's log-probs.
@@ -56,7 +56,7 @@ def _worker(rank: int, model_dir: str, port: int, out: str) -> None:
         )
         w_sep = _weights(separate)
         del separate
-        fused = engine(model_dir, rank, 1, port, lr=LR, **kw)
+        fused = engine(model_dir, rank, 1, port, device, lr=LR, **kw)
         m_one, logp_bt = fused.update_policy_single_pass(
             batch, PolicyLossConfig(), reg=REG, is_cap=IS_CAP
         )
@@ -65,16 +65,17 @@ def _worker(rank: int, model_dir: str, port: int, out: str) -> None:
             old=old_bt, logp=logp_bt,
         )  # fmt: skip
         del fused
-    dropout = engine(model_dir, rank, 1, port, lora=LoraSettings(rank=4, dropout=0.1))
-    results["has_dropout"] = (dropout.has_dropout(), engine(model_dir, rank, 1, port).has_dropout())
+    dropout = engine(model_dir, rank, 1, port, device, lora=LoraSettings(rank=4, dropout=0.1))
+    plain = engine(model_dir, rank, 1, port, device)
+    results["has_dropout"] = (dropout.has_dropout(), plain.has_dropout())
     torch.save(results, out)
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict:
+@pytest.fixture(scope="module", params=DEVICES)
+def results(request, tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("single_pass")
     model_dir = str(build_tiny_model("micro", tmp / "m", 0, init_std=0.3))
-    spawn(_worker, (model_dir, free_port(), str(tmp / "out.pt")))
+    spawn(_worker, (model_dir, free_port(), str(tmp / "out.pt"), request.param))
     return torch.load(tmp / "out.pt", weights_only=False)
 
 

@@ -18,6 +18,7 @@ def reference(
     """What the trainer computed before: a [b, t, v] log-softmax and softmax, in float32
     (or in float64 for float64 logits)."""
     z_btv = (logits_btv if logits_btv.dtype == torch.float64 else logits_btv.float()) / temperature
+    z_btv = z_btv.clamp(min=torch.finfo(z_btv.dtype).min)  # a lowest logit / T stays finite
     logp_btv = F.log_softmax(z_btv[:, :-1], dim=-1)
     logp_bt = F.pad(logp_btv.gather(-1, ids_bt[:, 1:, None])[..., 0], (1, 0))
     return logp_bt, F.pad(entropy_from_logits(z_btv[:, :-1]), (1, 0))
@@ -124,3 +125,95 @@ def test_masked_out_logits_give_a_finite_entropy():
     logp, entropy = token_logprobs_and_entropy(logits, torch.tensor([[0, 1]]), plain_elements=0)
     assert entropy[0, 1].item() == pytest.approx(0.6931472, abs=1e-6)
     assert logp[0, 1].item() == pytest.approx(-0.6931472, abs=1e-6)
+
+
+def _hidden_case(seed: int, dtype: torch.dtype = torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    hidden = (torch.randn(3, 7, 5, generator=g) * 2).to(dtype)
+    weight = torch.randn(11, 5, generator=g).to(dtype)
+    ids = torch.randint(0, 9, (3, 7), generator=g)  # 9 and 10: never sampled
+    return hidden, weight, ids, torch.randn(3, 7, generator=g), torch.randn(3, 7, generator=g)
+
+
+def _hidden_grads(fn, hidden, weight, w_logp, w_ent):
+    h = hidden.detach().clone().requires_grad_()
+    w = weight.detach().clone().requires_grad_()
+    logp, entropy = fn(h, w)
+    ((logp * w_logp).sum() + (entropy * w_ent).sum()).backward()
+    return logp.detach(), entropy.detach(), h.grad, w.grad
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 64])  # a token a chunk, ragged chunks, all at once
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("never", [(), (9, 10)])
+def test_hidden_states_give_the_logits_values_and_gradients(chunk, temperature, never):
+    """The output layer folded in: the same log-probs, entropies and gradients (to the
+    hidden states and to the weight) as the logits ``F.linear(h, W)`` taken whole,
+    with the never-sampled tokens' logits at the lowest value as the engine sets them."""
+    from rlpost.trainers.logprobs import hidden_token_stats
+
+    hidden, weight, ids, w_logp, w_ent = _hidden_case(3)
+
+    def fused(h, w):
+        return hidden_token_stats(h, w, ids, temperature, True, never, chunk, plain_elements=0)
+
+    def whole(h, w):
+        # tokens that are never sampled have p = 0: the softmax over the other tokens
+        # (a lowest logit in the reference itself turns its backward into NaN)
+        return reference(F.linear(h, w[: 11 - len(never)]), ids, temperature)
+
+    got, want = (_hidden_grads(f, hidden, weight, w_logp, w_ent) for f in (fused, whole))
+    # float32 sums over the vocabulary in another order (logits of magnitude ~5):
+    # within 1e-5 of gradients of magnitude ~1
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    if never:  # no gradient reaches the rows of the weight the tokens never sampled use
+        assert torch.all(got[3][list(never)] == 0)
+    assert torch.all(got[0][:, 0] == 0) and torch.all(got[1][:, 0] == 0)
+
+
+def test_hidden_states_in_bf16_match_bf16_logits():
+    """bf16 hidden states and weight: each chunk's bf16 logits are the whole product's
+    rows, so log-probs match exactly what the logits path computes; the weight's
+    gradient sums chunks in float32 (within a bf16 rounding of the whole product's)."""
+    from rlpost.trainers.logprobs import hidden_token_stats
+
+    hidden, weight, ids, w_logp, w_ent = _hidden_case(4, torch.bfloat16)
+
+    def fused(h, w):
+        return hidden_token_stats(h, w, ids, 1.0, True, (), 4, plain_elements=0)
+
+    def whole(h, w):
+        return token_logprobs_and_entropy(F.linear(h, w), ids, 1.0, True, 1 << 20, 0)
+
+    (lp, ent, gh, gw), (lp2, ent2, gh2, gw2) = (
+        _hidden_grads(f, hidden, weight, w_logp, w_ent) for f in (fused, whole)
+    )
+    torch.testing.assert_close(lp, lp2, rtol=0, atol=0)
+    torch.testing.assert_close(ent, ent2, rtol=0, atol=0)
+    assert gh.dtype == gw.dtype == torch.bfloat16
+    torch.testing.assert_close(gh, gh2, rtol=0, atol=0)
+    # a bf16 rounding of each chunk's partial sum: within 2^-7 of the largest entry
+    scale = float(gw2.float().abs().max())
+    torch.testing.assert_close(gw.float(), gw2.float(), rtol=0, atol=2**-7 * scale)
+
+
+def test_small_hidden_batches_take_the_plain_path_of_the_whole_logits():
+    """Below ``plain_elements`` the logits are made whole, by the output layer's own
+    ``F.linear``: the built-in models' numbers do not move."""
+    from rlpost.trainers.logprobs import hidden_token_stats
+
+    hidden, weight, ids, _, _ = _hidden_case(5)
+    got = hidden_token_stats(hidden, weight, ids)
+    want = token_logprobs_and_entropy(F.linear(hidden, weight), ids)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_chunks_follow_the_devices_workspace():
+    from rlpost.trainers.logprobs import chunk_tokens
+
+    # CPU: 32 MiB over 8 bytes a logit at a 151,936 vocabulary = 27 tokens (as before);
+    # an accelerator's GiB over 10 bytes a logit (a bf16 chunk of logits too) = 706
+    assert chunk_tokens(151_936, "cpu") == (32 << 20) // (8 * 151_936) == 27
+    assert chunk_tokens(151_936, "cuda", 10) == (1 << 30) // (10 * 151_936) == 706
+    assert chunk_tokens(10**12, "cpu") == 1  # never zero

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -49,11 +49,16 @@ from rlpost.trainers.hf_format import (
     use_hub_layout,
     vision_parameters,
 )
-from rlpost.trainers.logprobs import next_token_stats, token_logprobs_and_entropy
+from rlpost.trainers.logprobs import (
+    hidden_token_stats,
+    next_token_stats,
+    token_logprobs_and_entropy,
+)
 from rlpost.trainers.logprobs import token_logprobs as token_logprobs  # re-exported
 from rlpost.trainers.micro_batching import micro_batches, pack, unpack
 from rlpost.trainers.objectives import RegularizerConfig as RegularizerConfig  # re-exported
 from rlpost.trainers.policy import PolicyUpdates
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, Shard
 
 
@@ -131,6 +136,9 @@ class FSDPEngine(PolicyUpdates):
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self._forward_args = set(inspect.signature(base.forward).parameters)
         self._never_sample = placeholder_token_ids(model.config)
+        # the output layer whose logits the log-probs compute a chunk at a time
+        # (``hidden_token_stats``), or None where the model's logits are taken whole
+        self._head = self._fusable_head()
         self.num_params = sum(p.numel() for p in model.parameters())
         self.num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         optim = cfg.optim() if cfg.trainable else None
@@ -168,10 +176,56 @@ class FSDPEngine(PolicyUpdates):
                     use_cache=False,
                 ).logits
         if not self._packed(mb):
-            return self._logits(mb)
+            if not self._fused(mb):
+                return self._logits(mb)
+            ids, mask = mb.input_ids_bt.to(self.device), mb.attention_mask_bt.to(self.device)
+            with self._hidden_out():
+                return self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
         ids_1T, pos_1T, _ = pack(mb)
         ids_1T, pos_1T = ids_1T.to(self.device), pos_1T.to(self.device)
-        return self.model(input_ids=ids_1T, position_ids=pos_1T, use_cache=False).logits
+        with self._hidden_out() if self._fused(mb) else nullcontext():
+            return self.model(input_ids=ids_1T, position_ids=pos_1T, use_cache=False).logits
+
+    # -- the output layer folded into the log-probs ----------------------------
+    def _fusable_head(self) -> torch.nn.Linear | None:
+        """The output layer, where ``hidden_token_stats`` may stand in for it: a
+        bias-free ``Linear`` whose output the model's forward returns untouched (no
+        soft-capping or scaling after it, as Gemma 2 or Cohere apply), which a
+        4-token forward checks bit for bit. None under ``trainer.ulysses`` and for VL
+        models, whose logits are taken whole."""
+        head = self.model.get_output_embeddings()
+        if self.sp is not None or vision_parameters(self.model):
+            return None
+        if type(head) is not torch.nn.Linear or head.bias is not None:
+            return None
+        made: list[torch.Tensor] = []
+
+        def recording(hidden: torch.Tensor) -> torch.Tensor:
+            made.append(F.linear(hidden, head.weight))
+            return made[-1]
+
+        ids = torch.arange(1, 5, device=self.device)[None] % head.out_features
+        with torch.no_grad(), _forward_replaced(head, recording):
+            logits = self.model(input_ids=ids, use_cache=False).logits
+        # FSDP2 leaves the root's parameters gathered after a forward (and every
+        # layer's on one rank): shard them again, so that the optimizer, made next,
+        # holds the sharded parameters and not the gathered copies
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+        if len(made) != 1 or not torch.equal(logits.to(made[0].dtype), made[0]):
+            return None
+        return head
+
+    def _fused(self, mb: TrajectoryBatch) -> bool:
+        """Whether ``mb``'s output is the last hidden states (the output layer folded
+        into the log-probs) rather than logits."""
+        return self._head is not None and mb.mm_inputs_b is None
+
+    def _hidden_out(self):  # type: ignore[no-untyped-def]
+        """While the block runs, the model returns the output layer's input as its logits."""
+        assert self._head is not None
+        return _forward_replaced(self._head, lambda hidden: hidden)
 
     def _logits(self, mb: TrajectoryBatch) -> torch.Tensor:
         """The model's logits (b, t, v) in its dtype: no float32 copy, no temperature
@@ -208,13 +262,21 @@ class FSDPEngine(PolicyUpdates):
         values are scattered back to the padded layout."""
         if self.sp is not None:
             return self._sp_token_stats(mb, logits, temperature, with_entropy)
+        stats = token_logprobs_and_entropy
+        if self._fused(mb):  # ``logits`` are the last hidden states
+            assert self._head is not None
+            # the weight as the forward left it: gathered whole (FSDP2 keeps the
+            # root's parameters unsharded from its forward to its backward)
+            weight, never = self._head.weight, tuple(self._never_sample)
+
+            def stats(h: torch.Tensor, ids: torch.Tensor, temp: float, ent: bool):  # type: ignore[no-redef]
+                return hidden_token_stats(h, weight, ids, temp, ent, never)
+
         if not self._packed(mb):
             ids = mb.input_ids_bt.to(self.device)
-            return token_logprobs_and_entropy(logits, ids, temperature, with_entropy)
+            return stats(logits, ids, temperature, with_entropy)
         ids_1T, _, lengths = pack(mb)
-        logp_1T, entropy_1T = token_logprobs_and_entropy(
-            logits, ids_1T.to(self.device), temperature, with_entropy
-        )
+        logp_1T, entropy_1T = stats(logits, ids_1T.to(self.device), temperature, with_entropy)
         width = mb.input_ids_bt.shape[1]
         return unpack(logp_1T, lengths, width), unpack(entropy_1T, lengths, width)
 
@@ -421,6 +483,18 @@ class FSDPEngine(PolicyUpdates):
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+@contextmanager
+def _forward_replaced(
+    module: torch.nn.Module, forward: Callable[[torch.Tensor], torch.Tensor]
+) -> Iterator[None]:
+    """``module`` runs ``forward`` instead of its own while the block runs."""
+    module.forward = forward  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del module.forward
 
 
 def _whole(tensor: torch.Tensor, empty: Empty) -> torch.Tensor:
