@@ -401,7 +401,7 @@ def main() -> None:
     p.add_argument(
         "--only", default="update,plain,logprob,ipc", help="which checks, comma-separated"
     )
-    p.add_argument("--updates", type=int, default=2)
+    p.add_argument("--updates", type=int, default=3)
     p.add_argument("--lp-samples", type=int, default=8)
     p.add_argument("--lp-tokens", type=int, default=1024)
     p.add_argument("--bucket-mb", type=int, default=512)

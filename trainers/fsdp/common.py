@@ -88,7 +88,8 @@ class FSDPBackend:
     model on one (the policy's logits, the critic's values). ``optim`` None: a
     frozen reference policy, without optimizer state. ``sp`` (``trainer.ulysses``):
     the ranks of a sequence-parallel group run their shares joined, each holding a
-    slice of every sequence.
+    slice of every sequence. ``offload``: the parameters live on the host
+    (``CPUOffloadPolicy``).
     """
 
     def __init__(
@@ -99,8 +100,12 @@ class FSDPBackend:
         output: Callable[[TrajectoryBatch], torch.Tensor],
         optim: OptimConfig | None,
         sp: SequenceParallel | None = None,
+        offload: bool = False,
     ):
         self.model, self.world_size = model, world_size
+        # one rank, parameters on the device: micro-batches accumulate beside the
+        # gathered layers (``_accumulate_locally``)
+        self.accumulates_locally = world_size == 1 and not offload
         self.split, self.output, self.sp = split, output, sp
         self.max_grad_norm = optim.max_grad_norm if optim else 0.0
         self.optimizer: torch.optim.Optimizer | None = None
@@ -138,8 +143,11 @@ class FSDPBackend:
         data, first = (batch, 0) if self.sp is None else join_shares(batch, self.sp.group)
         rows_bt = torch.zeros(data.input_ids_bt.shape, dtype=torch.float32)
         start = 0
+        mbs = self.split(data)
         with torch.set_grad_enabled(grad):
-            for mb in self.split(data):
+            for i, mb in enumerate(mbs):
+                if grad:
+                    self._accumulate_locally(last=i == len(mbs) - 1)
                 loss, rows = on_output(mb, self.output(mb))
                 if grad:
                     # FSDP averages gradients over ranks; the loss is already a
@@ -151,6 +159,19 @@ class FSDPBackend:
                     rows_bt[start : start + len(mb), : rows.shape[1]] = rows.cpu()
                 start += len(mb)
         return rows_bt[first : first + len(batch), : batch.input_ids_bt.shape[1]]
+
+    def _accumulate_locally(self, last: bool) -> None:
+        """On one rank, FSDP2 adds each micro-batch's gradients in float32 beside the
+        gathered layers and reduces (a copy, on one rank) once, after the last
+        micro-batch; the layers stay gathered until then instead of being gathered
+        again for every micro-batch. The accumulation holds as much memory as the
+        reduced gradients would. Several ranks reduce every micro-batch: their
+        accumulated gradients would be the whole model's on each rank."""
+        from torch.distributed.fsdp import FSDPModule
+
+        if self.world_size == 1 and isinstance(self.model, FSDPModule):
+            self.model.set_requires_gradient_sync(last)
+            self.model.set_reshard_after_backward(last)
 
     def zero_grad(self) -> None:
         assert self.optimizer is not None

@@ -72,7 +72,9 @@ class CriticEngine(CriticUpdates):
         self.model = model
         self.num_params = sum(p.numel() for p in model.parameters())
         optim = cfg.optim()
-        backend = FSDPBackend(model, world_size, self._micro_batches, self._values, optim, self.sp)
+        backend = FSDPBackend(
+            model, world_size, self._micro_batches, self._values, optim, self.sp, cfg.param_offload
+        )
         state = FSDPState(model, backend.optimizer, backend.scheduler, cfg, rank, world_size, False)
         super().__init__(backend, lambda v_bt: v_bt, state)
 

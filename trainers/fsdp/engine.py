@@ -142,7 +142,9 @@ class FSDPEngine(PolicyUpdates):
         self.num_params = sum(p.numel() for p in model.parameters())
         self.num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         optim = cfg.optim() if cfg.trainable else None
-        backend = FSDPBackend(model, world_size, self._micro_batches, self._output, optim, self.sp)
+        backend = FSDPBackend(
+            model, world_size, self._micro_batches, self._output, optim, self.sp, cfg.param_offload
+        )
         # its optimizer and LR schedule (None for a frozen reference policy)
         self.updater = backend if cfg.trainable else None
         state = FSDPState(

@@ -65,7 +65,12 @@ class RewardModelEngine:
         self.model = model
         self.num_params = sum(p.numel() for p in model.parameters())
         self.backend = FSDPBackend(
-            model, world_size, self._micro_batches, self._scores, cfg.optim()
+            model,
+            world_size,
+            self._micro_batches,
+            self._scores,
+            cfg.optim(),
+            offload=cfg.param_offload,
         )
         self.state = FSDPState(
             model, self.backend.optimizer, self.backend.scheduler, cfg, rank, world_size, False
