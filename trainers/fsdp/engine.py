@@ -231,7 +231,7 @@ class FSDPEngine(PolicyUpdates):
 
     def _logits(self, mb: TrajectoryBatch) -> torch.Tensor:
         """The model's logits (b, t, v) in its dtype: no float32 copy, no temperature
-        (``token_logprobs_and_entropy`` applies both a few tokens at a time)."""
+        (``token_logprobs_and_entropy`` applies both a chunk of tokens at a time)."""
         ids = mb.input_ids_bt.to(self.device)
         mask = mb.attention_mask_bt.to(self.device)
         images = self._image_inputs(mb, ids)
