@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# rlpost as a user installs it: build the wheel, install it into a fresh virtual
-# environment, and from an empty directory run `python -m rlpost.main --help`,
-# `rlpost --config-dir ... --help-keys` and two RL steps with the console script.
-# The fresh environment sees the dependencies of .venv (torch, vLLM, ...) through a
-# .pth file; the .pth files of .venv are not processed there, so its editable
-# rlpost stays invisible and `import rlpost` must find the installed wheel.
+# rlpost as a user installs it, as docs/getting-started.md says: build the wheel,
+# `pip install "<wheel>[cpu]"` into a fresh virtual environment (the package
+# registry's torch, vLLM and what they pull in), see the first run stop on the
+# torchvision that vLLM brings and name the fix, apply it, and from an empty
+# directory run `python -m rlpost.main --help`, `rlpost --config-dir ... --help-keys`
+# and two RL steps with the console script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -48,13 +48,27 @@ EOF
 )
 step "the wheel carries the $bases pre-warmed bases of rlpost/models/bases/"
 
-.venv/bin/python -m venv --without-pip "$tmp/venv"
+python3 -m venv "$tmp/venv"
 site=$("$tmp/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
-.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))' > "$site/rlpost-deps.pth"
-.venv/bin/python -m pip --python "$tmp/venv/bin/python" install --quiet --no-deps --no-index "$wheel"
+"$tmp/venv/bin/python" -m pip install --quiet "$wheel[cpu]" 2> "$tmp/pip.log" \
+  || { tail -20 "$tmp/pip.log"; echo "wheel check: pip install <wheel>[cpu] failed" >&2; exit 1; }
+step "pip install $(basename "$wheel")[cpu] into a fresh environment"
 mkdir "$tmp/empty"
 cd "$tmp/empty"
 export PATH="$tmp/venv/bin:$PATH"
+# vLLM's CPU build pulls the registry's torchvision (a build for CUDA's torch): where it
+# does not load, the first run stops before Ray with exit code 2 and the fix.
+if ! python -c 'import torchvision' 2> /dev/null && pip show --quiet torchvision 2> /dev/null; then
+  if rlpost trainer.total_steps=1 trainer.run_dir="$tmp/first" > first.log 2>&1; then
+    echo "wheel check: a run beside a broken torchvision did not stop" >&2; exit 1
+  else
+    rc=$?
+  fi
+  [ "$rc" = 2 ] && grep -q "pip uninstall -y torchvision torchaudio torchcodec" first.log \
+    && [ ! -e "$tmp/first" ] || { tail -20 first.log; echo "wheel check: exit code $rc" >&2; exit 1; }
+  step "the first run stops with exit code 2 and names: pip uninstall -y torchvision torchaudio torchcodec"
+  pip uninstall --quiet -y torchvision torchaudio torchcodec
+fi
 found=$(python -c 'import rlpost; print(rlpost.__file__)')
 case "$found" in
   "$site"/*) step "import rlpost: $found" ;;

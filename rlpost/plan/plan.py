@@ -30,6 +30,7 @@ from rlpost.plan.checks import (
 )
 from rlpost.plan.engines import rollout_engine_config, trainer_engine_config
 from rlpost.plan.inputs import drop_long_prompts, load_data
+from rlpost.plan.packages import check_companions
 from rlpost.plan.pd_prompts import check_pd_prompts
 from rlpost.plan.teacher import check_teacher
 from rlpost.rewards.combine import (
@@ -177,7 +178,7 @@ def load_rewards(cfg: Config, specs: list[str]) -> tuple[list[RewardFn], list[st
 def build_plan(cfg: Config) -> RunPlan:
     """Resolve and check everything ``cfg`` implies; a ``ConfigError`` lists every
     problem found, so one run names them all."""
-    problems: list[str] = []
+    problems = check_companions()
     device, found = check_device(cfg)
     problems += found
     try:
