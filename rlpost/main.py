@@ -118,15 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         interrupted = Interrupted(stop.raised, at_start=stop.raised_at_start)
         print(interrupted.advice(), file=sys.stderr)
         return interrupted.exit_code
-    from rlpost.loop.tracking import val_headline
+    from rlpost.loop.tracking import first_and_last
 
-    key, _ = val_headline(result.history)
-    last, first = result.history[-1], result.history[0]
-    print(
-        f"done: {key} {first.get(key, float('nan')):.3f} -> "
-        f"{last.get(key, float('nan')):.3f}; run dir {result.run_dir}; "
-        f"final model {result.final_model}"
-    )
+    figure = first_and_last(result.history)  # the run's headline, as its plot and the board
+    said = f"{figure[0]} {figure[1]:.3f} -> {figure[2]:.3f}; " if figure else ""
+    print(f"done: {said}run dir {result.run_dir}; final model {result.final_model}")
     from rlpost.trainers.vl_compat import load_hint
 
     hint = load_hint(result.final_model) if result.final_model else None

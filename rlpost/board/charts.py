@@ -7,6 +7,8 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from rlpost.loop.tracking import HEADLINES
+
 # (title, what the chart shows, which keys belong in it); the first chart that
 # takes a key gets it, so order matters.
 CHARTS: list[tuple[str, str, Callable[[str], bool]]] = [
@@ -17,8 +19,21 @@ CHARTS: list[tuple[str, str, Callable[[str], bool]]] = [
     ),
     (
         "Held-out",
-        "val/accuracy, val/reward_mean, val/pass@k",
-        lambda k: k in ("val/accuracy", "val/reward_mean") or k.startswith("val/pass@"),
+        "the run's held-out headline (accuracy, reward, pair accuracy, NLL) and val/pass@k",
+        lambda k: k in {h.val for h in HEADLINES} or k.startswith("val/pass@"),
+    ),
+    (
+        "Pairs",
+        "preference pairs won and their margins (DPO's implicit rewards, a reward model's)",
+        lambda k: (
+            k.removeprefix("val/").startswith(("rewards/", "rm/accuracy", "rm/margin"))
+            or k == "val/reward_margin"
+        ),
+    ),
+    (
+        "Loss",
+        "the training objective: DPO, reward model, SFT NLL, the policy loss",
+        lambda k: k.endswith(("/loss", "/nll")),
     ),
     (
         "KL",

@@ -30,13 +30,13 @@ from typing import Any
 import yaml
 
 from rlpost.board.paths import relative
+from rlpost.loop.tracking import first_and_last
 
 RECENT_S = 120.0
 MAX_DEPTH = 2
 LOG_NAME = "board.log"  # the launched run's stdout and stderr
 LAUNCH_NAME = "board.json"  # how the board launched it (command, pid or job id)
 MARKERS = ("config.yaml", "metrics.jsonl", LAUNCH_NAME)
-HEADLINES = ("val/accuracy", "val/reward_mean")
 STOP_CODES = (130, 143)  # 128 + SIGINT, 128 + SIGTERM: checkpointed and stopped (faults.py)
 # A complete checkpoint: checkpoints/step_N holding COMPLETE (rlpost/loop/checkpoint.py;
 # a save in progress is step_N.partial).
@@ -170,12 +170,9 @@ def read_launch(run_dir: Path) -> dict[str, Any]:
 
 
 def headline(rows: list[dict[str, Any]]) -> tuple[str, float, float] | None:
-    """``val/accuracy`` (else ``val/reward_mean``): its first and last logged value."""
-    for key in HEADLINES:
-        values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
-        if values:
-            return key, float(values[0]), float(values[-1])
-    return None
+    """The run's headline figure (``rlpost.loop.tracking.headline``, as its final line
+    and curves.png have it): its key, first and last logged value."""
+    return first_and_last(rows)
 
 
 def last_error(log: Path, tail_bytes: int = 65536) -> str | None:

@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,12 +87,18 @@ class Tracker:
         fig = Figure(figsize=(7, 4))
         FigureCanvasAgg(fig)
         ax = fig.subplots()
-        for key, style in (("reward/mean", "-"), (val_headline(self.history)[0], "o-")):
-            pts = [(h["step"], h[key]) for h in self.history if key in h]
+        h = headline(self.history)
+        values = []
+        for key, style in ((h.train, "-"), (h.val, "o-")):
+            pts = [
+                (r["step"], r[key]) for r in self.history if isinstance(r.get(key), (int, float))
+            ]
             if pts:
                 ax.plot(*zip(*pts), style, label=key)
+                values += [v for _, v in pts]
         ax.set_xlabel("step")
-        ax.set_ylim(-0.02, 1.02)
+        if values and 0 <= min(values) and max(values) <= 1:  # accuracies, rewards in [0, 1]
+            ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
         ax.legend()
         ax.set_title(self.run_dir.name)
@@ -120,12 +127,50 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def val_headline(history: list[dict[str, float]]) -> tuple[str, str]:
-    """The held-out figure a run is judged by, and its short name: ``val/accuracy``
-    where the reward has a correctness signal, ``val/pair_accuracy`` for a reward
-    model being trained (``algo=rm``), else ``val/reward_mean``."""
-    if any("val/accuracy" in h for h in history):
-        return "val/accuracy", "val_acc"
-    if any("val/pair_accuracy" in h for h in history):
-        return "val/pair_accuracy", "val_pair_acc"
-    return "val/reward_mean", "val_reward"
+@dataclass(frozen=True)
+class Headline:
+    """The figure a run is judged by: held out (``val``) and its training twin
+    (``train``), and a short name for the progress bar."""
+
+    val: str
+    train: str
+    short: str
+
+
+# One per kind of run, in the order they are looked for: the final line, curves.png,
+# the progress bar and the board all take theirs from here.
+HEADLINES = (
+    Headline("val/accuracy", "reward/mean", "val_acc"),  # RL, a correctness signal
+    Headline("val/pair_accuracy", "rm/accuracy", "val_pair_acc"),  # algo=rm
+    Headline("val/rewards/accuracies", "rewards/accuracies", "val_pair_acc"),  # algo=dpo ...
+    Headline("val/nll", "sft/nll", "val_nll"),  # algo=sft
+    Headline("val/reward_mean", "reward/mean", "val_reward"),  # RL
+)
+
+
+def headline(history: list[dict[str, Any]]) -> Headline:
+    """The run's ``Headline``: the first whose held-out figure was logged, else (a run
+    without validation) the first whose training figure was; RL's is then
+    ``reward/mean`` under ``val/reward_mean``."""
+    keys = {k for row in history for k in row}
+    for h in HEADLINES:
+        if h.val in keys:
+            return h
+    return next((h for h in HEADLINES[1:] if h.train in keys), HEADLINES[-1])
+
+
+def val_headline(history: list[dict[str, Any]]) -> tuple[str, str]:
+    """The held-out figure a run is judged by and its short name (``headline``)."""
+    h = headline(history)
+    return h.val, h.short
+
+
+def first_and_last(history: list[dict[str, Any]]) -> tuple[str, float, float] | None:
+    """The headline's held-out figure (or, without validation, its training one):
+    its first and last logged value; None where neither was logged."""
+    h = headline(history)
+    for key in (h.val, h.train):
+        values = [float(r[key]) for r in history if isinstance(r.get(key), (int, float))]
+        if values:
+            return key, values[0], values[-1]
+    return None

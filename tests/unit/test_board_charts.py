@@ -29,6 +29,21 @@ def test_metrics_are_grouped_by_name():
     assert charts["Async staleness"] == ["async/staleness_mean"]
 
 
+def test_preference_and_sft_runs_get_their_pairs_losses_and_headline():
+    # a DPO run, a reward model's and an SFT run: each has charts beyond time and speed
+    keys = [
+        "dpo/loss", "rewards/accuracies", "rewards/margins", "val/rewards/accuracies",
+        "val/dpo/loss", "rm/accuracy", "rm/loss", "val/pair_accuracy", "val/reward_margin",
+        "sft/nll", "val/nll", "timing/update_s",
+    ]  # fmt: skip
+    charts = {title: mine for title, _, mine in group_metrics(keys)}
+    assert charts["Held-out"] == ["val/rewards/accuracies", "val/pair_accuracy", "val/nll"]
+    assert charts["Pairs"] == [
+        "rewards/accuracies", "rewards/margins", "rm/accuracy", "val/reward_margin"
+    ]  # fmt: skip
+    assert charts["Loss"] == ["dpo/loss", "val/dpo/loss", "rm/loss", "sft/nll"]
+
+
 def test_wall_time_is_cumulative_step_time():
     rows = [{"step": 0}, {"step": 1, "timing/step_s": 1.5}, {"step": 2, "timing/step_s": 2.0}]
     assert x_values(rows, "step") == [0.0, 1.0, 2.0]
