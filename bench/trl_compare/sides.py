@@ -167,7 +167,7 @@ def run_trl(
     spec = {
         "model": data["model"],
         "rows": [r for rows in data["steps"][b.name][: setup.steps] for r in rows],
-        "arith_py": str(common.SRC / "rlpost" / "tasks" / "arith.py"),
+        "arith_py": str(common.SRC / "rlpost" / "data" / "tasks" / "arith.py"),
         "prompts": b.prompts,
         "n": b.n,
         "setup": asdict(setup),
