@@ -73,7 +73,17 @@ def warmup_task_args(cfg: Config) -> dict[str, Any]:
     args: dict[str, Any] = {"seed": cfg.trainer.seed}
     if name == task_name(cfg.data.name):
         args |= {"max_operand": cfg.data.max_operand, "num_val": cfg.data.val_size}
+    else:
+        # A task the run does not use (a user's files) counts with the defaults the
+        # built-in task's own run has: both get one base, the shipped one if any.
+        args |= {"max_operand": _default(name, "max_operand"), "num_val": _default(name, "num_val")}
     return {k: v for k, v in args.items() if k in TASKS[name].SFT_FIELDS}
+
+
+def _default(task: str, name: str) -> Any:
+    """The default of field ``name`` of the built-in ``task`` (None where it has none)."""
+    found = {f.name: f.default for f in dataclasses.fields(TASKS[task])}
+    return found.get(name)
 
 
 def warmup_config(cfg: Config) -> Config:
@@ -150,6 +160,12 @@ def builtin_model(cfg: Config, make_trainer: Callable[[str, float, int], Any]) -
     out.parent.mkdir(parents=True, exist_ok=True)
     if cfg.model.warmup.shipped and (SHIPPED_DIR / out.name / "config.json").exists():
         return install_shipped(SHIPPED_DIR / out.name, out)
+    log.warning(
+        "built-in model: no pre-warmed base ships for these settings; warming one up here "
+        "(up to %d SFT steps on the built-in %s task, minutes on a CPU), cached in %s for "
+        "later runs",
+        cfg.model.warmup.steps, warmup_task(cfg), out,
+    )  # fmt: skip
     # One initial model per build: two runs that build the same entry at once
     # (two experiments on one machine) each warm their own copy, and the second
     # to finish replaces the first's with the same model (``save_hf`` is atomic).

@@ -23,6 +23,24 @@ def test_rlpost_ships_the_arith_and_calc_bases():
     }
 
 
+@pytest.mark.parametrize(
+    ("theirs", "ours"),
+    [
+        (["data=files", "data.train_files=[a.jsonl]", "data.val_files=[b.jsonl]"], []),
+        (
+            ["algo=rm", "data=files", "data.train_files=[a.jsonl]", "data.val_files=[b.jsonl]"],
+            ["algo=rm", "data=arith_pref"],
+        ),
+    ],
+)
+def test_a_run_on_a_users_files_starts_from_the_built_in_tasks_shipped_base(theirs, ours):
+    # the built-in model is warmed up on the arith task either way; a user's files
+    # take its defaults, so algo=rm data=files starts from the shipped 0.9 base
+    # instead of warming one up on the machine for minutes
+    assert warmup_key(compose(theirs)) == warmup_key(compose(ours))
+    assert warmup_key(compose(theirs)) in {p.name for p in SHIPPED}
+
+
 @pytest.mark.parametrize("base", SHIPPED, ids=lambda p: p.name)
 def test_each_shipped_base_is_current_for_its_settings(base):
     record = json.loads((base / WARMUP_RECORD).read_text())
