@@ -24,6 +24,9 @@ class EngineConfig:
     # defaults, rlpost/plan/engines.py turns it into this): built by hand, say them.
     lr: float = field(kw_only=True)
     lr_warmup_steps: int = field(kw_only=True)
+    lr_schedule: str = "constant"  # after the warm-up: constant, linear or cosine decay
+    lr_decay_steps: int = 0  # optimizer steps the decay spans (the run's)
+    lr_min_ratio: float = 0.0  # the decay's floor, a share of lr
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.99)
     max_grad_norm: float = 1.0

@@ -327,6 +327,13 @@ class TrainerConfig:
     )
     lr: float = spec(1e-4, gt=0, help="AdamW learning rate")
     lr_warmup_steps: int = spec(10, ge=0, help="linear learning-rate warm-up steps")
+    lr_schedule: Literal["constant", "linear", "cosine"] = spec(
+        "constant",
+        help="the learning rate after the warm-up: constant, or a linear or cosine decay over the run's optimizer steps (trainer.total_steps x algo.epochs x algo.mini_batches) to trainer.lr_min_ratio x lr",
+    )
+    lr_min_ratio: float = spec(
+        0.0, ge=0, le=1, help="the floor a decaying trainer.lr_schedule ends at, as a share of lr"
+    )
     weight_decay: float = spec(0.0, ge=0, help="AdamW weight decay")
     betas: list[float] = spec([0.9, 0.99], help="AdamW betas")
     max_grad_norm: float = spec(1.0, gt=0, help="gradient clipping norm")

@@ -115,6 +115,9 @@ def engine_settings(
         backend=device.backend,
         threads=cpu_threads(cfg, device.kind),
         lr_warmup_steps=lr_warmup_steps,
+        lr_schedule=t.lr_schedule,
+        lr_decay_steps=t.total_steps * cfg.algo.epochs * cfg.algo.mini_batches,
+        lr_min_ratio=t.lr_min_ratio,
         trainable=trainable,
         micro_batch_tokens=t.micro_batch_tokens,
     )

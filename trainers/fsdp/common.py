@@ -18,6 +18,7 @@ from rlpost.trainers import device as devices
 from rlpost.trainers.batch import TrajectoryBatch, join_shares
 from rlpost.trainers.engine_config import DTYPES as DTYPES  # re-exported: rlpost.export
 from rlpost.trainers.fsdp.ulysses import SequenceParallel
+from rlpost.trainers.lr_schedule import lr_factor
 from rlpost.trainers.update import OnOutput
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,9 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.99)
     max_grad_norm: float = 1.0
     lr_warmup_steps: int = 0
+    lr_schedule: str = "constant"
+    lr_decay_steps: int = 0
+    lr_min_ratio: float = 0.0
 
 
 def shard(
@@ -112,6 +116,7 @@ class FSDPBackend:
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         if optim is None:
             return
+        o = optim
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params,
@@ -121,11 +126,13 @@ class FSDPBackend:
             # one kernel for every tensor's step on an accelerator, not ~10 per tensor
             fused=bool(params) and devices.fused_optimizer(params[0].device.type),
         )
-        warmup = max(optim.lr_warmup_steps, 0)
         # A fresh Adam moves every weight by ~lr on its first steps whatever the
         # gradient's size; a linear warm-up keeps that from wrecking a tuned model.
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1))
+            self.optimizer,
+            lambda step: lr_factor(
+                step, o.lr_warmup_steps, o.lr_schedule, o.lr_decay_steps, o.lr_min_ratio
+            ),
         )
 
     @property

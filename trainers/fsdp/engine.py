@@ -95,6 +95,9 @@ class FSDPEngineConfig(EngineConfig):
             betas=self.betas,
             max_grad_norm=self.max_grad_norm,
             lr_warmup_steps=self.lr_warmup_steps,
+            lr_schedule=self.lr_schedule,
+            lr_decay_steps=self.lr_decay_steps,
+            lr_min_ratio=self.lr_min_ratio,
         )
 
 

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.distributed import Empty, gather_into, init_distributed, new_tensor
+from rlpost.trainers.lr_schedule import lr_factor
 from rlpost.trainers.megatron import cpu_shim, sequence_parallel
 from rlpost.trainers.megatron.config import (
     MegatronEngineConfig,
@@ -326,9 +327,11 @@ class MegatronModel:
         return all_keys(keys)  # ranks off the last stage have none
 
     def lr(self) -> float:
-        """Linear warm-up, the FSDP engine's schedule: lr * min(1, (step + 1) / (warmup + 1))."""
-        warmup = max(self.cfg.lr_warmup_steps, 0)
-        return self.cfg.lr * min(1.0, (self.steps + 1) / (warmup + 1))
+        """The FSDP engine's schedule (``rlpost.trainers.lr_schedule``) at this step."""
+        c = self.cfg
+        return c.lr * lr_factor(
+            self.steps, c.lr_warmup_steps, c.lr_schedule, c.lr_decay_steps, c.lr_min_ratio
+        )
 
     @cpu_shim.runs_on_cpu
     def optimizer_step(self) -> tuple[float, float, bool]:
