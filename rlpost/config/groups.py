@@ -348,6 +348,10 @@ class TrainerConfig:
         help="sync: generate, then train; one_step_off: generate the next batch while training on this one; fully_async: rollouts stream for the whole run within a staleness bound (async.*)",
     )
     save_final: bool = spec(True, help="write the final policy in HF format to run_dir/final")
+    save_best: bool = spec(
+        False,
+        help="also keep the policy at its best held-out headline so far (val/accuracy, pair accuracy; val/nll lowest) in HF format in run_dir/best, with best.json naming the step and value",
+    )
     critic_lr: float = spec(1e-4, gt=0, help="PPO critic learning rate")
     critic_warmup: int = spec(0, ge=0, help="PPO: steps that train only the critic")
     max_bad_steps: int = spec(

@@ -25,6 +25,7 @@ from rlpost.data.images import row_images
 from rlpost.data.rows import PromptStream
 from rlpost.data.samples import episode_rows, rollout_batch
 from rlpost.data.tasks import task_correctness
+from rlpost.loop.best import BestPolicy
 from rlpost.loop.collect import Collector, Pending, Rollouts
 from rlpost.loop.distill import Distillation
 from rlpost.loop.memory import colocated_memory
@@ -111,6 +112,8 @@ class Controller:
         self.distill: Distillation | None = None
         if cfg.algo.needs_teacher:
             self.distill = Distillation(cfg, workers, self.sampling.temperature)
+        # trainer.save_best: the policy at its best held-out figure (rlpost.loop.best)
+        self.best = BestPolicy(run_dir, workers.policy.save_hf) if cfg.trainer.save_best else None
         # the task's own correctness, for val/accuracy when the reward has none (a reward model)
         self.task_correctness = task_correctness(cfg.data.name)
 
@@ -141,7 +144,10 @@ class Controller:
         first = rec.restore() + 1
         rec.start_state = rec.driver_snapshot()
         if first == 1:
-            self.tracker.log(0, self.validate(0))
+            metrics = self.validate(0)
+            if self.best is not None:  # the starting policy may stay the best
+                self.best.offer(0, metrics, self.tracker.history)
+            self.tracker.log(0, metrics)
         while True:
             try:
                 self.train_steps(first)
@@ -186,6 +192,8 @@ class Controller:
                     # behind the generation in flight.
                     self.sync_weights()
                 metrics.update(self.validate(step))
+                if self.best is not None:
+                    self.best.offer(step, metrics, self.tracker.history)
             metrics["trainer/restarts"] = float(rec.trainer_restarts)
             metrics.update(self.data_counts())
             self.tracker.log(step, metrics)
