@@ -44,7 +44,9 @@ def test_keys_that_cannot_change_the_model_stay_out_of_its_cache_key():
         for change in ("data.val_size=50", "data.max_operand=9"):
             other = compose(CPU + [f"model={preset}", *FILES, change])
             assert warmup_key(other) == warmup_key(base), (preset, change)
-    assert warmup_task_args(compose(CPU + FILES)) == {"seed": 0}
+    # ... but the task's own defaults, the built-in run's: one base for both runs
+    assert warmup_task_args(compose(CPU + FILES)) == {"seed": 0, "max_operand": 99, "num_val": 200}
+    assert warmup_key(compose(CPU + FILES)) == warmup_key(compose(CPU))
     # shapes: held-out drawings come from their own stream, so val_size is not trained on
     shapes = compose(CPU + ["data=shapes"])
     assert warmup_key(compose(CPU + ["data=shapes", "data.val_size=50"])) == warmup_key(shapes)

@@ -14,7 +14,7 @@ from rlpost.config import compose
 from rlpost.device import resolve_device
 from rlpost.plan.engines import rollout_engine_config, trainer_engine_config
 
-DERIVED = {"threads"}  # from the machine's cores, not a default
+DERIVED = {"threads", "lr_decay_steps"}  # the cores; the run's optimizer steps: not defaults
 
 
 def disagreements(obj) -> list[str]:

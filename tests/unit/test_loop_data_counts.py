@@ -14,6 +14,7 @@ def _controller(overrides: list[str], logged: list[tuple[int, dict]]) -> Control
     c.cfg = compose([*overrides, "trainer.total_steps=2", "trainer.save_every=0"])
     c.malformed_rows, c.dropped_chars, c.long_prompts = 3, 5, 7
     c.validate = lambda step: {}
+    c.best = None  # trainer.save_best is off
     c.tracker = SimpleNamespace(log=lambda step, m: logged.append((step, dict(m))))
     c.recovery = SimpleNamespace(
         trainer_restarts=0,
