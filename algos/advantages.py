@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+
 from rlpost.algos.config import AdvantageConfig
 from rlpost.algos.groups import group_mean_std, uniform_groups
 

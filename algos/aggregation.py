@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
 from rlpost.algos.config import LossNorm
 
 AggFn = Callable[[torch.Tensor, torch.Tensor, LossNorm], torch.Tensor]

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from rlpost.algos.aggregation import masked_mean
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
 from rlpost.algos.groups import uniform_groups
 
 

@@ -12,6 +12,7 @@ loss sees one micro-batch too): cov_t = (A_t - mean A) * (logp_t - mean logp), d
 from __future__ import annotations
 
 import torch
+
 from rlpost.algos.aggregation import aggregate, masked_mean
 from rlpost.algos.config import LossNorm, PolicyLossConfig
 from rlpost.algos.policy_loss import register_policy_loss

@@ -8,6 +8,7 @@ Shapes: b = samples, t = response tokens.
 from __future__ import annotations
 
 import torch
+
 from rlpost.algos.aggregation import aggregate, masked_mean
 from rlpost.algos.config import LossNorm, PolicyLossConfig
 from rlpost.algos.policy_loss import register_policy_loss

@@ -26,6 +26,7 @@ import math
 from collections.abc import Callable
 
 import torch
+
 from rlpost.algos.config import OffPolicyConfig
 
 # exp(20) ~ 4.9e8: log-ratios are clamped here before exp so a stale token cannot overflow.

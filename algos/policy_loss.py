@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
 from rlpost.algos.aggregation import aggregate, masked_mean
 from rlpost.algos.config import LossNorm, PolicyLossConfig
 

@@ -6,6 +6,7 @@ Shapes: b = samples, t = response tokens.
 from __future__ import annotations
 
 import torch
+
 from rlpost.algos.aggregation import aggregate, masked_mean
 from rlpost.algos.config import LossNorm
 

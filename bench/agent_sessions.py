@@ -41,11 +41,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import ray
+
+from rlpost.models.tiny import build_tiny_model
 from rlpost.rollout.agent.loop import AgentLoopConfig, Episode, engine_generate, run_episodes
 from rlpost.rollout.base import GenerationRequest, GenerationResult, SamplingConfig
 from rlpost.rollout.vllm import VLLMEngineConfig
-
-from rlpost.models.tiny import build_tiny_model
 from rlpost.serving.rollout_group import RolloutGroup
 from rlpost.workers.rollout_worker import prompt_hash
 

@@ -161,6 +161,7 @@ def check_plain_update(args: argparse.Namespace, model_dir: Path, name: str) -> 
     """``bench/plain_update.py`` at the engine's micro-batch, halved until it fits."""
     sys.path.insert(0, str(ROOT / "bench"))
     import plain_update
+
     from rlpost.trainers import device as devices
 
     samples, prompt, response, micro_batch = args.update_shapes[name]
@@ -184,6 +185,7 @@ def check_plain_update(args: argparse.Namespace, model_dir: Path, name: str) -> 
 
 def check_logprob_memory(args: argparse.Namespace) -> list[dict]:
     import torch.nn.functional as F
+
     from rlpost.trainers import device as devices
     from rlpost.trainers.logprobs import hidden_token_stats, token_logprobs_and_entropy
 
@@ -268,8 +270,9 @@ class _Weights:
 
 def check_ipc(args: argparse.Namespace, shape: str) -> dict:
     import torch.multiprocessing as mp
-    from rlpost.trainers.weight_sync import IpcSender
     from transformers import Qwen2ForCausalLM
+
+    from rlpost.trainers.weight_sync import IpcSender
 
     with torch.device("meta"):
         meta = Qwen2ForCausalLM(qwen2_config(shape))

@@ -72,6 +72,7 @@ def run_variant(impl: str, entropy: str, b: int, t: int, v: int, d: int) -> dict
     """One forward + backward in this process; returns its memory and time."""
     import torch
     import torch.nn.functional as F
+
     from rlpost.algos import entropy_from_logits
     from rlpost.trainers.logprobs import token_logprobs_and_entropy
 

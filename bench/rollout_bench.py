@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 
 import ray
-from rlpost.rollout.base import GenerationRequest, SamplingConfig
-from rlpost.rollout.vllm import VLLMEngineConfig
 
 from rlpost.models.tiny import build_tiny_model
+from rlpost.rollout.base import GenerationRequest, SamplingConfig
+from rlpost.rollout.vllm import VLLMEngineConfig
 from rlpost.serving.rollout_group import RolloutGroup
 
 SYSTEM = "You are a careful assistant. Answer briefly, show the sum, and stop. "

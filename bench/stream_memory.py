@@ -99,7 +99,6 @@ def _rank(
         return
     from rlpost.trainers import device as devices
     from rlpost.trainers.weight_sync import IpcSender
-
     from rlpost.workers.trainer_worker import TrainerWorker
 
     torch.set_num_threads(1)

@@ -20,11 +20,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlpost.algos import PolicyLossConfig  # noqa: E402
+from rlpost.models.tiny import build_tiny_model  # noqa: E402
 from rlpost.trainers.batch import TrajectoryBatch, pad_sequences  # noqa: E402
 from rlpost.trainers.fsdp.engine import FSDPEngine, FSDPEngineConfig  # noqa: E402
 from rlpost.trainers.fsdp.lora import LoraSettings  # noqa: E402
-
-from rlpost.models.tiny import build_tiny_model  # noqa: E402
 
 ROWS = {
     "full, padded": {},

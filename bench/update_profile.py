@@ -47,9 +47,10 @@ def summarize(prof, wall: float, name: str) -> str:
 def main() -> None:
     import gpu_check
     import plain_update
+    from torch.profiler import ProfilerActivity, profile
+
     from rlpost.algos import PolicyLossConfig
     from rlpost.trainers.fsdp.engine import FSDPEngine, FSDPEngineConfig
-    from torch.profiler import ProfilerActivity, profile
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shape", default="short", choices=list(gpu_check.UPDATE_SHAPES))

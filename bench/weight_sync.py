@@ -146,6 +146,7 @@ class Side:
 
     def ipc_open(self, bucket_mb: int):  # type: ignore[no-untyped-def]
         import torch
+
         from rlpost.trainers.weight_sync import IpcSender
 
         self.sender = IpcSender(self, bucket_mb << 20, torch.device("cpu"))
@@ -160,7 +161,6 @@ class Side:
 
     def receive_ipc(self, sender, plan) -> float:  # type: ignore[no-untyped-def]
         from rlpost.trainers.weight_sync import SyncStats
-
         from rlpost.workers.ipc_source import IpcSource
 
         for name, tensor in IpcSource(sender, plan).tensors(SyncStats()):

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 import torch
+
 from rlpost.algos import LossNorm, clipped_value_loss
 from rlpost.trainers import checkpointing
 from rlpost.trainers.batch import TrajectoryBatch

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from rlpost.trainers import device as devices
 
 

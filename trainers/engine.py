@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import torch
+
 from rlpost.algos import OffPolicyConfig, PolicyLossConfig, PreferenceConfig
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.objectives import RegularizerConfig

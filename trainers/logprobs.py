@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
 from rlpost.trainers import device as devices
 
 # float32 elements of a chunk's temporaries on a CPU (16 MiB each, two at a time):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
 from rlpost.trainers.batch import TrajectoryBatch
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from rlpost.algos import (
     POLICY_LOSSES,
     LossNorm,

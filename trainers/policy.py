@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import Protocol
 
 import torch
+
 from rlpost.algos import LossNorm, OffPolicyConfig, PolicyLossConfig, PreferenceConfig, sft_loss
 from rlpost.trainers import checkpointing
 from rlpost.trainers.batch import TrajectoryBatch

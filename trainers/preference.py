@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
 from rlpost.algos import (
     LossNorm,
     PreferenceConfig,

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 import torch
+
 from rlpost.algos import PAIR_METRICS, LossNorm
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.distributed import all_reduce_

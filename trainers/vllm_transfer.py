@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+
 from rlpost.trainers import device as devices
 from rlpost.trainers.weight_sync import SyncStats
 

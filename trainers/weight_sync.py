@@ -40,8 +40,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from rlpost.trainers import device as devices
 from torch.multiprocessing.reductions import StorageWeakRef
+
+from rlpost.trainers import device as devices
 
 ALIGN = 64  # bytes: every tensor's offset in its bucket is a multiple of this
 DTYPES = {str(d).removeprefix("torch."): d for d in (

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from rlpost.rollout.base import Completion, GenerationRequest, GenerationResult
 
 

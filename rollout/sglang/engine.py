@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from rlpost.rollout.base import Completion, GenerationRequest, GenerationResult
 from rlpost.trainers import device as devices
 

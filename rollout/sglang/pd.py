@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+
 from rlpost.rollout.base import GenerationRequest, GenerationResult
 from rlpost.rollout.sglang.engine import completion, sampling_params
 

@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+
 from rlpost.rollout.base import Completion, GenerationRequest, GenerationResult
 from rlpost.rollout.pd import clear_kv_store
 from rlpost.rollout.vllm.config import ASCEND_ENV, VLLMEngineConfig, engine_args
@@ -48,8 +49,9 @@ class VLLMEngine:
         if cfg.device == devices.NPU:
             for key, value in ASCEND_ENV.items():
                 os.environ.setdefault(key, value)
-        from rlpost.trainers.hf_format import is_vision_language, placeholder_token_ids
         from transformers import PretrainedConfig
+
+        from rlpost.trainers.hf_format import is_vision_language, placeholder_token_ids
 
         vision = is_vision_language(cfg.model_path)
         if vision:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import ray
 import torch
-from rlpost.rollout.vllm import VLLMEngineConfig
 
 from rlpost.models.tiny import build_tiny_model
+from rlpost.rollout.vllm import VLLMEngineConfig
 from rlpost.serving.rollout_group import RolloutGroup
 
 

@@ -20,16 +20,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 from chat_templates import QWEN2_5, QWEN2_5_TOKENS, QWEN3, QWEN3_TOKENS
+from tokenizers import AddedToken
+from transformers import GenerationConfig, Qwen2ForCausalLM
+
+from rlpost.models.tiny import build_config, build_tiny_model, build_tokenizer
 from rlpost.rollout.agent.chat import ChatTokens
 from rlpost.rollout.agent.env import ToolEnv
 from rlpost.rollout.agent.loop import AgentLoopConfig, Episode, engine_generate, run_episodes
 from rlpost.rollout.agent.tools import load_tool
 from rlpost.rollout.base import Completion, SamplingConfig
 from rlpost.rollout.hf import HFEngine, HFEngineConfig
-from tokenizers import AddedToken
-from transformers import GenerationConfig, Qwen2ForCausalLM
-
-from rlpost.models.tiny import build_config, build_tiny_model, build_tokenizer
 
 # ChatML-style: "<|im_end|>\n" closes every turn, so a sampled <|im_end|> leaves "\n" to the delta.
 CHATML = (

@@ -20,10 +20,10 @@ import pytest
 pytest.importorskip("ray")
 pytest.importorskip("vllm")
 
-from rlpost.rollout.agent.loop import AgentLoopConfig, Episode, engine_generate, run_episodes  # noqa: E402
-from rlpost.rollout.base import SamplingConfig  # noqa: E402
 from rollout_utils import two_replicas  # noqa: E402
 
+from rlpost.rollout.agent.loop import AgentLoopConfig, Episode, engine_generate, run_episodes  # noqa: E402
+from rlpost.rollout.base import SamplingConfig  # noqa: E402
 from rlpost.workers.rollout_worker import prompt_hash  # noqa: E402
 
 EPISODES = 8

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 
-from rlpost.rollout.agent.env import ToolEnv
-from rlpost.rollout.agent.loop import AgentLoopConfig, run_episodes
-from rlpost.rollout.base import Completion, SamplingConfig
-
 from rlpost.data.samples import conversation_tokens
 from rlpost.data.tasks.calc import CalcTask, reward
 from rlpost.models.tiny import build_tokenizer
+from rlpost.rollout.agent.env import ToolEnv
+from rlpost.rollout.agent.loop import AgentLoopConfig, run_episodes
+from rlpost.rollout.base import Completion, SamplingConfig
 
 
 class ScriptedGenerate:

@@ -21,11 +21,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from engine_utils import DEVICES, advantages, engine, free_port, make_batch, spawn
-from rlpost.algos import PolicyLossConfig
-from rlpost.trainers.fsdp.lora import LoraSettings
 
+from rlpost.algos import PolicyLossConfig
 from rlpost.loop.checkpoint import CheckpointManager, load_driver_state, save_driver_state
 from rlpost.models.tiny import build_tiny_model
+from rlpost.trainers.fsdp.lora import LoraSettings
 
 K = 2
 VARIANTS = {

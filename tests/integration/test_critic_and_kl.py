@@ -12,12 +12,12 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from engine_utils import DEVICES, free_port, full_state, make_batch, on
+
 from rlpost.algos import LossNorm, PolicyLossConfig, aggregate, kl_penalty
+from rlpost.models.tiny import build_tiny_model
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.fsdp.critic import CriticEngine
 from rlpost.trainers.fsdp.engine import FSDPEngine, FSDPEngineConfig, RegularizerConfig
-
-from rlpost.models.tiny import build_tiny_model
 
 LENGTHS = [(3, 4), (5, 2), (2, 5), (4, 3)]
 PRELOAD = [
@@ -77,8 +77,9 @@ def test_critic_values_align_and_fit_returns(device, tmp_path):
     assert torch.equal(r["initial"], torch.zeros_like(r["initial"]))
     # values[:, t] is the head on the hidden state of position t-1: rebuild the
     # trained critic without FSDP and apply the head by hand.
-    from rlpost.trainers.fsdp.critic import ValueModel
     from transformers import AutoModel
+
+    from rlpost.trainers.fsdp.critic import ValueModel
 
     body = AutoModel.from_pretrained(model_dir)
     plain = ValueModel(body, body.config.hidden_size)

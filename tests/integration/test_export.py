@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 from engine_utils import DEVICES, advantages, engine, free_port, hf_logprobs, make_batch, spawn
-from rlpost.algos import PolicyLossConfig
-from rlpost.trainers.fsdp.lora import LoraSettings
-from rlpost.trainers.vl_compat import torchvision_available
 
+from rlpost.algos import PolicyLossConfig
 from rlpost.loop.checkpoint import CheckpointManager
 from rlpost.models.tiny import build_tiny_model
+from rlpost.trainers.fsdp.lora import LoraSettings
+from rlpost.trainers.vl_compat import torchvision_available
 
 VARIANTS = {"full": {}, "lora": {"lora": LoraSettings(rank=8, alpha=16.0)}}
 
@@ -125,9 +125,10 @@ def test_export_help_says_what_a_vl_processor_needs_without_torchvision():
 
 def test_exported_lora_model_generates_in_vllm_like_transformers(model_dir, tmp_path):
     pytest.importorskip("vllm")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from rlpost.rollout.base import GenerationRequest, SamplingConfig
     from rlpost.rollout.vllm import VLLMEngine, VLLMEngineConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out, _ = _export(model_dir, tmp_path, "lora")
     tokenizer = AutoTokenizer.from_pretrained(out)
@@ -158,11 +159,11 @@ def test_an_exported_llava_names_its_vision_tower_as_vllm_loads_it(tmp_path):
     (``vision_tower.embeddings.*``, which vLLM refuses) trains, and its export has
     the hub names (``vision_tower.vision_model.*``), the same weights and the
     processor."""
-    from rlpost.trainers.vl_compat import install
     from safetensors import safe_open
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
     from rlpost.models.vl import VL_ARCHS
+    from rlpost.trainers.vl_compat import install
 
     install()
     tok, config, processor = VL_ARCHS["LlavaForConditionalGeneration"]()

@@ -28,10 +28,9 @@ class Rank:
         import torch.distributed as dist
 
         fake_npu.install()
+        from rlpost.device import resolve_device
         from rlpost.trainers import device as devices
         from rlpost.trainers.distributed import init_distributed
-
-        from rlpost.device import resolve_device
 
         spec = resolve_device("auto")  # auto finds the npu, as it would find CUDA
         device = init_distributed(spec.kind, spec.backend, rank, world_size, init_method)
@@ -63,9 +62,9 @@ def npu_cluster():
 
 def test_placement_visible_devices_and_process_group_on_a_fake_npu(npu_cluster):
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-    from rlpost.trainers import device as devices
 
     from rlpost.device import DeviceSpec
+    from rlpost.trainers import device as devices
     from rlpost.workers.placement import Placement, PlacementError, bundles
 
     spec = DeviceSpec("npu", devices.kind("npu").backend)

@@ -15,8 +15,9 @@ import torch
 ray = pytest.importorskip("ray")
 pytest.importorskip("vllm")
 
-from rlpost.rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
 from rollout_utils import encode, max_logprob_diff, session_on, two_replicas  # noqa: E402
+
+from rlpost.rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
 
 
 @pytest.fixture(scope="module")

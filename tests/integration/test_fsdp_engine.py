@@ -15,11 +15,11 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from engine_utils import DEVICES, advantages, engine, free_port, make_batch, one_rank_only, to_cpu
+
 from rlpost.algos import PolicyLossConfig
+from rlpost.models.tiny import build_tiny_model
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.fsdp.engine import FSDPEngine, token_logprobs
-
-from rlpost.models.tiny import build_tiny_model
 
 # (prompt tokens, response tokens) of the 8 test samples: ragged on purpose
 LENGTHS = [(3, 4), (5, 2), (2, 7), (6, 1), (4, 5), (3, 3), (7, 6), (2, 2)]

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from ports import free_port
+
 from rlpost.trainers.distributed import gather_into
 from rlpost.trainers.megatron.convert import (
     tp_full_shape,
@@ -48,9 +49,10 @@ def _megatron(rank: int, out: dict) -> None:
 def _fsdp(rank: int, out: dict) -> None:
     """FSDP2-sharded parameters (torch.chunk along dim 0, empty shards at the end)
     made whole into the memory ``empty`` gives."""
-    from rlpost.trainers.fsdp.engine import _whole
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
+
+    from rlpost.trainers.fsdp.engine import _whole
 
     mesh = init_device_mesh("cpu", (2,))
     for rows in (5, 1):  # shards of 3 and 2 rows; of 1 row and none

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rlpost.rollout.base import GenerationRequest, SamplingConfig
-from rlpost.rollout.registry import build_engine
 
 from rlpost.data.samples import encode_prompt
 from rlpost.models.tiny import build_tiny_model
+from rlpost.rollout.base import GenerationRequest, SamplingConfig
+from rlpost.rollout.registry import build_engine
 
 PROMPTS = ["37+48=", "hello world", "a b\n c", "99+1="]
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_utils import DEVICES, advantages, engine, free_port, hf_logprobs, make_batch, spawn
-from rlpost.algos import PolicyLossConfig
-from rlpost.trainers.fsdp.lora import LoraSettings
 
+from rlpost.algos import PolicyLossConfig
 from rlpost.models.tiny import build_tiny_model
+from rlpost.trainers.fsdp.lora import LoraSettings
 
 LORA = LoraSettings(rank=8, alpha=16.0)
 STEPS = 3
@@ -115,9 +115,8 @@ def test_merged_weights_reproduce_the_trainer(run, model_dir):
 
 
 def _vllm_parity(llm, model_dir: str, reference, tokenizer) -> float:
-    from rlpost.rollout.base import GenerationRequest, SamplingConfig
-
     from rlpost.data.samples import rollout_batch
+    from rlpost.rollout.base import GenerationRequest, SamplingConfig
 
     sampling = SamplingConfig(n=4, temperature=1.0, max_tokens=6, seed=0)
     prompts = [tokenizer.encode(p) for p in ("12+7=", "hello", "3+4")]

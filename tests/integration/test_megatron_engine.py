@@ -23,8 +23,8 @@ from engine_utils import (
     make_batch,
     streamed_weights,
 )
-from rlpost.algos import PolicyLossConfig
 
+from rlpost.algos import PolicyLossConfig
 from rlpost.models.tiny import build_tiny_model
 
 LR = 1e-4

@@ -20,8 +20,8 @@ from engine_utils import (
     make_batch,
     streamed_weights,
 )
-from rlpost.algos import PolicyLossConfig
 
+from rlpost.algos import PolicyLossConfig
 from rlpost.models.archs import build_arch_model
 
 LR = 1e-4

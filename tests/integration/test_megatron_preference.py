@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_utils import engine, free_port, make_batch, spawn
-from rlpost.algos import PreferenceConfig
-from rlpost.trainers.preference import REF_LOGPS
 
+from rlpost.algos import PreferenceConfig
 from rlpost.models.tiny import build_tiny_model
+from rlpost.trainers.preference import REF_LOGPS
 
 pytest.importorskip("megatron.core")
 

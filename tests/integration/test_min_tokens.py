@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rlpost.rollout.base import GenerationRequest, SamplingConfig
-from rlpost.rollout.registry import build_engine
 
 from rlpost.config.compose import compose
 from rlpost.config.schema import ConfigError
 from rlpost.data.samples import encode_prompt
 from rlpost.models.tiny import build_tiny_model
+from rlpost.rollout.base import GenerationRequest, SamplingConfig
+from rlpost.rollout.registry import build_engine
 
 PROMPTS = ["37+48=", "hello world", "99+1="]
 MAX = 24

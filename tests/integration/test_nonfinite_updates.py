@@ -16,8 +16,8 @@ import textwrap
 
 import torch
 from engine_utils import advantages, engine, free_port, make_batch, spawn
-from rlpost.algos import PolicyLossConfig
 
+from rlpost.algos import PolicyLossConfig
 from rlpost.models.tiny import build_tiny_model
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_utils import DEVICES, advantages, engine, free_port, full_grads, make_batch, spawn
+
 from rlpost.algos import PolicyLossConfig
+from rlpost.models.tiny import build_tiny_model
 from rlpost.trainers.fsdp.engine import RegularizerConfig
 from rlpost.trainers.fsdp.lora import LoraSettings
 from rlpost.trainers.micro_batching import micro_batches, pack, unpack
-
-from rlpost.models.tiny import build_tiny_model
 
 # name -> engine settings; "padded" (8 rows in one padded micro-batch) is the reference
 VARIANTS = {

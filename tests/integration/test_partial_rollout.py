@@ -15,9 +15,8 @@ import torch
 
 pytest.importorskip("vllm")
 
-from rlpost.rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
-
 from rlpost.models.tiny import build_tiny_model  # noqa: E402
+from rlpost.rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
 
 
 @torch.no_grad()
@@ -28,9 +27,10 @@ def _teacher_logprobs(model, prompt: list[int], tokens: list[int]) -> torch.Tens
 
 
 def test_an_interrupted_request_continues_under_the_new_weights(tmp_path):
+    from transformers import AutoModelForCausalLM
+
     from rlpost.rollout.vllm import VLLMEngineConfig
     from rlpost.rollout.vllm.engine import VLLMEngine
-    from transformers import AutoModelForCausalLM
 
     path = build_tiny_model("micro", tmp_path / "m", seed=0, init_std=0.3)
     old = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()

@@ -22,12 +22,12 @@ import torch
 ray = pytest.importorskip("ray")
 pytest.importorskip("vllm")
 
-from rlpost.rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
-from rlpost.rollout.pd import pd_engine_config  # noqa: E402
-from rlpost.rollout.vllm import VLLMEngineConfig  # noqa: E402
 from rollout_utils import max_logprob_diff  # noqa: E402
 
 from rlpost.models.tiny import build_tiny_model  # noqa: E402
+from rlpost.rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
+from rlpost.rollout.pd import pd_engine_config  # noqa: E402
+from rlpost.rollout.vllm import VLLMEngineConfig  # noqa: E402
 from rlpost.serving.rollout_group import RolloutGroup  # noqa: E402
 from rlpost.workers.rollout_worker import RolloutWorker, prompt_hash  # noqa: E402
 

@@ -12,11 +12,11 @@ import math
 import pytest
 import torch
 from engine_utils import DEVICES, engine, free_port, make_batch, on, spawn
+
 from rlpost.algos import PreferenceConfig
+from rlpost.models.tiny import build_tiny_model
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.preference import REF_LOGPS
-
-from rlpost.models.tiny import build_tiny_model
 
 STEPS = 8
 

@@ -11,9 +11,9 @@ import torch
 pytest.importorskip("ray")
 pytest.importorskip("vllm")
 
-from rlpost.rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
 from rollout_utils import encode, max_logprob_diff, session_on, two_replicas  # noqa: E402
 
+from rlpost.rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
 from rlpost.workers.rollout_worker import prompt_hash  # noqa: E402
 
 TURNS = 3

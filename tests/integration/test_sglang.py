@@ -23,10 +23,10 @@ pytestmark = pytest.mark.gpu
 
 ray = pytest.importorskip("ray")
 
-from rlpost.rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
 from rollout_utils import max_logprob_diff  # noqa: E402
 
 from rlpost.models.tiny import build_tiny_model  # noqa: E402
+from rlpost.rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
 from rlpost.serving.rollout_group import RolloutGroup  # noqa: E402
 
 TURNS = 3
@@ -118,8 +118,9 @@ def test_sglang_pd_matches_a_plain_replica_and_syncs(model_path):
     _need_gpus(3)
     pytest.importorskip("sglang_router")
     pytest.importorskip("mooncake")
-    from rlpost.rollout.sglang import SGLangEngineConfig, SGLangPDConfig
     from transformers import AutoModelForCausalLM
+
+    from rlpost.rollout.sglang import SGLangEngineConfig, SGLangPDConfig
 
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)

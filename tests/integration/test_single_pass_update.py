@@ -16,11 +16,11 @@ from dataclasses import replace
 import pytest
 import torch
 from engine_utils import DEVICES, advantages, engine, free_port, make_batch, spawn
+
 from rlpost.algos import PolicyLossConfig
+from rlpost.models.tiny import build_tiny_model
 from rlpost.trainers.fsdp.engine import RegularizerConfig
 from rlpost.trainers.fsdp.lora import LoraSettings
-
-from rlpost.models.tiny import build_tiny_model
 
 VARIANTS = {
     "padded_micro": dict(micro_batch_size=3),

@@ -11,17 +11,17 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from rlpost.rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
-
 from rlpost.models.tiny import build_tiny_model  # noqa: E402
+from rlpost.rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
 
 
 @pytest.mark.gpu
 def test_sleep_frees_memory_and_a_woken_engine_generates_as_before(tmp_path):
     import torch
+    from transformers import AutoModelForCausalLM
+
     from rlpost.rollout.vllm import VLLMEngineConfig
     from rlpost.rollout.vllm.engine import VLLMEngine
-    from transformers import AutoModelForCausalLM
 
     path = build_tiny_model("tiny", tmp_path / "m", seed=0)
     cfg = VLLMEngineConfig(

@@ -14,11 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_utils import advantages, engine, free_port, full_grads, make_batch, spawn
+
 from rlpost.algos import PolicyLossConfig
+from rlpost.models.tiny import build_tiny_model
 from rlpost.trainers.fsdp.engine import RegularizerConfig
 from rlpost.trainers.fsdp.lora import LoraSettings
-
-from rlpost.models.tiny import build_tiny_model
 
 # name -> (model shape, engine settings)
 VARIANTS = {

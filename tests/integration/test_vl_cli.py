@@ -16,9 +16,9 @@ import torch
 pytest.importorskip("vllm")
 
 from cli_utils import ENV, metrics  # noqa: E402
-from rlpost.trainers.vl_compat import torchvision_available  # noqa: E402
 
 from rlpost.models.vl import IMAGE_SIDE, build_vl_model  # noqa: E402
+from rlpost.trainers.vl_compat import torchvision_available  # noqa: E402
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220)}
 # A score that differs between almost any two completions, so every group has an advantage.

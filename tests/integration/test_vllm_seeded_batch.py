@@ -7,9 +7,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from rlpost.rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
-
 from rlpost.models.tiny import build_tiny_model  # noqa: E402
+from rlpost.rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
 
 
 def test_seeded_long_prompts_in_one_batch_are_reproducible(tmp_path):

@@ -14,17 +14,17 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from rlpost.rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
-
 from rlpost.models.tiny import build_tiny_model  # noqa: E402
+from rlpost.rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
 
 
 def _send(address: str, path: str, bucket_bytes: int, done: mp.Queue) -> None:
     """The trainer's side, in a process of its own on the second GPU."""
     import torch
+    from transformers import AutoModelForCausalLM
+
     from rlpost.trainers import device as devices
     from rlpost.trainers.vllm_transfer import VllmNcclSender
-    from transformers import AutoModelForCausalLM
 
     devices.set_device(devices.CUDA, 1)
     state = AutoModelForCausalLM.from_pretrained(path).state_dict()
@@ -38,10 +38,11 @@ def _send(address: str, path: str, bucket_bytes: int, done: mp.Queue) -> None:
 @pytest.mark.gpu
 def test_weights_reach_a_vllm_engine_through_vllm_own_nccl_transfer(tmp_path):
     import torch
+    from transformers import AutoModelForCausalLM
+
     from rlpost.rollout.vllm import VLLMEngineConfig
     from rlpost.rollout.vllm.engine import VLLMEngine
     from rlpost.trainers.vllm_transfer import figures, layout
-    from transformers import AutoModelForCausalLM
 
     if torch.cuda.device_count() < 2:
         pytest.skip("NCCL needs the trainer and the replica on two GPUs")

@@ -14,13 +14,12 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("vllm")
 
 from rlpost.algos import PolicyLossConfig  # noqa: E402
-from rlpost.rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
-from rlpost.rollout.vllm import VLLMEngineConfig  # noqa: E402
-from rlpost.trainers.fsdp import FSDPEngineConfig  # noqa: E402
-
 from rlpost.data.samples import encode_prompt, rollout_batch  # noqa: E402
 from rlpost.loop.controller import logprob_parity  # noqa: E402
 from rlpost.models.tiny import build_tiny_model  # noqa: E402
+from rlpost.rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
+from rlpost.rollout.vllm import VLLMEngineConfig  # noqa: E402
+from rlpost.trainers.fsdp import FSDPEngineConfig  # noqa: E402
 from rlpost.workers.rollout_worker import RolloutWorker  # noqa: E402
 from rlpost.workers.trainer_worker import TrainerGroup  # noqa: E402
 

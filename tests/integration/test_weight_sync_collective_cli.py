@@ -12,6 +12,7 @@ import signal
 
 import pytest
 from cli_utils import actor_pids, comparable, metrics, output, run, start, wait_until
+
 from rlpost.trainers.weight_sync import shm_dir
 
 pytest.importorskip("vllm")

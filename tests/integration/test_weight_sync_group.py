@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 import torch.multiprocessing as mp
+
 from rlpost.trainers.weight_sync import SyncGroup, SyncStats
 
 BUCKET = 64 * 1024

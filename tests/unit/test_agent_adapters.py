@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from rlpost.rollout.agent.env import EnvError, load_env
 
+from rlpost.rollout.agent.env import EnvError, load_env
 from tests.openenv_server import number_guess_server
 
 COUNTER = "examples/agents/trl_style_env.py:CounterEnv"

@@ -18,16 +18,16 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from rlpost.rollout.agent.env import ToolEnv
-from rlpost.rollout.agent.loop import AgentLoopConfig, episode_metrics, run_episodes
-from rlpost.rollout.agent.tool_pool import ToolWorkerPool
-from rlpost.rollout.base import Completion, GenerationResult, SamplingConfig
 
 from rlpost.config.compose import compose
 from rlpost.loop.step_metrics import clip_ratio
 from rlpost.models.archs import build_tokenizer
 from rlpost.result import RunError
 from rlpost.rewards.scoring import RewardScorer
+from rlpost.rollout.agent.env import ToolEnv
+from rlpost.rollout.agent.loop import AgentLoopConfig, episode_metrics, run_episodes
+from rlpost.rollout.agent.tool_pool import ToolWorkerPool
+from rlpost.rollout.base import Completion, GenerationResult, SamplingConfig
 from rlpost.serving.agent_episodes import AgentRollout, episode_results, score_episodes
 
 TOOLS_PY = '''

@@ -15,12 +15,12 @@ import json
 import httpx
 import openai
 import pytest
+
+from rlpost.models.tiny import build_tokenizer
 from rlpost.rollout.agent.capture import segments
 from rlpost.rollout.agent.endpoint import ChatEndpoint
 from rlpost.rollout.agent.loop import AgentLoopConfig
 from rlpost.rollout.base import Completion, SamplingConfig
-
-from rlpost.models.tiny import build_tokenizer
 
 CALL = '<tool_call>{"name":"multiply","arguments":{"a":37,"b":58}}</tool_call>'
 MULTIPLY = {"type": "function", "function": {"name": "multiply", "parameters": {"type": "object"}}}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from rlpost.rollout.agent.env import EnvError, ToolEnv, load_env, prompt_messages
 from rlpost.rollout.agent.loop import assistant_message
 from rlpost.rollout.agent.parsers import parse_hermes

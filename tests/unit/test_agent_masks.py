@@ -17,6 +17,7 @@ import math
 
 import pytest
 import torch
+
 from rlpost.algos import (
     ADVANTAGE_ESTIMATORS,
     AGGREGATIONS,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from rlpost.rollout.agent.parsers import PARSERS, ParsedTurn, ParserError, ToolCall, get_parser
 
 

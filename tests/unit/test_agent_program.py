@@ -4,6 +4,7 @@ the episode a session's segments become (hand-made calls, no server)."""
 from __future__ import annotations
 
 import pytest
+
 from rlpost.rollout.agent.capture import Call, segments
 from rlpost.rollout.agent.loop import AgentLoopConfig, episode_metrics
 from rlpost.rollout.agent.program import ProgramError, _outcome, load_program, session_episode

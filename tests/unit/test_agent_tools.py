@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import pytest
+
 from rlpost.rollout.agent.parsers import ToolCall
 from rlpost.rollout.agent.tool_pool import ToolWorkerPool
 from rlpost.rollout.agent.tool_schema import check_arguments, tool_schema

@@ -13,10 +13,10 @@ import copy
 import logging
 
 import pytest
-from rlpost.rollout.agent.tools import load_tool
 
 from rlpost.config.compose import compose
 from rlpost.models.tiny import CHAT_TEMPLATE, build_tokenizer
+from rlpost.rollout.agent.tools import load_tool
 from rlpost.serving.agent_episodes import AgentRollout, tools_unseen_warning
 
 MULTIPLY = load_tool("multiply").schema

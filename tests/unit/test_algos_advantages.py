@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+
 from rlpost.algos import (
     ADVANTAGE_ESTIMATORS,
     AdvantageConfig,

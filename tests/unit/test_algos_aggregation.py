@@ -1,6 +1,7 @@
 # Shapes: b = samples, t = tokens.
 import pytest
 import torch
+
 from rlpost.algos import AGGREGATIONS, AdvantageConfig, LossNorm, PolicyLossConfig, aggregate
 
 LOSS_BT = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])

@@ -6,6 +6,7 @@ check of its gradient against the exact reverse KL."""
 import pytest
 import torch
 import torch.nn.functional as F
+
 from rlpost.algos import DistillConfig, LossNorm, PolicyLossConfig, build_policy_loss, opd_advantage
 
 STUDENT_BT = torch.tensor([[0.0, -0.5, -1.0, -2.0], [0.0, -0.2, -0.3, 0.0]])

@@ -1,6 +1,7 @@
 # Shapes: b = samples.
 import pytest
 import torch
+
 from rlpost.algos import overlong_penalty, zero_std_groups
 
 

@@ -3,6 +3,7 @@
 import math
 
 import torch
+
 from rlpost.algos import truncated_is_weight
 
 

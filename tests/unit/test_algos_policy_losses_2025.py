@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+
 from rlpost.algos import (
     POLICY_LOSSES,
     LossNorm,

@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+
 from rlpost.algos import (
     PREFERENCE_LOSSES,
     PreferenceConfig,

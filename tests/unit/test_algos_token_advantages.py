@@ -2,6 +2,7 @@
 import math
 
 import torch
+
 from rlpost.algos import gae_advantage, masked_whiten, reinforce_pp_advantage
 
 

@@ -8,7 +8,6 @@ import random
 
 import pytest
 import torch
-from rlpost.trainers.files import UnsafeCheckpointError, safe_torch_load
 
 from rlpost.loop.checkpoint import (
     CheckpointError,
@@ -17,6 +16,7 @@ from rlpost.loop.checkpoint import (
     pick_checkpoint,
     save_driver_state,
 )
+from rlpost.trainers.files import UnsafeCheckpointError, safe_torch_load
 
 
 def _save(manager: CheckpointManager, step: int) -> None:
@@ -96,9 +96,9 @@ def test_distributed_checkpoint_metadata_with_a_payload_is_refused(tmp_path):
     import pickle
 
     import torch.distributed.checkpoint as dcp
-    from rlpost.trainers.files import check_dcp_metadata
 
     from rlpost.export import export
+    from rlpost.trainers.files import check_dcp_metadata
 
     state = tmp_path / "state"
     # a real single-process distributed checkpoint: its metadata passes

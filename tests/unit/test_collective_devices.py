@@ -110,6 +110,7 @@ def test_the_helpers_reduce_and_broadcast_in_place_under_gloo(tmp_path):
     """One gloo rank: the sum and the broadcast land in the tensor given, which is
     also what the helper returns (a CPU tensor under gloo never moves)."""
     import torch.distributed as dist
+
     from rlpost.trainers.distributed import all_gather, all_reduce_, broadcast_, group_device
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
@@ -129,6 +130,7 @@ def test_the_helpers_reduce_and_broadcast_in_place_under_gloo(tmp_path):
 def test_a_cpu_tensor_is_reduced_through_the_gpu_under_nccl(tmp_path):
     """What crashed the first GPU update: a CPU tensor all-reduced under NCCL."""
     import torch.distributed as dist
+
     from rlpost.trainers.distributed import all_reduce_, group_device
 
     torch.cuda.set_device(0)

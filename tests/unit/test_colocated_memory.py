@@ -6,12 +6,12 @@ combinations that cannot work. The rollout group here is a recording fake
 from __future__ import annotations
 
 import pytest
-from rlpost.rollout.vllm.config import VLLMEngineConfig, engine_args
 
 from rlpost.config.compose import compose
 from rlpost.config.schema import ConfigError
 from rlpost.loop.memory import ADAPTER_SLEEP_LEVEL, SLEEP_LEVEL, colocated_memory
 from rlpost.plan.engines import sleeps
+from rlpost.rollout.vllm.config import VLLMEngineConfig, engine_args
 
 
 class RecordingRollout:

@@ -9,6 +9,7 @@ import os
 
 import pytest
 import torch
+
 from rlpost.trainers.distributed import new_tensor
 from rlpost.trainers.weight_sync import (
     IpcSender,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
 from rlpost.algos import entropy_from_logits
 from rlpost.trainers.logprobs import token_logprobs, token_logprobs_and_entropy
 

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from rlpost.rollout.base import Completion, GenerationResult
 
 from rlpost.config.compose import compose
 from rlpost.data.samples import rollout_batch
 from rlpost.loop.distill import Distillation
+from rlpost.rollout.base import Completion, GenerationResult
 
 
 class FakeTeacher:

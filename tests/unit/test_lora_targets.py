@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
+
+from rlpost.models.archs import build_config, build_tokenizer
 from rlpost.trainers.fsdp.lora import (
     LoraSettings,
     all_linear_targets,
     apply_lora,
     merged_hf_weights,
 )
-from transformers import AutoModelForCausalLM
-
-from rlpost.models.archs import build_config, build_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+
 from rlpost.trainers.lr_schedule import lr_factor
 
 

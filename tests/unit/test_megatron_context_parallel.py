@@ -3,6 +3,7 @@ parity of a cp=2 engine with transformers and FSDP2 is in
 tests/integration/test_megatron_engine.py and test_megatron_critic.py."""
 
 import torch
+
 from rlpost.trainers.megatron.context_parallel import gathered_positions, rank_positions
 
 

@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
+
 from rlpost.trainers.hf_format import to_checkpoint_format
 from rlpost.trainers.megatron.convert import (
     fuse_qkv,
@@ -15,7 +17,6 @@ from rlpost.trainers.megatron.convert import (
     tp_merge,
     tp_split,
 )
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
 SMALL = dict(
     vocab_size=64,

@@ -4,13 +4,13 @@ import math
 
 import pytest
 import torch
-from rlpost.algos import LossNorm, OffPolicyConfig, PolicyLossConfig
-from rlpost.trainers.batch import TrajectoryBatch
-from rlpost.trainers.objectives import RegularizerConfig, policy_objective
 
+from rlpost.algos import LossNorm, OffPolicyConfig, PolicyLossConfig
 from rlpost.config.compose import compose
 from rlpost.config.schema import ConfigError
 from rlpost.plan.algo import off_policy_config
+from rlpost.trainers.batch import TrajectoryBatch
+from rlpost.trainers.objectives import RegularizerConfig, policy_objective
 
 LN = math.log
 

@@ -4,11 +4,11 @@ the KV-directory cleanup and the config derivation."""
 from __future__ import annotations
 
 import pytest
-from rlpost.rollout.base import GenerationRequest, SamplingConfig
-from rlpost.rollout.pd import KVTransferSpec, PDRouter, clear_kv_store, prefill_request
 
 from rlpost.config.compose import compose
 from rlpost.config.schema import ConfigError
+from rlpost.rollout.base import GenerationRequest, SamplingConfig
+from rlpost.rollout.pd import KVTransferSpec, PDRouter, clear_kv_store, prefill_request
 
 
 def test_prefill_request_keeps_the_prompt_and_asks_one_greedy_token():

@@ -9,11 +9,11 @@ import logging
 from types import SimpleNamespace
 
 import pytest
-from rlpost.rollout.pd import KVTransferSpec, PDEngineConfig, min_transfer_tokens
 
 from rlpost.config.compose import compose, to_dict
 from rlpost.plan.pd_prompts import short_prompts_warning
 from rlpost.plan.plan import build_plan
+from rlpost.rollout.pd import KVTransferSpec, PDEngineConfig, min_transfer_tokens
 
 
 def test_pd_enabled_and_the_vllm_pd_preset_are_the_same_config():
@@ -56,7 +56,6 @@ def _group(longest_prompt: int, counters: list[tuple[float, float]]):
     one pair per stats() call; no Ray actors."""
     pytest.importorskip("ray")
     from rlpost.rollout.router import Router
-
     from rlpost.serving.pools import Pool
     from rlpost.serving.replica_stats import ReplicaStats
     from rlpost.serving.rollout_group import RolloutGroup

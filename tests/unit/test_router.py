@@ -4,6 +4,7 @@ routing of independent requests, failover and return."""
 from __future__ import annotations
 
 import pytest
+
 from rlpost.rollout.router import ConsistentHashRing, Router
 
 SESSIONS = [f"session-{i}" for i in range(10_000)]

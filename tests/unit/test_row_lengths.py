@@ -3,10 +3,9 @@ checked like any other column."""
 
 from __future__ import annotations
 
-from rlpost.rollout.base import SamplingConfig
-
 from rlpost.data.rows import validate_row
 from rlpost.loop.collect import row_sampling
+from rlpost.rollout.base import SamplingConfig
 
 BASE = SamplingConfig(n=4, max_tokens=64, min_tokens=2, seed=3)
 

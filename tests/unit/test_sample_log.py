@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
-from rlpost.rollout.base import Completion, GenerationResult
 
 from rlpost.loop.sample_log import SampleLog, sample_rows
+from rlpost.rollout.base import Completion, GenerationResult
 
 
 def completion(text, ids, reason="stop", versions=None):

@@ -5,11 +5,11 @@ Shapes: b = samples, t = tokens.
 
 import pytest
 import torch
-from rlpost.rollout.base import Completion, GenerationResult
-from rlpost.trainers.batch import TrajectoryBatch, pad_sequences
 
 from rlpost.data.samples import rollout_batch, sft_batch
 from rlpost.models.tiny import build_tokenizer
+from rlpost.rollout.base import Completion, GenerationResult
+from rlpost.trainers.batch import TrajectoryBatch, pad_sequences
 
 PAD = 3
 

@@ -17,6 +17,7 @@ import textwrap
 from collections.abc import Iterator
 
 import pytest
+
 from rlpost.rollout.agent import sandbox
 from rlpost.rollout.agent.sandbox import SandboxLimits, run_sandboxed
 from rlpost.rollout.agent.sandbox import python as python_tool

@@ -8,10 +8,10 @@ import math
 
 import pytest
 import torch
-from rlpost.algos import AdvantageConfig, compute_advantages
-from rlpost.rollout.base import Completion, GenerationResult
 
+from rlpost.algos import AdvantageConfig, compute_advantages
 from rlpost.data.samples import episode_rows, rollout_batch
+from rlpost.rollout.base import Completion, GenerationResult
 
 PAD = 0
 

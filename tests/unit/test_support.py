@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 from rlpost.rollout.vllm.config import cpu_custom_ops
-
 from rlpost.support.common import CHECKS, architectures, cli_error
 from rlpost.support.grpo_run import judge_run
 from rlpost.support.report import GPU_CHECKS, render

@@ -5,9 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from rlpost.rollout.agent.env import ToolEnv
-from rlpost.rollout.agent.loop import assistant_message
-from rlpost.rollout.agent.parsers import parse_hermes
 
 from rlpost.config.compose import compose
 from rlpost.data.tasks import TASKS, build_task
@@ -15,6 +12,9 @@ from rlpost.data.tasks.calc import CalcTask, correctness, format_reward, reward,
 from rlpost.models.warmup import warmup_key
 from rlpost.plan.inputs import load_data
 from rlpost.rewards.loading import load_reward_fn
+from rlpost.rollout.agent.env import ToolEnv
+from rlpost.rollout.agent.loop import assistant_message
+from rlpost.rollout.agent.parsers import parse_hermes
 
 
 def test_split_deterministic_disjoint_and_complete():

@@ -7,6 +7,7 @@ import dataclasses
 import importlib
 
 import pytest
+
 from rlpost.trainers.fsdp.engine import FSDPEngine, FSDPEngineConfig
 from rlpost.trainers.megatron.config import MegatronEngineConfig
 from rlpost.trainers.registry import ENGINES, build_engine

@@ -16,7 +16,6 @@ pytest.importorskip("verifiers.v1")
 
 from rlpost.rollout.agent.program import ProgramError, load_program, run_program_episodes
 from rlpost.rollout.agent.verifiers_adapter import verifiers_rows
-
 from tests.unit.test_agent_endpoint import LIMITS, SAMPLING, serve
 
 SPEC = f"verifiers:{Path(__file__).resolve().parents[1] / 'integration/programs/vf_sums.py'}"

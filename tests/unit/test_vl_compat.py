@@ -8,6 +8,7 @@ import sys
 from importlib import import_module
 
 import pytest
+
 from rlpost.trainers.vl_compat import install, load_hint, torchvision_available
 
 pytestmark = pytest.mark.skipif(torchvision_available(), reason="the layer is off with torchvision")
@@ -53,10 +54,10 @@ def test_a_vl_processor_saves_and_loads_and_expands_the_image(tmp_path):
 
 def test_lora_and_freezing_leave_the_vision_tower_alone(tmp_path):
     import torch
-    from rlpost.trainers.fsdp.lora import LoraSettings, apply_lora
-    from rlpost.trainers.hf_format import load_model, vision_parameters
 
     from rlpost.models.vl import build_vl_model
+    from rlpost.trainers.fsdp.lora import LoraSettings, apply_lora
+    from rlpost.trainers.hf_format import load_model, vision_parameters
 
     path = build_vl_model("Qwen2VLForConditionalGeneration", tmp_path / "vl", seed=0)
     model = load_model(str(path), torch.float32)

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from rlpost.trainers import vllm_transfer
 
 pytest.importorskip("vllm")
@@ -119,9 +120,10 @@ def test_the_vllm_engine_path_is_taken_on_cuda_collective_vllm_only():
 def test_the_engine_is_built_with_vllm_weight_transfer_config():
     from pathlib import Path
 
-    from rlpost.rollout.vllm.config import VLLMEngineConfig, engine_args
     from vllm.config.weight_transfer import WeightTransferConfig
     from vllm.engine.arg_utils import EngineArgs
+
+    from rlpost.rollout.vllm.config import VLLMEngineConfig, engine_args
 
     model = Path(vllm_transfer.__file__).parents[1] / "rlpost/models/bases/tiny-812eaf54f30d"
     cfg = VLLMEngineConfig(model_path=str(model), kv_cache_gib=0.1, weight_transfer="nccl")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from rlpost.trainers.weight_sync import ALIGN, pack, plan_buckets, unpack
 
 

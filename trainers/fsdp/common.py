@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
 from rlpost.trainers import device as devices
 from rlpost.trainers.batch import TrajectoryBatch, join_shares
 from rlpost.trainers.engine_config import DTYPES as DTYPES  # re-exported: rlpost.export

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.critic import CriticUpdates
 from rlpost.trainers.distributed import init_distributed

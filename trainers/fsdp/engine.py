@@ -22,6 +22,9 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor, Shard
+
 from rlpost.trainers import device as devices
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.distributed import Empty, gather_into, init_distributed, new_tensor
@@ -58,8 +61,6 @@ from rlpost.trainers.logprobs import token_logprobs as token_logprobs  # re-expo
 from rlpost.trainers.micro_batching import micro_batches, pack, unpack
 from rlpost.trainers.objectives import RegularizerConfig as RegularizerConfig  # re-exported
 from rlpost.trainers.policy import PolicyUpdates
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor, Shard
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
 from rlpost.trainers.hf_format import language_model
 
 PEFT_PREFIX = "base_model.model."

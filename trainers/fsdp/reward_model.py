@@ -16,6 +16,7 @@ import time
 
 import torch
 import torch.distributed as dist
+
 from rlpost.trainers import checkpointing
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.distributed import init_distributed

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from rlpost.trainers.checkpointing import read_meta as read_meta  # re-exported: rlpost.export
 from rlpost.trainers.files import check_dcp_metadata
 

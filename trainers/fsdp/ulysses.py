@@ -37,6 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
 from rlpost.trainers.distributed import all_gather
 
 ATTENTION = "rlpost_ulysses"  # the name the attention function is registered under

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from rlpost.trainers.files import safe_torch_load
 from rlpost.trainers.megatron import cpu_shim
 from rlpost.trainers.megatron.convert import tp_merge

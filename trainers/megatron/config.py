@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
+
 from rlpost.trainers.engine_config import EngineConfig
 from rlpost.trainers.megatron.convert import ModelShape
 

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
 from rlpost.trainers.distributed import all_gather, all_reduce_
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
 from rlpost.trainers.critic import CriticUpdates
 from rlpost.trainers.megatron import cpu_shim
 from rlpost.trainers.megatron.checkpoint import MegatronState

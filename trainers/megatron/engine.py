@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
+
 from rlpost.algos import entropy_from_logits
 from rlpost.trainers import device as devices
 from rlpost.trainers.batch import TrajectoryBatch
@@ -136,8 +137,9 @@ class MegatronEngine(PolicyUpdates):
         """The checkpoint tensors ``named_weights`` gives, in stream order: the HF model
         built on the meta device (nothing allocated), converted to Megatron's tensors
         and back one part at a time."""
-        from rlpost.trainers.hf_format import to_checkpoint_format
         from transformers import AutoModelForCausalLM
+
+        from rlpost.trainers.hf_format import to_checkpoint_format
 
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(self.m.hf_config)
@@ -182,8 +184,9 @@ class MegatronEngine(PolicyUpdates):
         weights = self.named_weights()
         if self.rank != 0:
             return None
-        from rlpost.trainers.hf_format import model_from_checkpoint_weights
         from transformers import AutoTokenizer
+
+        from rlpost.trainers.hf_format import model_from_checkpoint_weights
 
         assert weights is not None
         model = model_from_checkpoint_weights(self.m.hf_config, weights)

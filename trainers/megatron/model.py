@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.distributed import Empty, gather_into, init_distributed, new_tensor
 from rlpost.trainers.lr_schedule import lr_factor
@@ -232,8 +233,9 @@ class MegatronModel:
     @torch.no_grad()
     def load_hf_weights(self) -> None:
         """This rank's shards of the HF checkpoint's weights (a value head keeps its zeros)."""
-        from rlpost.trainers.hf_format import to_checkpoint_format
         from transformers import AutoModelForCausalLM
+
+        from rlpost.trainers.hf_format import to_checkpoint_format
 
         hf_model = AutoModelForCausalLM.from_pretrained(self.cfg.model_path, dtype=torch.float32)
         full = hf_to_megatron(to_checkpoint_format(hf_model, hf_model.state_dict()), self.shape)

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from rlpost.trainers.batch import TrajectoryBatch, join_shares, pad_width
 from rlpost.trainers.distributed import broadcast_
 from rlpost.trainers.megatron.context_parallel import gather_output, pad_inputs, split_inputs
