@@ -30,6 +30,7 @@ tokens leaves every kernel too small to keep it busy (launch-bound).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -106,6 +107,26 @@ def _grad_chunk(
     return g_cv
 
 
+def _stats_by_chunk(
+    logits_of: Callable[[slice], torch.Tensor],
+    ids_n: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp_n, entropy_n; zeros without ``with_entropy``) of every chunk of rows,
+    ``logits_of(rows)`` giving a chunk's logits (held only while it is computed)."""
+    n = ids_n.shape[0]
+    logp_n = torch.empty(n, dtype=torch.float32, device=ids_n.device)
+    entropy_n = torch.zeros_like(logp_n)
+    for s in range(0, n, chunk):
+        rows = slice(s, s + chunk)
+        logp_n[rows], ent = _forward_chunk(logits_of(rows), ids_n[rows], temperature, with_entropy)
+        if ent is not None:
+            entropy_n[rows] = ent
+    return logp_n, entropy_n
+
+
 class _TokenStats(torch.autograd.Function):
     """(logits_nv, ids_n) -> (logp_n, entropy_n) of softmax(logits / temperature)."""
 
@@ -118,16 +139,9 @@ class _TokenStats(torch.autograd.Function):
         with_entropy: bool,
         chunk: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        n = logits_nv.shape[0]
-        logp_n = torch.empty(n, dtype=torch.float32, device=logits_nv.device)
-        entropy_n = torch.zeros_like(logp_n)
-        for s in range(0, n, chunk):
-            rows = slice(s, s + chunk)
-            logp_n[rows], ent = _forward_chunk(
-                logits_nv[rows], ids_n[rows], temperature, with_entropy
-            )
-            if ent is not None:
-                entropy_n[rows] = ent
+        logp_n, entropy_n = _stats_by_chunk(
+            lambda rows: logits_nv[rows], ids_n, temperature, with_entropy, chunk
+        )
         ctx.save_for_backward(logits_nv, ids_n, entropy_n)
         ctx.temperature, ctx.with_entropy, ctx.chunk = temperature, with_entropy, chunk
         ctx.set_materialize_grads(False)
@@ -184,16 +198,13 @@ class _HiddenTokenStats(torch.autograd.Function):
         chunk: int,
         never: tuple[int, ...],
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        n = hidden_nd.shape[0]
-        logp_n = torch.empty(n, dtype=torch.float32, device=hidden_nd.device)
-        entropy_n = torch.zeros_like(logp_n)
-        for s in range(0, n, chunk):
-            rows = slice(s, s + chunk)
-            logits_cv = _chunk_logits(hidden_nd[rows], weight_vd, never)
-            logp_n[rows], ent = _forward_chunk(logits_cv, ids_n[rows], temperature, with_entropy)
-            if ent is not None:
-                entropy_n[rows] = ent
-            del logits_cv
+        logp_n, entropy_n = _stats_by_chunk(
+            lambda rows: _chunk_logits(hidden_nd[rows], weight_vd, never),
+            ids_n,
+            temperature,
+            with_entropy,
+            chunk,
+        )
         ctx.save_for_backward(hidden_nd, weight_vd, ids_n, entropy_n)
         ctx.temperature, ctx.with_entropy, ctx.chunk, ctx.never = (
             temperature,
