@@ -1,47 +1,25 @@
-"""One step's samples: prompts sent to the rollout (single completions or agent
-episodes), scored by the reward, shaped (DAPO's overlong penalty) and, with
-dynamic sampling, refilled until enough groups disagree."""
+"""Prompts to the rollout and samples to the reward: requests of single
+completions or agent episodes, and their scores, shaped by DAPO's overlong
+penalty. Which prompts go when, and which groups a step trains, is the
+``RolloutSource``'s (``rlpost.loop.source``)."""
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any
 
 import torch
 
-from rlpost.algos import overlong_penalty, zero_std_groups
+from rlpost.algos import overlong_penalty
 from rlpost.config.groups import Config
 from rlpost.data.images import row_images
-from rlpost.data.rows import PromptStream
 from rlpost.data.samples import encode_prompt
-from rlpost.loop.streaming import Group, GroupProducer
+from rlpost.loop.streaming import Group
 from rlpost.plan.algo import AlgoSettings
 from rlpost.rewards.loading import RewardError
 from rlpost.rewards.scoring import RewardScorer
 from rlpost.rollout.base import GenerationRequest, GenerationResult, SamplingConfig
 from rlpost.serving.rollout_group import RolloutGroup
-
-
-@dataclasses.dataclass
-class Pending:
-    """A generation in flight: the step it is for, its prompt rows, the pending results."""
-
-    step: int
-    rows: list[dict]
-    ref: Any  # a PendingGeneration or, in agent mode, PendingEpisodes
-    start: float
-    stream_before: dict | None = None  # the prompt stream's state before ``rows`` were drawn
-
-
-class Finished:
-    """Results already in hand (a one_step_off batch restored from a checkpoint)."""
-
-    def __init__(self, results: list[GenerationResult]):
-        self.results = results
-
-    def result(self) -> list[GenerationResult]:
-        return self.results
 
 
 @dataclasses.dataclass
@@ -61,13 +39,12 @@ class Collector:
         self,
         cfg: Config,
         algo: AlgoSettings,
-        stream: PromptStream,
         rollout: RolloutGroup,
         tokenizer: Any,
         scorer: RewardScorer,
         agent: Any = None,
     ):
-        self.cfg, self.algo, self.stream = cfg, algo, stream
+        self.cfg, self.algo = cfg, algo
         self.rollout, self.tokenizer, self.scorer = rollout, tokenizer, scorer
         self.agent = agent  # an AgentRollout: samples are multi-turn episodes (agent.*)
         self.sampling = algo.sampling
@@ -79,18 +56,6 @@ class Collector:
         if self.agent is not None:
             return self.cfg.agent.max_response_tokens
         return self.sampling.max_tokens
-
-    def launch(self, step: int, results: list[GenerationResult] | None = None) -> Pending:
-        """Start generating one step's prompts; returns at once. ``results``: what a
-        checkpoint kept of this step's generation (the same rows are drawn again)."""
-        before = self.stream.state_dict()
-        rows = self.stream.next_batch()
-        ref = (
-            Finished(results)
-            if results is not None
-            else self.request(rows, self.sampling, step * 1000)
-        )
-        return Pending(step, rows, ref, time.perf_counter(), before)
 
     def request(self, rows: list[dict], sampling: SamplingConfig, seed: int | None) -> Any:
         """Send ``rows`` to the rollout; returns a reference to the results."""
@@ -141,125 +106,13 @@ class Collector:
         scores["total"] = scores["total"] + penalty
         return {"reward/overlong_penalty_mean": float(penalty.mean())}
 
-    def wait_score_and_fill(self, pending: Pending) -> tuple[Rollouts, dict[str, float]]:
-        """Wait for ``pending`` and score it (overlong shaping included); with dynamic
-        sampling (DAPO) drop the groups whose rewards all agree and generate more, up
-        to ``max_rounds`` rounds; then trim to a group count the ranks can split."""
-        ds = self.cfg.algo.dynamic_sampling
-        n, want = self.sampling.n, self.cfg.data.prompts_per_step
-        kept: list[tuple[dict, GenerationResult, dict[str, torch.Tensor]]] = []
-        metrics: dict[str, float] = {}
-        gen_s, rounds, dropped = 0.0, 0, 0
-        round_pending: Pending | None = pending
-        while round_pending is not None:
-            rounds += 1
-            results = round_pending.ref.result()
-            gen_s += time.perf_counter() - round_pending.start
-            scores, round_metrics = self.score(results, round_pending.rows, n)
-            if self.cfg.algo.overlong.enabled:
-                round_metrics.update(self.shape_overlong(results, scores))
-            if rounds == 1:
-                metrics.update(round_metrics)
-            keep_g = torch.ones(len(round_pending.rows), dtype=torch.bool)
-            if ds.enabled:
-                groups_b = torch.arange(len(round_pending.rows)).repeat_interleave(n)
-                keep_g = zero_std_groups(scores["total"], groups_b)[::n]
-                dropped += int((~keep_g).sum())
-            for g in torch.nonzero(keep_g).flatten().tolist():
-                group_scores = {k: v[g * n : (g + 1) * n] for k, v in scores.items()}
-                kept.append((round_pending.rows[g], results[g], group_scores))
-            round_pending = None
-            if ds.enabled and len(kept) < want and rounds < ds.max_rounds:
-                more = self.stream.next_batch()
-                seed = pending.step * 1000 + rounds
-                round_pending = Pending(
-                    pending.step, more, self.request(more, self.sampling, seed), time.perf_counter()
-                )
-        keep = self.trainable_groups(len(kept))
-        merged = (
-            {k: torch.cat([s[k] for _, _, s in kept[:keep]]) for k in kept[0][2]} if keep else {}
-        )
-        metrics["timing/generate_s"] = gen_s
-        if ds.enabled:
-            metrics["dapo/dropped_groups"] = float(dropped)
-            metrics["dapo/gen_rounds"] = float(rounds)
-            metrics["dapo/kept_groups"] = float(keep)
-        rows = [row for row, _, _ in kept[:keep]]
-        return Rollouts(rows, [res for _, res, _ in kept[:keep]], merged), metrics
-
-    # -- fully_async: groups one at a time, as they finish ----------------------
     def submit_group(self, row: dict, batch: int) -> Any:
-        """Start one prompt group of stream batch ``batch``, seeded as ``sync`` seeds
-        that batch's step."""
+        """Start one prompt group of stream batch ``batch``, seeded as a whole batch
+        for step ``batch`` is (``rlpost.loop.source``)."""
         return self.request([row], self.sampling, batch * 1000)
 
-    def take(
-        self, producer: GroupProducer, version: int
-    ) -> tuple[Rollouts, dict[str, float], list[Group]]:
-        """The next step's groups for the trainer at policy ``version``: the first
-        ``data.prompts_per_step`` to finish within ``async.max_staleness`` (older
-        ones dropped and counted), scored; with dynamic sampling, groups whose
-        rewards all agree are dropped too and more are taken, up to
-        ``max_rounds`` x a batch of groups looked at. In admission order."""
-        ds = self.cfg.algo.dynamic_sampling
-        n, want = self.sampling.n, self.cfg.data.prompts_per_step
-        bound = producer.max_staleness
-        kept: list[Group] = []
-        kept_scores: list[dict[str, torch.Tensor]] = []
-        parts: list[tuple[int, dict[str, float]]] = []  # (samples, score metrics) per call
-        stale = looked = zero_std = 0
-        while len(kept) < want and not (ds.enabled and kept and looked >= ds.max_rounds * want):
-            finished = producer.wait(version)
-            fresh: list[Group] = []
-            for i, g in enumerate(finished):
-                if len(kept) + len(fresh) == want:
-                    producer.requeue(finished[i:])
-                    break
-                g.results = g.handle.result()
-                if producer.staleness(g, version, sampled_versions(g.results)) > bound:
-                    producer.discard(g)
-                    stale += 1
-                    continue
-                fresh.append(g)
-            if not fresh or not ds.enabled:
-                kept += fresh
-                continue
-            scores, metrics = self._score_groups(fresh)
-            parts.append((len(fresh) * n, metrics))
-            groups_b = torch.arange(len(fresh)).repeat_interleave(n)
-            keep_g = zero_std_groups(scores["total"], groups_b)[::n]
-            for j, g in enumerate(fresh):
-                looked += 1
-                group = {k: v[j * n : (j + 1) * n] for k, v in scores.items()}
-                if not bool(keep_g[j]):
-                    producer.discard(g)
-                    zero_std += 1
-                    continue
-                kept.append(g)
-                kept_scores.append(group)
-        order = sorted(range(len(kept)), key=lambda i: kept[i].index)
-        order = order[: self.trainable_groups(len(kept))]
-        for i in sorted(set(range(len(kept))) - set(order)):
-            producer.discard(kept[i])  # more than the ranks can split evenly
-        if ds.enabled:
-            chosen = [kept_scores[i] for i in order]
-            merged = {k: torch.cat([s[k] for s in chosen]) for k in chosen[0]} if chosen else {}
-            metrics = _combine(parts)
-        kept = [kept[i] for i in order]
-        results = [g.results[0] for g in kept]
-        rows = [g.row for g in kept]
-        if not ds.enabled:
-            merged, metrics = self._score_groups(kept) if kept else ({}, {})
-        metrics["async/dropped_stale"] = float(stale)
-        if ds.enabled:
-            metrics["dapo/dropped_groups"] = float(zero_std)
-            metrics["dapo/kept_groups"] = float(len(kept))
-        metrics["timing/generate_s"] = max((g.end - g.start for g in kept), default=0.0)
-        return Rollouts(rows, results, merged), metrics, kept
-
-    def _score_groups(
-        self, groups: list[Group]
-    ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    def score_groups(self, groups: list[Group]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """Score prompt groups' samples in one call (overlong shaping included)."""
         results = [g.results[0] for g in groups]
         scores, metrics = self.score(results, [g.row for g in groups], self.sampling.n)
         if self.cfg.algo.overlong.enabled:
@@ -273,22 +126,6 @@ class Collector:
         while keep and (keep * self.sampling.n) % self.algo.group_multiple:
             keep -= 1
         return keep
-
-
-# Score metrics that count (summed over scoring calls); the rest are means.
-_COUNTS = ("errors", "timeouts", "tool_calls", "tool_errors", "turns_cut", "env_rewarded")
-
-
-def _combine(parts: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
-    """The score metrics of several scoring calls as one: counts summed, means
-    weighted by each call's samples."""
-    total = sum(n for n, _ in parts) or 1
-    out: dict[str, float] = {}
-    for n, metrics in parts:
-        for k, v in metrics.items():
-            w = 1.0 if k.rsplit("/", 1)[-1] in _COUNTS else n / total
-            out[k] = out.get(k, 0.0) + w * v
-    return out
 
 
 def row_sampling(sampling: SamplingConfig, row: dict) -> SamplingConfig:

@@ -1,18 +1,26 @@
-"""The RL loop: generate, score, log-probs, advantages, update, sync.
+"""The run: one recipe's steps with validation, logging, checkpoints and stops.
+
+The RL loop is the controller's own recipe. Each step reads top to bottom:
+take scored groups from the rollout source (``rlpost.loop.source``; sync,
+one_step_off and fully_async are its settings) -> batch -> log-probs ->
+advantages -> update -> the new policy version to the source, which pushes the
+weights through the run's one weight sync (``rlpost.serving.weight_sync``) when
+its admission allows. SFT (``rlpost.loop.sft``) and the preference presets
+(``rlpost.loop.preference``) are recipes of their own run by the same loop.
 
 The controller holds no tensor math; it moves data between the rollout
-replica, the reward functions, ``algos`` and the training worker groups
+replicas, the reward functions, ``algos`` and the training worker groups
 (policy, and where the algorithm needs them a frozen reference policy, a
-critic and ``algo=opd``'s teacher, ``rlpost.loop.distill``). Sending prompts and scoring samples is the ``Collector``'s
-(``rlpost.loop.collect``); checkpoints, restarts and stops are the
-``Recovery``'s (``rlpost.loop.recovery``).
+critic and ``algo=opd``'s teacher, ``rlpost.loop.distill``). Requests and
+scores are the ``Collector``'s (``rlpost.loop.collect``); checkpoints, restarts
+and stops the ``Recovery``'s (``rlpost.loop.recovery``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,22 +34,16 @@ from rlpost.data.rows import PromptStream
 from rlpost.data.samples import episode_rows, rollout_batch
 from rlpost.data.tasks import task_correctness
 from rlpost.loop.best import BestPolicy
-from rlpost.loop.collect import Collector, Pending, Rollouts
+from rlpost.loop.collect import Collector, Rollouts
 from rlpost.loop.distill import Distillation
 from rlpost.loop.memory import colocated_memory
 from rlpost.loop.preference import PreferenceSteps
 from rlpost.loop.recovery import Recovery
 from rlpost.loop.roles import TrainerGroups, Workers
 from rlpost.loop.sample_log import SampleLog, sample_rows
-from rlpost.loop.step_metrics import (
-    clip_ratio,
-    logprob_parity,
-    results_from_json,
-    results_to_json,
-    staleness_metrics,
-    whole_step,
-)
-from rlpost.loop.streaming import GroupProducer
+from rlpost.loop.sft import SftSteps
+from rlpost.loop.source import Admission, RolloutSource
+from rlpost.loop.step_metrics import clip_ratio, logprob_parity, staleness_metrics, whole_step
 from rlpost.loop.tracking import Tracker
 from rlpost.loop.validation import held_out_metrics
 from rlpost.plan.algo import kl_controller
@@ -49,7 +51,7 @@ from rlpost.plan.plan import RunPlan
 from rlpost.result import RunResult
 from rlpost.rewards.scoring import RewardScorer
 from rlpost.rollout.base import GenerationResult
-from rlpost.serving.weight_group import collective_sync
+from rlpost.serving.weight_sync import weight_sync
 from rlpost.trainers.batch import TrajectoryBatch
 
 log = logging.getLogger(__name__)
@@ -74,8 +76,8 @@ class Controller:
         model's image processor (``rlpost.models.vl_inputs``)."""
         cfg = plan.cfg
         self.cfg, self.run_dir, self.workers = cfg, run_dir, workers
-        self.collective = collective_sync(cfg, plan.device.kind, workers.rollout)
-        self.memory = colocated_memory(cfg, plan.device.kind, workers.rollout)
+        memory = colocated_memory(cfg, plan.device.kind, workers.rollout)
+        self.weights = weight_sync(cfg, plan.device.kind, workers, memory)
         self.tokenizer, self.tracker = tokenizer, tracker
         self.val_rows = plan.val_rows
         self.agent, self.image_inputs = agent, image_inputs
@@ -88,26 +90,27 @@ class Controller:
         self.algo = plan.algo
         self.loss_cfg, self.sampling = plan.algo.loss, plan.algo.sampling
         self.kl_ctl = kl_controller(cfg)
-        self.collector = Collector(
-            cfg, plan.algo, self.stream, workers.rollout, tokenizer, scorer, agent
-        )
+        self.collector = Collector(cfg, plan.algo, workers.rollout, tokenizer, scorer, agent)
         self.recovery = Recovery(
-            cfg, run_dir, workers, self.stream, self.kl_ctl, tracker, self.sync_weights,
+            cfg, run_dir, workers, self.stream, self.kl_ctl, tracker, self.weights.push,
             rebuild_trainers, stop_requested,
         )  # fmt: skip
         self.dropout = workers.policy.has_dropout()  # the policy's training forward is random
-        self.in_flight: Pending | None = None  # one_step_off: the next step's generation
-        self.producer: GroupProducer | None = None  # fully_async: the groups streaming
-        self.recovery.in_flight = self.in_flight_state
         self.version = 0  # the policy version: steps whose update is done
-        self.dropped_stale = 0  # fully_async: samples past async.max_staleness, so far
+        self.source: RolloutSource | None = None  # the RL steps' samples, while they run
+        self.recovery.in_flight = lambda: self.source.state_dict() if self.source else None
         self.samples = SampleLog(run_dir, cfg.trainer.log_samples, tracker.wandb_run)
+        # The steps: the RL loop's own, or a recipe of offline data (SFT, preference pairs).
+        self.recipe: SftSteps | PreferenceSteps | Controller = self
         self.preference: PreferenceSteps | None = None  # algo=dpo, algo=rm: offline pairs
         if cfg.algo.name in PREFERENCE_PRESETS:
             self.preference = PreferenceSteps(
                 cfg, workers, tokenizer, self.stream, self.val_rows, self.collector.request,
-                self.sync_weights,
+                self.weights,
             )  # fmt: skip
+            self.recipe = self.preference
+        elif cfg.algo.name == "sft":
+            self.recipe = SftSteps(workers, tokenizer, self.stream, self.weights)
         # algo=opd: the teacher's reverse KL is the advantage (rlpost.loop.distill)
         self.distill: Distillation | None = None
         if cfg.algo.needs_teacher:
@@ -116,24 +119,6 @@ class Controller:
         self.best = BestPolicy(run_dir, workers.policy.save_hf) if cfg.trainer.save_best else None
         # the task's own correctness, for val/accuracy when the reward has none (a reward model)
         self.task_correctness = task_correctness(cfg.data.name)
-
-    def in_flight_state(self) -> dict[str, Any] | None:
-        """What a checkpoint keeps of the next step's generation in one_step_off mode
-        (waiting for it to finish): its step, its results and the prompt stream's
-        state before its rows were drawn. Agent episodes are not kept: a resumed
-        agent run generates that batch again, with the checkpoint's weights."""
-        if self.producer is not None:  # fully_async: the buffer is not kept
-            unsaved = len(self.producer.inflight) + len(self.producer.ready)
-            return {"stream": self.stream.state_dict(), "unsaved_groups": unsaved}
-        pending = self.in_flight
-        if pending is None or self.agent is not None or pending.stream_before is None:
-            return None
-        results = pending.ref.result()
-        return {
-            "step": pending.step,
-            "stream": pending.stream_before,
-            "results": results_to_json(results),
-        }
 
     # -- the loop ---------------------------------------------------------------
     def run(self) -> RunResult:
@@ -158,39 +143,22 @@ class Controller:
         return RunResult(self.run_dir, self.tracker.history, final)
 
     def train_steps(self, first: int) -> None:
-        """Steps ``first`` .. ``total_steps``: train, validate, log, checkpoint."""
-        t = self.cfg.trainer
-        offline = self.cfg.algo.name == "sft" or self.preference is not None
-        mode = "sync" if offline else t.async_mode
-        self.version = first - 1
-        steps: Iterator[dict[str, float]]
-        todo = range(first, t.total_steps + 1)
-        if self.cfg.algo.name == "sft":
-            steps = (self.sft_step(step) for step in todo)
-        elif self.preference is not None:
-            steps = (self.preference.step(step) for step in todo)
-        elif mode == "one_step_off":
-            steps = self.one_step_off_steps(first, t.total_steps)
-        elif mode == "fully_async":
-            steps = self.fully_async_steps(first, t.total_steps)
-        else:
-            steps = self.sync_steps(todo)
+        """Steps ``first`` .. ``total_steps`` of the recipe: train, validate, log,
+        checkpoint."""
+        todo = range(first, self.cfg.trainer.total_steps + 1)
+        steps = self.recipe.steps(first, self.cfg.trainer.total_steps)
         try:
-            self.log_steps(todo, steps, one_step_off=mode == "one_step_off")
+            self.log_steps(todo, steps)
         finally:
-            close = getattr(steps, "close", None)
-            if close is not None:
-                close()  # a generator's own cleanup (fully_async: the producer stops)
+            steps.close()  # the generator's own cleanup (the RL loop: its source stops)
 
-    def log_steps(self, todo: range, steps: Iterator[dict[str, float]], one_step_off: bool) -> None:
+    def log_steps(self, todo: range, steps: Iterator[dict[str, float]]) -> None:
         """Each step's metrics: validated, logged, checked; checkpoints and stops."""
         t, rec = self.cfg.trainer, self.recovery
         for step, metrics in zip(todo, steps):
             if (t.val_every and step % t.val_every == 0) or step == t.total_steps:
-                if one_step_off and step < t.total_steps:
-                    # The replica still has the previous weights; this load queues
-                    # behind the generation in flight.
-                    self.sync_weights()
+                if self.source is not None:  # a version waiting behind a batch in flight
+                    self.source.current_weights()
                 metrics.update(self.validate(step))
                 if self.best is not None:
                     self.best.offer(step, metrics, self.tracker.history)
@@ -215,96 +183,31 @@ class Controller:
             "data/dropped_long_prompts": float(self.long_prompts),
         }
 
-    def sync_steps(self, todo: range) -> Iterator[dict[str, float]]:
-        """Generate, then train, then sync: the batch of step k comes from step k's weights."""
-        for step in todo:
-            start = time.perf_counter()
-            pending = self.collector.launch(step)
-            yield whole_step(self.rl_step(step, self.collector.wait_score_and_fill(pending)), start)
-
-    def one_step_off_steps(self, first: int, total: int) -> Iterator[dict[str, float]]:
-        """Generation of step k+1 overlaps the update of step k.
-
-        The batch trained at step k was sampled with the weights the trainer had
-        before step k-1's update: exactly one update stale (``rollout/staleness``).
-        This generator is the only loop that decides when to stop; the rollout
-        side is a single request in flight, joined here.
-        """
-        saved = self.recovery.restored_in_flight
+    def steps(self, first: int, last: int) -> Generator[dict[str, float], None, None]:
+        """The RL loop: each step takes scored groups from the rollout source and
+        trains on them (``rl_step``). The source's admission is
+        ``trainer.async_mode`` (``rlpost.loop.source``); this generator is the only
+        loop that decides when to stop, and closing it stops the source."""
+        self.version = first - 1
+        source = RolloutSource(
+            self.cfg, self.collector, self.stream, self.weights, Admission.of(self.cfg), first, last
+        )
+        source.load_state_dict(self.recovery.restored_in_flight)
         self.recovery.restored_in_flight = None
-        kept = saved["results"] if saved and saved["step"] == first else None
-        pending = self.collector.launch(first, results_from_json(kept) if kept else None)
-        for step in range(first, total + 1):
-            wait_start = iteration_start = time.perf_counter()
-            rollouts, metrics = self.collector.wait_score_and_fill(pending)
-            metrics["timing/generate_wait_s"] = time.perf_counter() - wait_start
-            if step > 1:
-                # The replica is idle now: give it the last update before it samples again.
-                metrics["timing/weight_sync_s"] = self.sync_weights()
-            next_pending = self.collector.launch(step + 1) if step < total else None
-            self.in_flight = next_pending
-            metrics = self.rl_step(step, (rollouts, metrics), sync=False)
-            gen_s = metrics["timing/generate_s"]
-            metrics["perf/overlap_frac"] = 1.0 - metrics["timing/generate_wait_s"] / max(
-                gen_s, 1e-9
-            )
-            if next_pending is None:
-                metrics["timing/weight_sync_s"] = self.sync_weights()
-            metrics = whole_step(metrics, iteration_start)
-            pending = next_pending  # type: ignore[assignment]
-            yield metrics
-
-    def fully_async_steps(self, first: int, total: int) -> Iterator[dict[str, float]]:
-        """Rollouts stream for the whole run (``rlpost.loop.streaming``): up to
-        ``async.max_inflight`` prompt groups generate while the trainer trains, each
-        step takes the first ``data.prompts_per_step`` groups to finish within
-        ``async.max_staleness``, and after each update the new weights reach the
-        replicas at once (``async.partial_rollout``: interrupting the requests in
-        flight, which continue under them). This generator is the only loop that
-        decides when to stop; closing it stops the producer."""
-        a, per_step = self.cfg.async_, self.cfg.data.prompts_per_step
-        saved = self.recovery.restored_in_flight
-        self.recovery.restored_in_flight = None
-        if saved and saved.get("unsaved_groups"):
-            log.warning(
-                "fully_async: %d prompt group(s) were generating or buffered at the "
-                "checkpoint, which does not keep them: their prompts are skipped",
-                saved["unsaved_groups"],
-            )
-        producer = GroupProducer(
-            self.stream.next_batch, self.collector.submit_group, per_step,
-            max_inflight=a.max_inflight or 2 * per_step, max_staleness=a.max_staleness,
-            first_batch=first,
-        )  # fmt: skip
-        self.producer = producer
+        self.source = source
         try:
-            producer.fill(self.version)
-            for step in range(first, total + 1):
+            for step in range(first, last + 1):
                 start = time.perf_counter()
-                rollouts, metrics, _ = self.collector.take(producer, self.version)
-                metrics["async/trainer_wait_s"] = time.perf_counter() - start
-                producer.fill(self.version)  # what the take freed, before the update
-                self.dropped_stale += int(metrics.pop("async/dropped_stale"))
-                metrics = self.rl_step(step, (rollouts, metrics), sync=False)
-                if self.updates_policy(step):
-                    metrics["timing/weight_sync_s"] = self.sync_weights(interrupt=a.partial_rollout)
-                producer.fill(self.version)
-                metrics["async/dropped_stale"] = float(self.dropped_stale)
-                metrics["async/buffer_groups"] = float(len(producer.ready))
-                metrics["async/inflight_groups"] = float(len(producer.inflight))
-                if "perf/rollout_idle_frac" in metrics:
-                    metrics["async/rollout_idle_frac"] = metrics["perf/rollout_idle_frac"]
-                yield whole_step(metrics, start)
+                rollouts, metrics = source.take(step, self.version)
+                yield whole_step(self.rl_step(step, rollouts, metrics), start)
         finally:
-            left = producer.close()
-            self.producer = None
-            if left:
-                log.info("fully_async: stopped with %d prompt group(s) not trained", left)
+            source.close()
+            self.source = None
 
-    def rl_step(
-        self, step: int, collected: tuple[Rollouts, dict[str, float]], sync: bool = True
-    ) -> dict[str, float]:
-        rollouts, metrics = collected
+    def rl_step(self, step: int, rollouts: Rollouts, metrics: dict[str, float]) -> dict[str, float]:
+        """One step on the groups the source gave: batch, log-probs, advantages,
+        update, then the new weights to the source (which pushes them when its
+        admission allows)."""
         if not rollouts.rows:  # every group agreed in every round: nothing to learn from
             rounds = metrics.get("dapo/gen_rounds", 1.0)
             log.warning(
@@ -313,7 +216,44 @@ class Controller:
                 "rollout.n, or check that the reward can tell the samples apart",
                 step, rounds, metrics.get("dapo/dropped_groups", 0.0),
             )  # fmt: skip
+            self.tell_source(metrics, changed=False)
             return metrics
+        batch = self.batch(rollouts, metrics)
+        metrics.update(self.weights.release())  # colocated replicas sleep while we train
+        t0 = time.perf_counter()
+        self.compute_logprobs(batch, metrics, step)
+        metrics["timing/logprob_s"] = time.perf_counter() - t0
+        self.compute_advantages(batch, metrics)
+        if self.samples.enabled:
+            self.samples.write("step", step, sample_rows(
+                step, rollouts.rows, rollouts.results, rollouts.scores, self.samples.limit,
+                batch.advantages_bt, batch.response_mask_bt,
+            ))  # fmt: skip
+        metrics.update(staleness_metrics(rollouts.results, self.version))
+        self.update(step, batch, metrics)
+        self.version = step
+        # asleep replicas always take the weights back, updated or not
+        self.tell_source(metrics, changed=self.updates_policy(step) or self.weights.asleep)
+        tokens = float(batch.response_mask_bt.sum())
+        metrics["perf/gen_tokens_per_s"] = tokens / max(metrics["timing/generate_s"], 1e-9)
+        metrics["response/length_mean"] = tokens / batch.real_samples
+        metrics["data/samples"] = float(batch.real_samples)
+        metrics["response/clip_ratio"] = clip_ratio(rollouts.results)
+        metrics.update(self.workers.rollout.stats())
+        metrics.update(self.weights.figures)
+        if self.source is not None:
+            self.source.step_metrics(metrics)
+        return metrics
+
+    def tell_source(self, metrics: dict[str, float], changed: bool) -> None:
+        """The policy version after this step to the rollout source."""
+        if self.source is not None:
+            metrics.update(self.source.on_weights(self.version, changed))
+
+    # -- the named steps ----------------------------------------------------------
+    def batch(self, rollouts: Rollouts, metrics: dict[str, float]) -> TrajectoryBatch:
+        """The groups as one padded batch: scores by sample, images, DAPO's
+        truncation filter."""
         batch = rollout_batch(
             rollouts.results, self.tokenizer.pad_token_id, multiple=self.algo.group_multiple
         )
@@ -324,59 +264,8 @@ class Controller:
             batch.mm_inputs_b = [per_prompt[g] for g in batch.group_ids_b.tolist()]
         if self.cfg.algo.filter_truncated:
             metrics["response/filtered_truncated"] = self.filter_truncated(batch, rollouts.results)
+        return batch
 
-        if sync and self.memory is not None:  # the trainer has the device to itself
-            metrics.update(self.memory.before_training())
-        t0 = time.perf_counter()
-        self.compute_logprobs(batch, metrics, step)
-        metrics["timing/logprob_s"] = time.perf_counter() - t0
-        self.compute_advantages(batch, metrics)
-        if self.samples.enabled:
-            self.samples.write("step", step, sample_rows(
-                step, rollouts.rows, rollouts.results, rollouts.scores, self.samples.limit,
-                batch.advantages_bt, batch.response_mask_bt,
-            ))  # fmt: skip
-        if self.workers.critic is not None:
-            metrics.update(
-                self.workers.critic.update_critic(
-                    batch,
-                    value_clip=self.cfg.algo.value_clip,
-                    agg=self.loss_cfg.agg,
-                    epochs=self.cfg.algo.epochs,
-                    mini_batches=self.cfg.algo.mini_batches,
-                )
-            )
-        metrics.update(staleness_metrics(rollouts.results, self.version))
-        if self.updates_policy(step):
-            metrics.update(self.update_policy(batch))
-        self.version = step
-        if sync and self.memory is not None:  # asleep replicas always take the weights back
-            metrics.update(self.memory.after_training(self.sync_weights))
-        elif sync and self.updates_policy(step):
-            metrics["timing/weight_sync_s"] = self.sync_weights()
-        tokens = float(batch.response_mask_bt.sum())
-        metrics["perf/gen_tokens_per_s"] = tokens / max(metrics["timing/generate_s"], 1e-9)
-        metrics["response/length_mean"] = tokens / batch.real_samples
-        metrics["data/samples"] = float(batch.real_samples)
-        metrics["response/clip_ratio"] = clip_ratio(rollouts.results)
-        metrics.update(self.workers.rollout.stats())
-        return metrics
-
-    def sft_step(self, step: int) -> dict[str, float]:
-        from rlpost.data.samples import sft_batch
-
-        start = time.perf_counter()
-        batch = sft_batch(self.tokenizer, self.stream.next_batch())
-        metrics = self.workers.policy.update_sft(batch)
-        self.version = step
-        metrics["timing/weight_sync_s"] = self.sync_weights()
-        metrics["timing/step_s"] = time.perf_counter() - start
-        metrics["perf/tokens_per_s"] = (
-            float(batch.attention_mask_bt.sum()) / metrics["timing/step_s"]
-        )
-        return metrics
-
-    # -- the named steps ----------------------------------------------------------
     def filter_truncated(self, batch: TrajectoryBatch, results: list[GenerationResult]) -> float:
         """No loss on completions that hit max_tokens (DAPO's overlong filtering)."""
         truncated = torch.tensor(
@@ -458,6 +347,21 @@ class Controller:
         if self.distill is not None:  # the teacher scores the samples token by token
             self.distill.apply(batch, metrics)
 
+    def update(self, step: int, batch: TrajectoryBatch, metrics: dict[str, float]) -> None:
+        """The critic's update, then the policy's (not during ``trainer.critic_warmup``)."""
+        if self.workers.critic is not None:
+            metrics.update(
+                self.workers.critic.update_critic(
+                    batch,
+                    value_clip=self.cfg.algo.value_clip,
+                    agg=self.loss_cfg.agg,
+                    epochs=self.cfg.algo.epochs,
+                    mini_batches=self.cfg.algo.mini_batches,
+                )
+            )
+        if self.updates_policy(step):
+            metrics.update(self.update_policy(batch))
+
     def update_policy(self, batch: TrajectoryBatch) -> dict[str, float]:
         """The policy update; the off-policy correction of ``algo.off_policy`` is
         applied inside it. Without old log-probs in the batch, they come from the
@@ -478,23 +382,6 @@ class Controller:
         metrics, batch.old_logp_bt = policy.update_policy_single_pass(batch, **kwargs)
         metrics.update(logprob_parity(batch))
         return metrics
-
-    def sync_weights(self, version: int | None = None, interrupt: bool = False) -> float:
-        """The policy's weights to every replica, as policy ``version`` (default: the
-        steps done); ``interrupt``: requests in flight continue under them."""
-        start = time.perf_counter()
-        if version is not None:
-            self.version = version
-        rollout = self.workers.rollout
-        if self.cfg.model.lora.rank and self.cfg.rollout.lora_sync == "adapter":
-            rollout.load_lora_adapter(self.workers.policy.adapter_ref(), self.version, interrupt)
-        elif self.collective is not None:
-            rollout.weight_sync_metrics = rollout.load_weights_collective(
-                self.collective, self.workers.policy, self.version, interrupt
-            )
-        else:
-            rollout.load_weights(self.workers.policy.weights_ref(), self.version, interrupt)
-        return time.perf_counter() - start
 
     def validate(self, step: int) -> dict[str, float]:
         """The held-out figures after ``step`` (``rlpost.loop.validation``)."""

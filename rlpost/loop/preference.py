@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 import torch
@@ -36,6 +36,7 @@ from rlpost.data.rows import DataError, PromptStream
 from rlpost.data.tasks import task_correctness
 from rlpost.loop.roles import Workers
 from rlpost.rollout.base import SamplingConfig
+from rlpost.serving.weight_sync import WeightSync
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.preference import REF_LOGPS
 
@@ -67,11 +68,11 @@ class PreferenceSteps:
         stream: PromptStream,
         val_rows: list[dict],
         request: Callable[[list[dict], SamplingConfig, int | None], Any],
-        sync_weights: Callable[[], float],
+        weights: WeightSync,
     ):
         self.cfg, self.workers, self.tokenizer = cfg, workers, tokenizer
         self.stream, self.val_rows, self.request = stream, val_rows, request
-        self.sync_weights = sync_weights
+        self.weights = weights
         self.is_rm = cfg.algo.name == "rm"
         self.pref = None if self.is_rm else preference_config(cfg)
         spec = None if self.pref is None else build_preference_loss(self.pref)
@@ -160,6 +161,10 @@ class PreferenceSteps:
         return batch
 
     # -- steps -------------------------------------------------------------------------
+    def steps(self, first: int, last: int) -> Generator[dict[str, float], None, None]:
+        for step in range(first, last + 1):
+            yield self.step(step)
+
     def step(self, step: int) -> dict[str, float]:
         start = time.perf_counter()
         rows = self.stream.next_batch()
@@ -170,7 +175,7 @@ class PreferenceSteps:
             metrics = policy.update_reward_model(batch, center_coef=coef)
         else:
             metrics = policy.update_preference(batch, cfg=self.pref)
-            metrics["timing/weight_sync_s"] = self.sync_weights()
+            metrics.update(self.weights.push(step))
         metrics["timing/step_s"] = time.perf_counter() - start
         metrics["perf/tokens_per_s"] = (
             float(batch.attention_mask_bt.sum()) / metrics["timing/step_s"]

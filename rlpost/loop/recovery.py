@@ -44,7 +44,7 @@ class Recovery:
         stream: PromptStream,
         kl_ctl: Any,
         tracker: Tracker,
-        sync_weights: Callable[..., float],
+        sync_weights: Callable[..., dict[str, float]],
         rebuild_trainers: Callable[[], TrainerGroups] | None = None,
         stop_requested: Callable[[], int | None] | None = None,
     ):
@@ -60,8 +60,8 @@ class Recovery:
         self.trainer_restarts = 0
         self.bad_steps = 0  # updates skipped in a row (NaN/Inf)
         self.start_state: tuple[Any, ...] = ()
-        # one_step_off: the next step's batch in flight, as a checkpoint keeps it
-        # (``Controller.in_flight_state``), and the one a restore brought back.
+        # The rollout source's generation in flight, as a checkpoint keeps it
+        # (``RolloutSource.state_dict``), and the one a restore brought back.
         self.in_flight: Callable[[], dict[str, Any] | None] | None = None
         self.restored_in_flight: dict[str, Any] | None = None
 
@@ -110,9 +110,9 @@ class Recovery:
 
         In one_step_off mode the next step's batch is already being generated with
         the weights from before this step's update, which the checkpoint does not
-        hold: it waits for that batch and keeps it (``in_flight``), and the stream
-        position from before its rows were drawn, so a resumed run trains on the
-        same batch as an uninterrupted one.
+        hold: it keeps the rollout source's state (``in_flight``): that batch, and
+        the stream position from before its rows were drawn, so a resumed run
+        trains on the same batch as an uninterrupted one.
         """
         w = self.workers
         in_flight = self.in_flight() if self.in_flight is not None else None

@@ -48,6 +48,7 @@ class Group:
     start: float
     end: float = 0.0
     results: list[Any] = field(default_factory=list)
+    scores: dict[str, Any] = field(default_factory=dict)  # its samples' scores, by name
 
 
 class GroupProducer:

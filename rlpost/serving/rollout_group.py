@@ -117,8 +117,6 @@ class RolloutGroup:
         self._cls, self._configs, self._where = cls, configs, where
         self._threads, self._engine = threads, engine
         self._weights: Any = None
-        # The last collective weight sync's figures (rollout.weight_sync=collective).
-        self.weight_sync_metrics: dict[str, float] = {}
         self._adapter: Any = None
         self._version = 0
         # The policy version every replica serves (``load_weights``).
@@ -445,8 +443,7 @@ class RolloutGroup:
         The first call in PD mode whose decode side computed prompt tokens and
         loaded none through the connector logs one warning with the reason."""
         engine_stats = self._call_live("stats")  # a replica restarting has none
-        metrics = self._stats.metrics(engine_stats, self.pools, self.restarts)
-        return {**metrics, **self.weight_sync_metrics}
+        return self._stats.metrics(engine_stats, self.pools, self.restarts)
 
     def sleep(self, level: int) -> None:
         """Every replica frees its device memory (``rlpost.loop.memory``)."""

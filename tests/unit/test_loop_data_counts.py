@@ -15,6 +15,7 @@ def _controller(overrides: list[str], logged: list[tuple[int, dict]]) -> Control
     c.malformed_rows, c.dropped_chars, c.long_prompts = 3, 5, 7
     c.validate = lambda step: {}
     c.best = None  # trainer.save_best is off
+    c.source = None  # no RL steps
     c.tracker = SimpleNamespace(log=lambda step, m: logged.append((step, dict(m))))
     c.recovery = SimpleNamespace(
         trainer_restarts=0,
@@ -30,7 +31,7 @@ def test_preference_steps_log_the_malformed_pairs():
     c = _controller(["algo=dpo", "data=arith_pref"], logged)
     # a preference step reports its loss and pairs, nothing of the rows dropped at load
     steps = iter([{"dpo/loss": 0.69, "data/pairs": 40.0}, {"dpo/loss": 0.6, "data/pairs": 40.0}])
-    c.log_steps(range(1, 3), steps, one_step_off=False)
+    c.log_steps(range(1, 3), steps)
     assert [step for step, _ in logged] == [1, 2]
     for _, m in logged:
         assert m["data/malformed_rows"] == 3.0
