@@ -4,13 +4,19 @@ An engine is any object with ``generate``, ``load_weights``, ``stats`` (see
 ``RolloutEngine``); the async form (``AsyncRolloutEngine``) adds
 ``agenerate`` for one request and ``aload_weights``, which a Ray actor in
 ``rlpost/workers`` awaits so requests from many callers interleave.
+
+What only some engines can do is a capability protocol of its own
+(``Versioned``, ``GroupReceiver``, ``IpcReceiver``, ``AdapterLoader``,
+``Sleeper``): the replica's shell checks which ones its engine has once, when it
+builds it, and refuses a call the engine cannot take with a message naming the
+setting to change.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -82,4 +88,67 @@ class AsyncRolloutEngine(RolloutEngine, Protocol):
 
     async def aload_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load weights once the requests in flight finish; new ones wait meanwhile."""
+        ...
+
+
+@runtime_checkable
+class Versioned(Protocol):
+    """An engine that stamps each sampled token with the policy version that
+    sampled it, and can load new weights under requests in flight (vLLM)."""
+
+    version: int
+
+    async def aload_weights(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        version: int | None = None,
+        interrupt: bool = False,
+    ) -> None:
+        """Load as the policy ``version``; ``interrupt``: stop the requests in flight
+        where they are and continue them under the new weights."""
+        ...
+
+
+@runtime_checkable
+class GroupReceiver(Protocol):
+    """Weights over a process group whose rank 0 is the trainer
+    (``rollout.weight_sync=collective``)."""
+
+    def open_weight_group(
+        self, address: str, base_rank: int, world_size: int, generation: int, timeout_s: float
+    ) -> None: ...
+
+    async def areceive_weights(
+        self, version: int | None = None, interrupt: bool = False, layout: Any = None
+    ) -> None: ...
+
+
+@runtime_checkable
+class IpcReceiver(Protocol):
+    """Weights as memory the trainer hands out on the same node (``rollout.weight_sync=ipc``)."""
+
+    async def areceive_weights_ipc(
+        self, source: Any, version: int | None = None, interrupt: bool = False
+    ) -> None: ...
+
+
+@runtime_checkable
+class AdapterLoader(Protocol):
+    """A LoRA adapter swapped in over the base model (``rollout.lora_sync=adapter``)."""
+
+    async def aload_lora_adapter(
+        self, adapter: Any, version: int | None = None, interrupt: bool = False
+    ) -> None: ...
+
+
+@runtime_checkable
+class Sleeper(Protocol):
+    """Device memory given up while a colocated trainer trains (``rollout.sleep``)."""
+
+    async def asleep(self, level: int = 2) -> None:
+        """``level`` (vLLM): 1 keeps the weights in host memory, 2 drops them."""
+        ...
+
+    async def awake(self, tags: list[str] | None = None) -> None:
+        """``tags`` (vLLM): ``["weights"]`` or ``["kv_cache"]`` alone."""
         ...

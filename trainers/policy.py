@@ -31,7 +31,7 @@ from rlpost.trainers.update import Backend, MicroLoss, run_epochs, step
 
 class TokenStats(Protocol):
     def __call__(
-        self, mb: TrajectoryBatch, output: torch.Tensor, temperature: float, with_entropy: bool
+        self, mb: TrajectoryBatch, output: torch.Tensor, temperature: float, with_entropy: bool, /
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (b, t) of ``mb``'s tokens from the model's ``output`` and, if
         ``with_entropy``, the entropy (b, t) of each position's prediction (else None

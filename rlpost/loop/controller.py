@@ -366,20 +366,18 @@ class Controller:
         """The policy update; the off-policy correction of ``algo.off_policy`` is
         applied inside it. Without old log-probs in the batch, they come from the
         update's own forward (``needs_old_logprobs``), and so do the parity metrics."""
-        kwargs = dict(
-            loss_cfg=self.loss_cfg,
-            temperature=self.sampling.temperature,
-            norm_const=float(self.collector.response_budget),
-            reg=self.algo.reg,
-            off_policy=self.algo.off_policy,
-        )
-        policy = self.workers.policy
+        policy, a = self.workers.policy, self.algo
+        temperature, norm_const = self.sampling.temperature, float(self.collector.response_budget)
         if batch.old_logp_bt is not None:
-            a = self.cfg.algo
             return policy.update_policy(
-                batch, epochs=a.epochs, mini_batches=a.mini_batches, **kwargs
-            )
-        metrics, batch.old_logp_bt = policy.update_policy_single_pass(batch, **kwargs)
+                batch, a.loss, temperature=temperature, epochs=self.cfg.algo.epochs,
+                mini_batches=self.cfg.algo.mini_batches, norm_const=norm_const, reg=a.reg,
+                off_policy=a.off_policy,
+            )  # fmt: skip
+        metrics, batch.old_logp_bt = policy.update_policy_single_pass(
+            batch, a.loss, temperature=temperature, norm_const=norm_const, reg=a.reg,
+            off_policy=a.off_policy,
+        )  # fmt: skip
         metrics.update(logprob_parity(batch))
         return metrics
 

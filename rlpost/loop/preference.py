@@ -174,6 +174,7 @@ class PreferenceSteps:
             coef = self.cfg.algo.rm.center_rewards_coef
             metrics = policy.update_reward_model(batch, center_coef=coef)
         else:
+            assert self.pref is not None  # every preset but algo=rm has a preference loss
             metrics = policy.update_preference(batch, cfg=self.pref)
             metrics.update(self.weights.push(step))
         metrics["timing/step_s"] = time.perf_counter() - start

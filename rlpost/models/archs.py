@@ -244,10 +244,8 @@ def _deepseek_v3(tok):
     # transformers' V3 always routes with sigmoid scores and a correction bias;
     # vLLM reads both choices from the config (real V3 checkpoints carry them):
     # without topk_method="noaux_tc" it has no e_score_correction_bias to load.
-    return DeepseekV3Config(
-        **_deepseek(tok), q_lora_rank=128, norm_topk_prob=True, topk_method="noaux_tc",
-        scoring_func="sigmoid",
-    )  # fmt: skip
+    routing: dict[str, Any] = {"topk_method": "noaux_tc", "scoring_func": "sigmoid"}
+    return DeepseekV3Config(**_deepseek(tok), q_lora_rank=128, norm_topk_prob=True, **routing)
 
 
 def _phi3(tok):

@@ -17,7 +17,15 @@ from typing import Any
 
 import torch
 
-from rlpost.rollout.base import GenerationRequest, GenerationResult
+from rlpost.rollout.base import (
+    AdapterLoader,
+    GenerationRequest,
+    GenerationResult,
+    GroupReceiver,
+    IpcReceiver,
+    Sleeper,
+    Versioned,
+)
 
 
 def prompt_hash(prompt_ids: list[int]) -> str:
@@ -40,6 +48,13 @@ class RolloutWorker:
         from rlpost.rollout.registry import build_engine
 
         self.engine = build_engine(engine, engine_cfg)
+        # what this engine can do beyond generating and loading weights (rollout.base)
+        e = self.engine
+        self.versioned = e if isinstance(e, Versioned) else None
+        self.group_receiver = e if isinstance(e, GroupReceiver) else None
+        self.ipc_receiver = e if isinstance(e, IpcReceiver) else None
+        self.adapter_loader = e if isinstance(e, AdapterLoader) else None
+        self.sleeper = e if isinstance(e, Sleeper) else None
         # The policy version of the loaded weights, for engines that do not stamp
         # their tokens themselves (vLLM does, exactly, through interruptions).
         self.version = 0
@@ -86,8 +101,8 @@ class RolloutWorker:
         and continue them under the new weights (engines that can, i.e. vLLM)."""
         start = time.perf_counter()
         version = self.version + 1 if version is None else version
-        if self._interruptible():
-            await self.engine.aload_weights(named_tensors, version=version, interrupt=interrupt)
+        if self.versioned is not None:
+            await self.versioned.aload_weights(named_tensors, version=version, interrupt=interrupt)
         else:
             await self.engine.aload_weights(named_tensors)
         self.version = version
@@ -98,14 +113,18 @@ class RolloutWorker:
     ) -> int:
         """Join the trainer's weight group (``rollout.weight_sync=collective``) as rank
         ``base_rank`` (and up, one per engine worker); returns how many ranks it took."""
-        open_group = getattr(self.engine, "open_weight_group", None)
-        if open_group is None:
+        self._group_receiver().open_weight_group(
+            address.removeprefix("tcp://"), base_rank, world_size, generation, timeout_s
+        )
+        return 1
+
+    def _group_receiver(self) -> GroupReceiver:
+        if self.group_receiver is None:
             raise ValueError(
                 f"{type(self.engine).__name__} cannot receive weights over a process group; "
                 "use rollout.weight_sync=object_store"
             )
-        open_group(address.removeprefix("tcp://"), base_rank, world_size, generation, timeout_s)
-        return 1
+        return self.group_receiver
 
     async def receive_weights(
         self, version: int | None = None, interrupt: bool = False, layout: Any = None
@@ -115,8 +134,9 @@ class RolloutWorker:
         the group is vLLM's own weight transfer (``rlpost.trainers.vllm_transfer``)."""
         start = time.perf_counter()
         version = self.version + 1 if version is None else version
-        given = {} if layout is None else {"layout": layout}  # engines without one take none
-        await self.engine.areceive_weights(version=version, interrupt=interrupt, **given)
+        await self._group_receiver().areceive_weights(
+            version=version, interrupt=interrupt, layout=layout
+        )
         self.version = version
         return time.perf_counter() - start
 
@@ -128,15 +148,16 @@ class RolloutWorker:
         buckets), as ``load_weights`` (``version``, ``interrupt``)."""
         from rlpost.workers.ipc_source import IpcSource
 
-        receive = getattr(self.engine, "areceive_weights_ipc", None)
-        if receive is None:
+        if self.ipc_receiver is None:
             raise ValueError(
                 f"{type(self.engine).__name__} cannot map weights a trainer hands out; "
                 "use rollout.weight_sync=object_store"
             )
         start = time.perf_counter()
         version = self.version + 1 if version is None else version
-        await receive(IpcSource(sender, plan), version=version, interrupt=interrupt)
+        await self.ipc_receiver.areceive_weights_ipc(
+            IpcSource(sender, plan), version=version, interrupt=interrupt
+        )
         self.version = version
         return time.perf_counter() - start
 
@@ -146,37 +167,33 @@ class RolloutWorker:
         """Seconds to swap in a new LoRA adapter, after the requests in flight finish
         (``interrupt``: as ``load_weights``)."""
         start = time.perf_counter()
-        load = getattr(self.engine, "aload_lora_adapter", None)
-        if load is None:
+        if self.adapter_loader is None:
             raise ValueError(
                 "rollout.lora_sync=adapter needs an engine with LoRA (rollout.name=vllm)"
             )
         version = self.version + 1 if version is None else version
-        if self._interruptible():
-            await load(adapter, version=version, interrupt=interrupt)
-        else:
-            await load(adapter)
+        await self.adapter_loader.aload_lora_adapter(adapter, version=version, interrupt=interrupt)
         self.version = version
         return time.perf_counter() - start
-
-    def _interruptible(self) -> bool:
-        return hasattr(self.engine, "version")
 
     async def sleep(self, level: int | None = None) -> None:
         """Free the engine's GPU memory for colocated training (engines with
         ``asleep``); ``level`` (vLLM): 1 keeps the weights in host memory, 2 drops them."""
-        await self._memory_call("asleep", level)
+        sleeper = self._sleeper()
+        await (sleeper.asleep() if level is None else sleeper.asleep(level))
 
     async def wake(self, tags: list[str] | None = None) -> None:
         """Take the memory back; ``tags`` (vLLM): ``["weights"]`` or ``["kv_cache"]``
         alone, so that a weight sync can run between the two."""
-        await self._memory_call("awake", tags)
+        sleeper = self._sleeper()
+        await (sleeper.awake() if tags is None else sleeper.awake(tags))
 
-    async def _memory_call(self, name: str, arg: Any = None) -> None:
-        call = getattr(self.engine, name, None)
-        if call is None:
-            raise ValueError(f"{type(self.engine).__name__} cannot release its memory")
-        await (call() if arg is None else call(arg))
+    def _sleeper(self) -> Sleeper:
+        if self.sleeper is None:
+            raise ValueError(
+                f"{type(self.engine).__name__} cannot release its memory; set rollout.sleep=off"
+            )
+        return self.sleeper
 
     def stats(self) -> dict[str, float]:
         return self.engine.stats()

@@ -1,4 +1,12 @@
-"""Ray shell around one training engine rank, and the group of all ranks."""
+"""Ray shell around one training engine rank, and the group of all ranks.
+
+The group's methods are the engine protocols' own (``rlpost.trainers.engine``):
+``update_policy = sharded(PolicyEngine.update_policy, mean_metrics)`` makes a
+method that splits the batch over the ranks, calls the engine method of that
+name on each with its share and combines the answers. mypy checks a call through
+the group against the protocol's signature; only the method's name crosses the
+Ray boundary, and the worker refuses a name no protocol declares.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +14,28 @@ import os
 import random
 import socket
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import ray
 import torch
 
 from rlpost.trainers.batch import TrajectoryBatch
+from rlpost.trainers.engine import PolicyEngine, RewardEngine, ValueEngine, WeightSource
 from rlpost.workers import WORKER_ENV
 
 QUIET = {"env_vars": WORKER_ENV}
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+Engine = PolicyEngine | ValueEngine | RewardEngine
+# What a worker may be asked to call on its engine: the protocols' methods.
+ENGINE_METHODS = frozenset(
+    name
+    for protocol in (PolicyEngine, ValueEngine, RewardEngine)
+    for name, value in vars(protocol).items()
+    if callable(value) and not name.startswith("_")
+) | {"named_weights", "weight_stream"}
 
 
 class TrainerWorker:
@@ -23,6 +44,9 @@ class TrainerWorker:
     def __init__(self, threads: int):
         torch.set_num_threads(threads)
         self.engine: Any = None
+        self.weight_source: WeightSource | None = None  # the engine, if its weights can leave it
+        self.weight_group: Any = None  # rollout.weight_sync=collective: rank 0's sender
+        self._ipc: Any = None  # rollout.weight_sync=ipc: rank 0's hand-off in progress
 
     def pid(self) -> int:
         """This rank's process id (fault-injection tests kill it)."""
@@ -55,10 +79,24 @@ class TrainerWorker:
         from rlpost.trainers.registry import build_engine
 
         self.engine = build_engine(cfg.trainer, kind, cfg, rank, world_size, init_method)
+        if isinstance(self.engine, WeightSource):
+            self.weight_source = self.engine
         return self.engine.num_params
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """The engine's ``method`` (a name an engine protocol declares: the group's
+        proxies pass ``method.__name__``)."""
+        if method not in ENGINE_METHODS:
+            raise AttributeError(f"{method!r} is not a method of the engine protocols")
         return getattr(self.engine, method)(*args, **kwargs)
+
+    def _weights(self) -> WeightSource:
+        if self.weight_source is None:
+            raise ValueError(
+                f"{type(self.engine).__name__} cannot hand out its weights (a "
+                "rollout.weight_sync other than object_store needs a policy engine)"
+            )
+        return self.weight_source
 
     def open_weight_group(
         self,
@@ -79,48 +117,34 @@ class TrainerWorker:
         from rlpost.trainers.weight_sync import SyncGroup
 
         host, _, port = address.removeprefix("tcp://").rpartition(":")
-        old = getattr(self, "weight_group", None)
-        if old is not None:
-            old.close()
-        device = getattr(self.engine, "device", None)
-        device = device if isinstance(device, torch.device) else None  # None: the CPU
+        if self.weight_group is not None:
+            self.weight_group.close()
+        source = self._weights()
         if via_vllm:
             from rlpost.trainers import vllm_transfer
 
-            stream = getattr(self.engine, "weight_stream", None)
-            if stream is None:
-                raise ValueError(
-                    f"{type(self.engine).__name__} cannot stream its weights, which vLLM's "
-                    "weight transfer needs; use rollout.weight_sync=object_store"
-                )
-            specs = stream()[0]  # names, shapes and dtypes only: nothing is gathered
+            specs = source.weight_stream()[0]  # names, shapes and dtypes only: nothing is gathered
             self.weight_group = vllm_transfer.VllmNcclSender(
-                address, world_size, timeout_s, device or torch.device("cpu")
+                address, world_size, timeout_s, source.device
             )
             return vllm_transfer.layout(specs)
         self.weight_group = SyncGroup(
-            host, int(port), 0, world_size, backend=weight_group_backend(device), timeout_s=timeout_s,
-            generation=generation, device=device,
+            host, int(port), 0, world_size, backend=weight_group_backend(source.device),
+            timeout_s=timeout_s, generation=generation, device=source.device,
         )  # fmt: skip
         return None
 
     def send_weights(self, bucket_bytes: int) -> dict[str, int]:
         """Every rank: gather the full weights (collective); rank 0 sends them over
         the weight group in buckets of ``bucket_bytes``. An engine with a
-        ``weight_stream`` (FSDP2) gathers them a layer at a time as the buckets fill."""
-        stream = getattr(self.engine, "weight_stream", None)
-        if stream is not None:
-            specs, items = stream()
-            if self.engine.rank != 0:  # gather with rank 0, send nothing
-                for _ in items:
-                    pass
-                return {}
-            stats = self.weight_group.send(items, bucket_bytes, specs)
-        else:
-            named = self.engine.named_weights()
-            if named is None:  # not rank 0
-                return {}
-            stats = self.weight_group.send(iter(named), bucket_bytes)
+        stream gathers them a layer at a time as the buckets fill."""
+        source = self._weights()
+        specs, items = source.weight_stream()
+        if source.rank != 0:  # gather with rank 0, send nothing
+            for _ in items:
+                pass
+            return {}
+        stats = self.weight_group.send(items, bucket_bytes, specs)
         return {"buckets": stats.buckets, "bytes": stats.bytes, "peak": stats.peak_bucket_bytes}
 
     # -- rollout.weight_sync=ipc (rlpost.serving.weight_group.IpcSync) ----------
@@ -131,33 +155,66 @@ class TrainerWorker:
         from rlpost.trainers.weight_sync import IpcSender
 
         self.ipc_close()
-        device = getattr(self.engine, "device", None)
-        device = device if isinstance(device, torch.device) else torch.device("cpu")
-        self._ipc = IpcSender(self.engine, bucket_bytes, device)
+        source = self._weights()
+        self._ipc = IpcSender(source, bucket_bytes, source.device)
         return self._ipc.plan
 
     def ipc_next(self) -> Any:
         """Rank 0: the next bucket's handle (its tensors gathered and packed)."""
-        if getattr(self, "_ipc", None) is None:
+        if self._ipc is None:
             raise RuntimeError("ipc_next before ipc_open")
         return self._ipc.next()
 
     def ipc_close(self) -> dict[str, int]:
         """Rank 0: run the gathers the hand-off has left (so the other ranks' ``ipc_drive``
         ends), drop the buckets; returns the sender's figures."""
-        sender = getattr(self, "_ipc", None)
-        self._ipc = None
+        sender, self._ipc = self._ipc, None
         return {} if sender is None else sender.close()
 
     def ipc_drive(self) -> None:
         """Ranks > 0: this rank's share of the gathers of one hand-off, in step with
         rank 0's buckets (the engine's collectives pair them)."""
-        stream = getattr(self.engine, "weight_stream", None)
-        if stream is None:
-            self.engine.named_weights()
-            return
-        for _ in stream()[1]:
+        for _ in self._weights().weight_stream()[1]:
             pass
+
+
+def sharded(
+    method: Callable[Concatenate[Any, TrajectoryBatch, P], R],
+    combine: Callable[[list[R], int], T],
+) -> Callable[Concatenate[TrainerGroup, TrajectoryBatch, P], T]:
+    """A ``TrainerGroup`` method calling the engine protocol's ``method`` on every
+    rank with the rank's share of the batch; ``combine(answers, rows)`` joins the
+    ranks' answers for a batch of ``rows`` samples. A read-only call's batch is
+    padded to split evenly (``rows`` cuts the padding off again); an update's
+    batch is split as it is."""
+    updates = combine is mean_metrics or combine is metrics_and_rows
+
+    def call(
+        group: TrainerGroup, batch: TrajectoryBatch, /, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        whole = batch if updates else _padded(batch, group.world_size)
+        return combine(group._sharded(method, whole, *args, **kwargs), len(batch))
+
+    call.__name__ = call.__qualname__ = method.__name__
+    call.__doc__ = method.__doc__
+    return call
+
+
+def rows(per_rank: list[torch.Tensor], n: int) -> torch.Tensor:
+    """The ranks' rows in batch order, without the padding."""
+    return torch.cat(per_rank, dim=0)[:n]
+
+
+def mean_metrics(per_rank: list[dict[str, float]], n: int = 0) -> dict[str, float]:
+    """Each metric's mean over the ranks (they are global already, or per-rank
+    figures of equal shares)."""
+    return {k: sum(m[k] for m in per_rank) / len(per_rank) for k in per_rank[0]}
+
+
+def metrics_and_rows(
+    per_rank: list[tuple[dict[str, float], torch.Tensor]], n: int
+) -> tuple[dict[str, float], torch.Tensor]:
+    return mean_metrics([m for m, _ in per_rank]), rows([lp for _, lp in per_rank], n)
 
 
 class TrainerGroup:
@@ -194,12 +251,25 @@ class TrainerGroup:
         )
         self.num_params = sizes[0]
 
-    def _each(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        return _gather([w.call.remote(method, *args, **kwargs) for w in self.workers])
-
-    def _sharded(self, method: str, batch: TrajectoryBatch, **kwargs: Any) -> list[Any]:
+    def _sharded(
+        self,
+        method: Callable[Concatenate[Any, TrajectoryBatch, P], R],
+        batch: TrajectoryBatch,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> list[R]:
         shards = [batch.shard(r, self.world_size) for r in range(self.world_size)]
-        return _gather([w.call.remote(method, s, **kwargs) for w, s in zip(self.workers, shards)])
+        return _gather(
+            [
+                w.call.remote(method.__name__, s, *args, **kwargs)
+                for w, s in zip(self.workers, shards)
+            ]
+        )
+
+    def _each(
+        self, method: Callable[Concatenate[Any, P], R], *args: P.args, **kwargs: P.kwargs
+    ) -> list[R]:
+        return _gather([w.call.remote(method.__name__, *args, **kwargs) for w in self.workers])
 
     def owns(self, actor_id: str | None) -> bool:
         """Whether ``actor_id`` (hex, as in ``RayActorError.actor_id``) is one of the ranks."""
@@ -208,58 +278,22 @@ class TrainerGroup:
     def pids(self) -> list[int]:
         return _gather([w.pid.remote() for w in self.workers])
 
-    def logprobs(self, batch: TrajectoryBatch, temperature: float) -> torch.Tensor:
-        parts = self._sharded("logprobs", batch, temperature=temperature)
-        return torch.cat(parts, dim=0)
-
-    def greedy_match(self, batch: TrajectoryBatch) -> torch.Tensor:
-        return torch.cat(self._sharded("greedy_match", _padded(batch, self.world_size)))[
-            : len(batch)
-        ]
-
-    def update_policy(self, batch: TrajectoryBatch, **kwargs: Any) -> dict[str, float]:
-        return _mean_metrics(self._sharded("update_policy", batch, **kwargs))
-
-    def update_policy_single_pass(
-        self, batch: TrajectoryBatch, **kwargs: Any
-    ) -> tuple[dict[str, float], torch.Tensor]:
-        """One update whose old log-probs are its own; returns the metrics and those
-        log-probs (b, t), rows in ``batch``'s order."""
-        parts = self._sharded("update_policy_single_pass", batch, **kwargs)
-        return _mean_metrics([m for m, _ in parts]), torch.cat([lp for _, lp in parts], dim=0)
-
     def has_dropout(self) -> bool:
         """Whether a training-mode forward of rank 0's model is random (dropout)."""
-        return bool(_gather([self.workers[0].call.remote("has_dropout")])[0])
+        return bool(_gather([self.workers[0].call.remote(PolicyEngine.has_dropout.__name__)])[0])
 
-    def values(self, batch: TrajectoryBatch) -> torch.Tensor:
-        return torch.cat(self._sharded("values", batch), dim=0)
+    def save_checkpoint(self, path: str) -> None:
+        self._each(PolicyEngine.save_checkpoint, path)
 
-    def update_critic(self, batch: TrajectoryBatch, **kwargs: Any) -> dict[str, float]:
-        return _mean_metrics(self._sharded("update_critic", batch, **kwargs))
+    def load_checkpoint(self, path: str) -> None:
+        self._each(PolicyEngine.load_checkpoint, path)
 
-    def update_sft(self, batch: TrajectoryBatch) -> dict[str, float]:
-        return _mean_metrics(self._sharded("update_sft", batch))
-
-    def update_preference(self, batch: TrajectoryBatch, cfg: Any) -> dict[str, float]:
-        """A preference step (``algo=dpo``); pairs stay whole in each rank's share."""
-        return _mean_metrics(self._sharded("update_preference", batch, cfg=cfg))
-
-    def rewards(self, batch: TrajectoryBatch) -> torch.Tensor:
-        """A reward model's score (b,) of each sample (``algo=rm``)."""
-        return torch.cat(self._sharded("rewards", _padded(batch, self.world_size)))[: len(batch)]
-
-    def update_reward_model(self, batch: TrajectoryBatch, **kwargs: Any) -> dict[str, float]:
-        """A Bradley-Terry step of a reward model (``algo=rm``)."""
-        return _mean_metrics(self._sharded("update_reward_model", batch, **kwargs))
-
-    def ref_logprobs(self, batch: TrajectoryBatch, temperature: float) -> torch.Tensor:
-        """Reference log-probs of a LoRA policy: the same model with the adapter disabled."""
-        return torch.cat(self._sharded("ref_logprobs", batch, temperature=temperature), dim=0)
+    def save_hf(self, out_dir: str) -> str | None:
+        return self._each(PolicyEngine.save_hf, out_dir)[0]
 
     def adapter_ref(self) -> ray.ObjectRef:
         """An object-store reference to rank 0's LoRA adapter ``(tensors, peft_config)``."""
-        refs = [w.call.remote("adapter_weights") for w in self.workers]
+        refs = [w.call.remote(PolicyEngine.adapter_weights.__name__) for w in self.workers]
         _gather(refs[1:])
         return refs[0]
 
@@ -282,25 +316,31 @@ class TrainerGroup:
 
     def weights_ref(self) -> ray.ObjectRef:
         """An object-store reference to rank 0's full weights (one copy, fetched by replicas)."""
-        refs = [w.call.remote("named_weights") for w in self.workers]
+        refs = [w.call.remote(PolicyEngine.named_weights.__name__) for w in self.workers]
         _gather(refs[1:])
         return refs[0]
 
-    def save_checkpoint(self, path: str) -> None:
-        self._each("save_checkpoint", path)
-
-    def load_checkpoint(self, path: str) -> None:
-        self._each("load_checkpoint", path)
-
-    def save_hf(self, out_dir: str) -> str:
-        return self._each("save_hf", out_dir)[0]
+    # -- data-parallel calls: the engine protocols' methods -----------------------
+    logprobs = sharded(PolicyEngine.logprobs, rows)
+    ref_logprobs = sharded(PolicyEngine.ref_logprobs, rows)
+    greedy_match = sharded(PolicyEngine.greedy_match, rows)
+    update_policy = sharded(PolicyEngine.update_policy, mean_metrics)
+    # one update whose old log-probs are its own: the metrics and those log-probs (b, t)
+    update_policy_single_pass = sharded(PolicyEngine.update_policy_single_pass, metrics_and_rows)
+    update_sft = sharded(PolicyEngine.update_sft, mean_metrics)
+    # pairs stay whole in each rank's share
+    update_preference = sharded(PolicyEngine.update_preference, mean_metrics)
+    values = sharded(ValueEngine.values, rows)
+    update_critic = sharded(ValueEngine.update_critic, mean_metrics)
+    rewards = sharded(RewardEngine.rewards, rows)
+    update_reward_model = sharded(RewardEngine.update_reward_model, mean_metrics)
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Close each rank's engine, then end the actors. Once one rank is found dead
         the others are ended at once: a survivor may be stuck in a collective with
         the dead rank (NCCL waits for its timeout), and its close would queue behind
         that call until ``timeout_s``."""
-        pending = [w.call.remote("close") for w in self.workers]
+        pending = [w.call.remote(PolicyEngine.close.__name__) for w in self.workers]
         deadline = time.monotonic() + timeout_s
         try:
             while pending:
@@ -365,7 +405,3 @@ def _padded(batch: TrajectoryBatch, world_size: int) -> TrajectoryBatch:
         return batch
     index = torch.cat([torch.arange(len(batch)), torch.full((extra,), len(batch) - 1)])
     return batch.select(index)
-
-
-def _mean_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    return {k: sum(m[k] for m in per_rank) / len(per_rank) for k in per_rank[0]}

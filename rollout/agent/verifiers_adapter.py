@@ -42,7 +42,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from rlpost.rollout.agent.specs import _load_file
 
@@ -59,7 +59,7 @@ class VerifiersError(ValueError):
     """A verifiers spec, its ``agent.env_kwargs`` or its taskset cannot be used."""
 
 
-def is_verifiers_spec(spec: str | None) -> bool:
+def is_verifiers_spec(spec: str | None) -> TypeGuard[str]:
     return spec is not None and spec.startswith(PREFIX)
 
 

@@ -128,7 +128,7 @@ class WeightSyncExtension:
         }
         written: set[str] = set()
         checked = True
-        loader = model.load_weights
+        loader: Any = model.load_weights  # the vLLM model's own, not torch's
 
         def load_and_record(weights):  # what the model's own loader reports it wrote
             nonlocal checked

@@ -268,6 +268,9 @@ class FSDPEngine(PolicyUpdates):
         values are scattered back to the padded layout."""
         if self.sp is not None:
             return self._sp_token_stats(mb, logits, temperature, with_entropy)
+        stats: Callable[
+            [torch.Tensor, torch.Tensor, float, bool], tuple[torch.Tensor, torch.Tensor]
+        ]
         stats = token_logprobs_and_entropy
         if self._fused(mb):  # ``logits`` are the last hidden states
             assert self._head is not None
@@ -275,7 +278,9 @@ class FSDPEngine(PolicyUpdates):
             # root's parameters unsharded from its forward to its backward)
             weight, never = self._head.weight, tuple(self._never_sample)
 
-            def stats(h: torch.Tensor, ids: torch.Tensor, temp: float, ent: bool):  # type: ignore[no-redef]
+            def stats(
+                h: torch.Tensor, ids: torch.Tensor, temp: float, ent: bool
+            ) -> tuple[torch.Tensor, torch.Tensor]:
                 return hidden_token_stats(h, weight, ids, temp, ent, never)
 
         if not self._packed(mb):
