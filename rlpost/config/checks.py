@@ -52,19 +52,14 @@ def algo_checks(cfg: Config) -> list[str]:
 
 
 def off_policy_checks(cfg: Config, registered: Collection[str]) -> list[str]:
-    """``algo.off_policy`` against its registry and itself, and the old ``algo.rollout_is_cap``
-    (an alias of ``name=token_is is_cap=C``, so it cannot name another correction)."""
+    """``algo.off_policy`` against its registry (its rules across its own keys are
+    ``OffPolicyConfig``'s), and the old ``algo.rollout_is_cap`` (an alias of
+    ``name=token_is is_cap=C``, so it cannot name another correction)."""
     problems = []
     op, cap = cfg.algo.off_policy, cfg.algo.rollout_is_cap
     if op.name not in registered:
         problems.append(
             f"algo.off_policy.name={op.name!r}: expected one of {', '.join(sorted(registered))}"
-        )
-    if op.lo is not None and op.lo >= op.hi:
-        problems.append(f"algo.off_policy.lo={op.lo}: must be < algo.off_policy.hi={op.hi}")
-    if op.lo is None and op.hi <= 1:
-        problems.append(
-            f"algo.off_policy.hi={op.hi}: must be > 1 when algo.off_policy.lo is unset (lo = 1 / hi)"
         )
     if cap is not None and op.name != "token_is":
         problems.append(

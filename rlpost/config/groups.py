@@ -1,22 +1,20 @@
 """The run config's schema: one frozen dataclass per Hydra group, validated by
 ``rlpost.config.schema``; ``Config`` holds them all. The task side (data,
 reward, eval) is in ``rlpost.config.task_groups``, the algorithm group's parts
-in ``rlpost.config.algo_groups``."""
+in ``rlpost.algos`` (the configs its functions take) and
+``rlpost.config.algo_groups`` (the rest)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rlpost.algos import AdvantageConfig, DistillConfig, OffPolicyConfig, PolicyLossConfig
 from rlpost.config.algo_groups import (
-    AdvantageSchema,
     DPOSchema,
     DynamicSamplingSchema,
     KLSchema,
-    OffPolicySchema,
-    OPDSchema,
     OverlongSchema,
-    PolicyLossSchema,
     RMSchema,
 )
 from rlpost.config.schema import spec
@@ -43,21 +41,20 @@ ALGO_PRESETS = (
 )
 # Offline presets that train on preference pairs (rlpost.loop.preference).
 PREFERENCE_PRESETS = ("dpo", "rm")
-PREFERENCE_LOSS_NAMES = ("sigmoid", "ipo", "hinge", "simpo", "orpo")
 
 
 @dataclass(frozen=True)
 class AlgoConfig:
     name: str = spec(help="preset label", choices=ALGO_PRESETS)
-    advantage: AdvantageSchema = field(default_factory=AdvantageSchema)
-    policy_loss: PolicyLossSchema = field(default_factory=PolicyLossSchema)
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     kl: KLSchema = field(default_factory=KLSchema)
     entropy_coef: float = spec(0.0, help="entropy bonus coefficient (entropy is always reported)")
     dynamic_sampling: DynamicSamplingSchema = field(default_factory=DynamicSamplingSchema)
     overlong: OverlongSchema = field(default_factory=OverlongSchema)
     filter_truncated: bool = spec(False, help="DAPO: no loss on completions cut at max_tokens")
     value_clip: float = spec(0.5, gt=0, help="PPO critic: clip of the value update")
-    off_policy: OffPolicySchema = field(default_factory=OffPolicySchema)
+    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
     rollout_is_cap: float | None = spec(
         None,
         gt=0,
@@ -68,7 +65,7 @@ class AlgoConfig:
     mini_batches: int = spec(1, ge=1, help="optimizer steps per pass over the batch")
     dpo: DPOSchema = field(default_factory=DPOSchema)
     rm: RMSchema = field(default_factory=RMSchema)
-    opd: OPDSchema = field(default_factory=OPDSchema)
+    opd: DistillConfig = field(default_factory=DistillConfig)
 
     @property
     def needs_teacher(self) -> bool:

@@ -50,11 +50,13 @@ def test_old_rollout_is_cap_with_another_correction_names_the_new_keys():
 
 
 def test_bad_off_policy_settings_are_all_named():
-    # the schema's own checks first, then those across keys (all of each at once)
+    # the group's own checks (its fields, then OffPolicyConfig's rules across them), then
+    # the registry's, which needs the whole config
     assert "algo.off_policy.delta=-1.0: must be >= 0" in _problems(["algo.off_policy.delta=-1"])
-    msg = _problems(["algo.off_policy.name=nope", "algo.off_policy.lo=3.0"])
-    assert "algo.off_policy.name='nope'" in msg and "token_is" in msg
+    msg = _problems(["algo.off_policy.lo=3.0"])
     assert "algo.off_policy.lo=3.0: must be < algo.off_policy.hi=2.0" in msg
+    msg = _problems(["algo.off_policy.name=nope"])
+    assert "algo.off_policy.name='nope'" in msg and "token_is" in msg
     assert "algo.off_policy.hi=0.5" in _problems(["algo.off_policy.hi=0.5"])
 
 
