@@ -55,12 +55,6 @@ class AlgoConfig:
     filter_truncated: bool = spec(False, help="DAPO: no loss on completions cut at max_tokens")
     value_clip: float = spec(0.5, gt=0, help="PPO critic: clip of the value update")
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
-    rollout_is_cap: float | None = spec(
-        None,
-        gt=0,
-        help="old spelling of algo.off_policy.name=token_is algo.off_policy.is_cap=C (null: unset; "
-        "to turn the correction off, algo.off_policy.name=none)",
-    )
     epochs: int = spec(1, ge=1, help="passes over each step's batch")
     mini_batches: int = spec(1, ge=1, help="optimizer steps per pass over the batch")
     dpo: DPOSchema = field(default_factory=DPOSchema)

@@ -31,7 +31,8 @@ class AlgoSettings:
 def algo_settings(cfg: Config, reward_weights: dict[str, float] | None = None) -> AlgoSettings:
     """``reward_weights``: the weights of the named rewards, as the scorer combines
     them (``reward.weights``, else the reward function's ``default_weights``). The
-    advantage, policy-loss and off-policy groups are the configs ``rlpost.algos`` takes."""
+    advantage, policy-loss and off-policy groups are the configs ``rlpost.algos`` takes,
+    passed through (the advantage's with the reward weights filled in)."""
     a, r = cfg.algo, cfg.rollout
     weights = cfg.reward.weights if reward_weights is None else reward_weights
     return AlgoSettings(
@@ -48,15 +49,8 @@ def algo_settings(cfg: Config, reward_weights: dict[str, float] | None = None) -
             min_tokens=r.min_tokens,
         ),
         group_multiple=cfg.trainer.world_size * a.mini_batches,
-        off_policy=off_policy_config(cfg),
+        off_policy=a.off_policy,
     )
-
-
-def off_policy_config(cfg: Config) -> OffPolicyConfig:
-    """``algo.off_policy``, with the old ``algo.rollout_is_cap=C`` read as token_is at C
-    (the config check refuses it next to another correction)."""
-    op, cap = cfg.algo.off_policy, cfg.algo.rollout_is_cap
-    return op if cap is None else replace(op, is_cap=cap)
 
 
 def kl_controller(cfg: Config) -> Any:
