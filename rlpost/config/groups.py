@@ -19,6 +19,8 @@ from rlpost.config.algo_groups import (
 )
 from rlpost.config.schema import spec
 from rlpost.config.task_groups import DataConfig, EvalConfig, RewardConfig, TeacherConfig
+from rlpost.trainers.lora_settings import LoraSettings
+from rlpost.trainers.megatron.config import MegatronParallel
 
 GROUPS = ("algo", "model", "rollout", "trainer", "data", "reward", "agent")
 
@@ -99,18 +101,6 @@ class WarmupConfig:
 
 
 @dataclass(frozen=True)
-class LoraConfig:
-    rank: int = spec(0, ge=0, help="LoRA rank (0 = off: full fine-tuning)")
-    alpha: float = spec(16.0, gt=0, help="LoRA scaling numerator: the update is (alpha / rank) B A")
-    dropout: float = spec(0.0, ge=0, le=1, help="dropout on the LoRA input")
-    target_modules: str | list[str] = spec(
-        "all-linear",
-        help="'all-linear' (every nn.Linear of the language model: not the head, a vision "
-        "tower or fused MoE experts) or module names",
-    )
-
-
-@dataclass(frozen=True)
 class ModelConfig:
     path: str | None = spec(
         None, help="HF model directory or hub id; null builds the built-in tiny model"
@@ -126,7 +116,7 @@ class ModelConfig:
         None, help="where the built-in model is cached (null: ~/.cache/rlpost)"
     )
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
-    lora: LoraConfig = field(default_factory=LoraConfig)
+    lora: LoraSettings = field(default_factory=LoraSettings)
     freeze_vision: bool = spec(
         True,
         help="vision-language models: train the language model only (vision tower and projector frozen)",
@@ -241,35 +231,15 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
-class MegatronConfig:
-    tp: int = spec(1, ge=1, help="tensor parallel: each layer's matrices split over tp ranks")
-    pp: int = spec(1, ge=1, help="pipeline parallel: the layers split into pp stages (1F1B)")
-    vpp: int = spec(
-        1,
-        ge=1,
-        help="virtual pipeline stages per rank (interleaved 1F1B; pp > 1, layers divide by pp x vpp)",
-    )
-    cp: int = spec(
-        1, ge=1, help="context parallel: each sequence split over cp ranks (any backend)"
-    )
-    ep: int = spec(
-        1, ge=1, help="expert parallel (Qwen3-MoE): the experts split over ep data-parallel ranks"
-    )
+class MegatronConfig(MegatronParallel):
+    """``trainer.megatron``: the engine's split of the model over ranks, and the
+    data-parallel size that sets ``trainer.world_size`` when that is not given."""
+
     dp: int = spec(
         0,
         ge=0,
         help="data-parallel size; 0: trainer.world_size / (tp x pp x cp), or 1 when "
         "trainer.world_size is not given either",
-    )
-    sequence_parallel: bool = spec(
-        False,
-        help="split activations outside attention/MLP over tp ranks (needs tp > 1; MoE with tp > 1 needs it)",
-    )
-    distributed_optimizer: bool = spec(
-        False, help="shard the optimizer state over data-parallel ranks (ZeRO-1)"
-    )
-    recompute: Literal["none", "selective", "full"] = spec(
-        "none", help="activation recomputation: selective (core attention) or full (each layer)"
     )
 
 
