@@ -13,7 +13,10 @@ from __future__ import annotations
 import dataclasses
 import operator
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 T = TypeVar("T")
 
@@ -63,7 +66,7 @@ def value_problems(value: Any, meta: Mapping[str, Any], key: str) -> list[str]:
     return problems
 
 
-def problems(settings: Any, at: str = "", rules: Rules | None = None) -> list[str]:
+def problems(settings: DataclassInstance, at: str = "", rules: Rules | None = None) -> list[str]:
     """Every field of ``settings`` against its checks, then ``rules``; each key named
     with the prefix ``at``."""
     found = [
@@ -78,12 +81,12 @@ class SettingsError(ValueError):
     """A settings object that breaks its checks; ``at(prefix)`` lists the problems again
     with every key prefixed (``at("algo.policy_loss.")``), as the run config names them."""
 
-    def __init__(self, settings: Any, at: Callable[[str], list[str]]):
+    def __init__(self, settings: DataclassInstance, at: Callable[[str], list[str]]):
         self.at = at
         super().__init__(f"invalid {type(settings).__name__}: " + "; ".join(at("")))
 
 
-def check(settings: Any, rules: Rules | None = None) -> None:
+def check(settings: DataclassInstance, rules: Rules | None = None) -> None:
     """Raise ``SettingsError`` naming every field of ``settings`` that breaks its checks
     and every broken rule, all at once; a settings class calls it in ``__post_init__``."""
 
@@ -94,7 +97,7 @@ def check(settings: Any, rules: Rules | None = None) -> None:
         raise SettingsError(settings, at)
 
 
-def narrow(settings: Any, cls: type[T]) -> T:
+def narrow(settings: DataclassInstance, cls: type[T]) -> T:
     """``settings`` as ``cls``, a class it derives from: the fields ``cls`` declares,
     copied (a run-config group that adds keys to an engine's settings hands the
     engine exactly its own)."""

@@ -12,10 +12,13 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, get_args, get_origin
 
 from rlpost.algos.spec import SettingsError, is_setting, value_problems
 from rlpost.algos.spec import spec as spec  # re-exported: the groups declare fields with it
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 T = TypeVar("T")
 
@@ -177,7 +180,7 @@ def describe(cls: type, path: str) -> list[tuple[str, str, str]]:
     return rows
 
 
-def as_dict(obj: Any) -> dict[str, Any]:
+def as_dict(obj: DataclassInstance) -> dict[str, Any]:
     """The config keys of ``obj`` (a group) as plain data, what ``validate`` takes
     back: nested groups as mappings, tuples as lists."""
     return {f.name: _plain(getattr(obj, f.name)) for f in settings(type(obj))}
