@@ -18,8 +18,8 @@ from rlpost.algos.advantages import (
     reinforce_pp_baseline_advantage,
     rloo_advantage,
 )
-from rlpost.algos.aggregation import AGGREGATIONS, aggregate, masked_mean
-from rlpost.algos.config import AdvantageConfig, LossNorm, OffPolicyConfig, PolicyLossConfig
+from rlpost.algos.aggregation import AGGREGATIONS, LossNorm, aggregate, masked_mean
+from rlpost.algos.config import AdvantageConfig, OffPolicyConfig, PolicyLossConfig
 from rlpost.algos.distill import DistillConfig, opd_advantage
 from rlpost.algos.entropy import entropy_from_logits
 from rlpost.algos.filters import overlong_penalty, truncated_is_weight, zero_std_groups

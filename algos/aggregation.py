@@ -11,10 +11,29 @@ Liu et al. 2025, sec. 3.1).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from rlpost.algos.config import LossNorm
+from rlpost.algos.spec import check, spec
+
+
+@dataclass(frozen=True)
+class LossNorm:
+    """Counts over the WHOLE global batch (all micro-batches, all ranks), so the summed
+    gradient is independent of how the batch is split."""
+
+    global_tokens: float = spec(
+        ge=0, help="number of response tokens (mask==1) in the global batch"
+    )
+    global_samples: float = spec(ge=0, help="number of samples in the global batch")
+    norm_const: float = spec(
+        1.0, gt=0, help="seq-mean-token-sum-norm divisor (e.g. max response length)"
+    )
+
+    def __post_init__(self) -> None:
+        check(self)
+
 
 AggFn = Callable[[torch.Tensor, torch.Tensor, LossNorm], torch.Tensor]
 

@@ -1,41 +1,45 @@
-"""Frozen scalar configs for the pure loss and advantage functions.
+"""Frozen scalar configs for the pure loss and advantage functions, which are also the
+run config's groups ``algo.advantage``, ``algo.policy_loss`` and ``algo.off_policy``.
 
 Each function in ``algos`` receives one of these small configs, never the run config.
+Every field is declared once, with its help text and checks (``rlpost.algos.spec``):
+building one in Python checks it as the run config's validator does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-def _raise_all(owner: str, errors: list[str]) -> None:
-    if errors:
-        raise ValueError(f"invalid {owner}: " + "; ".join(errors))
+from rlpost.algos.aggregation import AGGREGATIONS
+from rlpost.algos.spec import check, spec
 
 
 @dataclass(frozen=True)
 class AdvantageConfig:
     """Settings for ``compute_advantages``; ``estimator`` keys ``ADVANTAGE_ESTIMATORS``."""
 
-    estimator: str = "grpo"
-    norm_by_std: bool = True  # False -> Dr.GRPO (A = s - mean_g), Liu et al. 2025
-    eps: float = 1e-6
-    gamma: float = 1.0  # gae / reinforce_pp discount
-    lam: float = 0.95  # gae lambda
-    reward_weights: tuple[tuple[str, float], ...] = ()  # gdpo: (reward name, weight) pairs
+    estimator: str = spec(
+        "grpo",
+        help="grpo, rloo, reinforce_pp, reinforce_pp_baseline, gae, gdpo, or a registered name",
+    )
+    # False -> Dr.GRPO (A = s - mean_g), Liu et al. 2025
+    norm_by_std: bool = spec(True, help="grpo: divide by the group std (false: Dr.GRPO)")
+    eps: float = spec(1e-6, gt=0, help="added to standard deviations")
+    gamma: float = spec(1.0, ge=0, le=1, help="discount (gae, reinforce_pp)")
+    lam: float = spec(0.95, ge=0, le=1, help="GAE lambda")
+    reward_weights: tuple[tuple[str, float], ...] = spec(
+        (), setting=False, help="gdpo: (reward name, weight) pairs, the reward group's weights"
+    )
 
     def __post_init__(self) -> None:
-        errors = []
-        if not self.eps > 0:
-            errors.append(f"eps={self.eps} must be > 0")
-        if not 0.0 <= self.gamma <= 1.0:
-            errors.append(f"gamma={self.gamma} must be in [0, 1]")
-        if not 0.0 <= self.lam <= 1.0:
-            errors.append(f"lam={self.lam} must be in [0, 1]")
-        for pair in self.reward_weights:
-            if len(pair) != 2 or not isinstance(pair[0], str):
-                errors.append(f"reward_weights entry {pair!r} must be a (name, weight) pair")
-        _raise_all("AdvantageConfig", errors)
+        check(self, self.rules)
+
+    def rules(self, at: str = "") -> list[str]:
+        return [
+            f"{at}reward_weights entry {pair!r} must be a (name, weight) pair"
+            for pair in self.reward_weights
+            if len(pair) != 2 or not isinstance(pair[0], str)
+        ]
 
 
 @dataclass(frozen=True)
@@ -46,67 +50,58 @@ class PolicyLossConfig:
     dual-clip bound for negative advantages (Ye et al. 2020, eq. 5); ``clip_low = 1`` sets no
     lower bound (CISPO's usual choice). ``cispo`` clips its detached weight with
     clip_low/clip_high, ``gmpo`` reads them as log-ratio bounds. The other fields are those of
-    one loss each, named as verl's: ``tau_pos``/``tau_neg`` (sapo), ``clip_cov_*`` (clip_cov),
-    ``kl_cov_ratio`` and ``ppo_kl_coef`` (kl_cov).
+    one loss each, named as verl's: ``tau_pos``/``tau_neg`` (sapo, Gao et al. 2025),
+    ``clip_cov_*`` (clip_cov), ``kl_cov_ratio`` and ``ppo_kl_coef`` (kl_cov).
     """
 
-    name: str = "ppo_clip"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    clip_c: float | None = None
-    agg: str = "token-mean"
-    log_ratio_clamp: float = 20.0
-    tau_pos: float = 1.0  # sapo: gate temperature for A > 0 (Gao et al. 2025)
-    tau_neg: float = 1.05  # sapo: gate temperature for A <= 0
-    clip_cov_ratio: float = 2e-4  # clip_cov: share of tokens whose gradient is dropped
-    clip_cov_lb: float = 1.0  # clip_cov: covariance band, lower end
-    clip_cov_ub: float = 5.0  # clip_cov: covariance band, upper end
-    kl_cov_ratio: float = 2e-4  # kl_cov: share of tokens given the KL term
-    ppo_kl_coef: float = 1.0  # kl_cov: coefficient of |log r| on those tokens
+    name: str = spec(
+        "ppo_clip",
+        help="ppo_clip, gspo, cispo, sapo, geo_mean (= gmpo), clip_cov, kl_cov, or a registered name",
+    )
+    clip_low: float = spec(
+        0.2,
+        ge=0,
+        le=1,
+        help="lower clip: ratio >= 1 - clip_low (1: no lower bound; geo_mean: log-ratio >= -clip_low)",
+    )
+    clip_high: float = spec(
+        0.2,
+        ge=0,
+        help="upper clip: ratio <= 1 + clip_high (DAPO: > clip_low; geo_mean: log-ratio <= clip_high)",
+    )
+    clip_c: float | None = spec(
+        None, gt=1, help="dual-clip bound for negative advantages (null = off)"
+    )
+    agg: str = spec(
+        "token-mean", choices=tuple(AGGREGATIONS), help="loss aggregation over the global batch"
+    )
+    log_ratio_clamp: float = spec(
+        20.0,
+        gt=0,
+        setting=False,
+        help="log pi - log pi_old is clamped to +-this before exp, so a stale token cannot overflow",
+    )
+    tau_pos: float = spec(1.0, gt=0, help="sapo: gate temperature for positive advantages")
+    tau_neg: float = spec(1.05, gt=0, help="sapo: gate temperature for negative advantages")
+    clip_cov_ratio: float = spec(
+        2e-4, gt=0, le=1, help="clip_cov: share of a micro-batch's tokens whose gradient is dropped"
+    )
+    clip_cov_lb: float = spec(1.0, help="clip_cov: lower end of the covariance band")
+    clip_cov_ub: float = spec(5.0, help="clip_cov: upper end of the covariance band")
+    kl_cov_ratio: float = spec(
+        2e-4, gt=0, le=1, help="kl_cov: share of a micro-batch's tokens given the KL term"
+    )
+    ppo_kl_coef: float = spec(
+        1.0, ge=0, help="kl_cov: coefficient of abs(log ratio) on those tokens"
+    )
 
     def __post_init__(self) -> None:
-        errors = []
-        if not 0.0 <= self.clip_low <= 1.0:
-            errors.append(f"clip_low={self.clip_low} must be in [0, 1]")
-        if not self.clip_high >= 0.0:
-            errors.append(f"clip_high={self.clip_high} must be >= 0")
-        if self.clip_c is not None and not self.clip_c > 1.0:
-            errors.append(f"clip_c={self.clip_c} must be > 1 (or None to disable dual clip)")
-        if not self.log_ratio_clamp > 0:
-            errors.append(f"log_ratio_clamp={self.log_ratio_clamp} must be > 0")
-        for key in ("tau_pos", "tau_neg"):
-            if not getattr(self, key) > 0:
-                errors.append(f"{key}={getattr(self, key)} must be > 0")
-        for key in ("clip_cov_ratio", "kl_cov_ratio"):
-            if not 0.0 < getattr(self, key) <= 1.0:
-                errors.append(f"{key}={getattr(self, key)} must be in (0, 1]")
-        if not self.clip_cov_lb < self.clip_cov_ub:
-            errors.append(
-                f"clip_cov_lb={self.clip_cov_lb} must be < clip_cov_ub={self.clip_cov_ub}"
-            )
-        if not self.ppo_kl_coef >= 0:
-            errors.append(f"ppo_kl_coef={self.ppo_kl_coef} must be >= 0")
-        _raise_all("PolicyLossConfig", errors)
+        check(self, self.rules)
 
-
-@dataclass(frozen=True)
-class LossNorm:
-    """Counts over the WHOLE global batch (all micro-batches, all ranks), so the summed
-    gradient is independent of how the batch is split."""
-
-    global_tokens: float  # number of response tokens (mask==1) in the global batch
-    global_samples: float  # number of samples in the global batch
-    norm_const: float = 1.0  # seq-mean-token-sum-norm divisor (e.g. max response length)
-
-    def __post_init__(self) -> None:
-        errors = []
-        if not self.global_tokens >= 0:
-            errors.append(f"global_tokens={self.global_tokens} must be >= 0")
-        if not self.global_samples >= 0:
-            errors.append(f"global_samples={self.global_samples} must be >= 0")
-        if not self.norm_const > 0:
-            errors.append(f"norm_const={self.norm_const} must be > 0")
-        _raise_all("LossNorm", errors)
+    def rules(self, at: str = "") -> list[str]:
+        if self.clip_cov_lb < self.clip_cov_ub:
+            return []
+        return [f"{at}clip_cov_lb={self.clip_cov_lb}: must be < {at}clip_cov_ub={self.clip_cov_ub}"]
 
 
 @dataclass(frozen=True)
@@ -120,25 +115,44 @@ class OffPolicyConfig:
     a negative sample. The default is the token truncated IS the trainer has always applied.
     """
 
-    name: str = "token_is"
-    is_cap: float = 2.0
-    lo: float | None = None
-    hi: float = 2.0
-    kl_max: float = 0.01
-    delta: float = 1e-3
+    name: str = spec(
+        "token_is",
+        help="correction for tokens the rollout sampled off the trainer's policy: none, token_is, "
+        "seq_is, decoupled, icepop, mis, opsm, verl's rejections token_k1..3, seq_sum_k1..3, "
+        "seq_mean_k1..3, seq_max_k2..3, or a registered name (docs/algorithms.md)",
+    )
+    is_cap: float = spec(
+        2.0,
+        gt=0,
+        help="C: token_is min(rho_t, C), seq_is min(prod rho_t, C), decoupled drops tokens with rho_t > C "
+        "(verl rollout_is_threshold)",
+    )
+    lo: float | None = spec(
+        None,
+        gt=0,
+        help="icepop, mis: lower ratio kept; *_k1: lower bound of pi_rollout / pi_old, as verl's "
+        "'lo_hi' thresholds (null: 1 / hi)",
+    )
+    hi: float = spec(
+        2.0, gt=0, help="icepop, mis: upper ratio kept; *_k1: upper bound of pi_rollout / pi_old"
+    )
+    kl_max: float = spec(
+        0.01,
+        gt=0,
+        help="*_k2, *_k3: largest KL estimate kept (verl rollout_rs_threshold for those options)",
+    )
+    delta: float = spec(
+        1e-3,
+        ge=0,
+        help="opsm: a negative-advantage sample whose mean log(pi_rollout / pi) exceeds this is masked",
+    )
 
     def __post_init__(self) -> None:
-        errors = []
-        if not self.is_cap > 0:
-            errors.append(f"is_cap={self.is_cap} must be > 0")
-        if not self.hi > 0:
-            errors.append(f"hi={self.hi} must be > 0")
-        if self.lo is not None and not 0 < self.lo < self.hi:
-            errors.append(f"lo={self.lo} must be in (0, hi={self.hi})")
-        if self.lo is None and self.hi > 0 and not self.hi > 1:
-            errors.append(f"hi={self.hi} must be > 1 when lo is unset (lo = 1 / hi)")
-        if not self.kl_max > 0:
-            errors.append(f"kl_max={self.kl_max} must be > 0")
-        if not self.delta >= 0:
-            errors.append(f"delta={self.delta} must be >= 0")
-        _raise_all("OffPolicyConfig", errors)
+        check(self, self.rules)
+
+    def rules(self, at: str = "") -> list[str]:
+        if self.lo is not None and self.lo >= self.hi:
+            return [f"{at}lo={self.lo}: must be < {at}hi={self.hi}"]
+        if self.lo is None and self.hi <= 1:
+            return [f"{at}hi={self.hi}: must be > 1 when {at}lo is unset (lo = 1 / hi)"]
+        return []

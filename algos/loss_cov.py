@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from rlpost.algos.aggregation import aggregate, masked_mean
-from rlpost.algos.config import LossNorm, PolicyLossConfig
+from rlpost.algos.aggregation import LossNorm, aggregate, masked_mean
+from rlpost.algos.config import PolicyLossConfig
 from rlpost.algos.policy_loss import register_policy_loss
 
 

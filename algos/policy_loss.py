@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import torch
 
-from rlpost.algos.aggregation import aggregate, masked_mean
-from rlpost.algos.config import LossNorm, PolicyLossConfig
+from rlpost.algos.aggregation import LossNorm, aggregate, masked_mean
+from rlpost.algos.config import PolicyLossConfig
 
 PolicyLossFn = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, PolicyLossConfig, LossNorm],

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from rlpost.algos.spec import check, spec
+
 
 @dataclass(frozen=True)
 class PreferenceConfig:
@@ -39,24 +41,36 @@ class PreferenceConfig:
     weight 1 already; ``rpo_alpha`` adds to it.
     """
 
-    loss: str = "sigmoid"
-    beta: float = 0.1
-    label_smoothing: float = 0.0
-    simpo_gamma: float = 0.5
-    rpo_alpha: float = 0.0
+    loss: str = spec(
+        "sigmoid",
+        help="sigmoid (DPO), ipo, hinge (SLiC), simpo (reference-free, length-normalised), orpo (odds ratio + NLL, reference-free), or a registered name",
+    )
+    beta: float = spec(
+        0.1, gt=0, help="KL strength (sigmoid, ipo, hinge); reward scale (simpo); lambda (orpo)"
+    )
+    label_smoothing: float = spec(
+        0.0,
+        ge=0,
+        lt=0.5,
+        help="share of flipped labels assumed, below 0.5 (conservative DPO; sigmoid only)",
+    )
+    simpo_gamma: float = spec(0.5, help="simpo: target reward margin gamma")
+    rpo_alpha: float = spec(
+        0.0,
+        ge=0,
+        help="weight of an NLL term on the chosen completions (RPO, TRL's rpo_alpha): keeps their log-probs from falling; with orpo it adds to orpo's own (weight 1)",
+    )
 
     def __post_init__(self) -> None:
-        errors = []
-        if not self.beta > 0:
-            errors.append(f"beta={self.beta} must be > 0")
-        if not 0.0 <= self.label_smoothing < 0.5:
-            errors.append(f"label_smoothing={self.label_smoothing} must be in [0, 0.5)")
-        if self.label_smoothing and self.loss != "sigmoid":
-            errors.append(f"label_smoothing applies to loss=sigmoid only, not {self.loss}")
-        if self.rpo_alpha < 0:
-            errors.append(f"rpo_alpha={self.rpo_alpha} must be >= 0")
-        if errors:
-            raise ValueError("invalid PreferenceConfig: " + "; ".join(errors))
+        check(self, self.rules)
+
+    def rules(self, at: str = "") -> list[str]:
+        if not self.label_smoothing or self.loss == "sigmoid":
+            return []
+        return [
+            f"{at}label_smoothing={self.label_smoothing}: conservative DPO smooths the sigmoid "
+            f"loss only, not {at}loss={self.loss}"
+        ]
 
 
 PreferenceLossFn = Callable[

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from rlpost.algos.aggregation import aggregate, masked_mean
-from rlpost.algos.config import LossNorm
+from rlpost.algos.aggregation import LossNorm, aggregate, masked_mean
 
 
 def clipped_value_loss(

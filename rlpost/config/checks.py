@@ -4,7 +4,6 @@ each group's schema has been validated."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from rlpost.config.distill_checks import distill_checks
@@ -42,36 +41,16 @@ def algo_checks(cfg: Config) -> list[str]:
             f"algo.policy_loss.name={a.policy_loss.name!r}: expected one of "
             f"{', '.join(sorted(POLICY_LOSSES))}"
         )
-    problems += off_policy_checks(cfg, OFF_POLICY)
+    if a.off_policy.name not in OFF_POLICY:  # the group's own rules are OffPolicyConfig's
+        problems.append(
+            f"algo.off_policy.name={a.off_policy.name!r}: expected one of "
+            f"{', '.join(sorted(OFF_POLICY))}"
+        )
     # DAPO's overlong limit is a sample's budget: a whole episode's in agent mode.
     limit = "agent.max_response_tokens" if cfg.agent.enabled else "rollout.max_tokens"
     budget = cfg.agent.max_response_tokens if cfg.agent.enabled else cfg.rollout.max_tokens
     if a.overlong.enabled and a.overlong.buffer > budget:
         problems.append(f"algo.overlong.buffer={a.overlong.buffer}: must be <= {limit}={budget}")
-    return problems
-
-
-def off_policy_checks(cfg: Config, registered: Collection[str]) -> list[str]:
-    """``algo.off_policy`` against its registry and itself, and the old ``algo.rollout_is_cap``
-    (an alias of ``name=token_is is_cap=C``, so it cannot name another correction)."""
-    problems = []
-    op, cap = cfg.algo.off_policy, cfg.algo.rollout_is_cap
-    if op.name not in registered:
-        problems.append(
-            f"algo.off_policy.name={op.name!r}: expected one of {', '.join(sorted(registered))}"
-        )
-    if op.lo is not None and op.lo >= op.hi:
-        problems.append(f"algo.off_policy.lo={op.lo}: must be < algo.off_policy.hi={op.hi}")
-    if op.lo is None and op.hi <= 1:
-        problems.append(
-            f"algo.off_policy.hi={op.hi}: must be > 1 when algo.off_policy.lo is unset (lo = 1 / hi)"
-        )
-    if cap is not None and op.name != "token_is":
-        problems.append(
-            f"algo.rollout_is_cap={cap}: the old spelling of algo.off_policy.name=token_is "
-            f"algo.off_policy.is_cap={cap}, so it cannot go with algo.off_policy.name={op.name}; "
-            "drop algo.rollout_is_cap (the cap is algo.off_policy.is_cap)"
-        )
     return problems
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from rlpost.config.checks import cross_checks
 from rlpost.config.groups import FIELDS, GROUPS, OPTIONAL_GROUPS, SCHEMAS, Config
-from rlpost.config.schema import ConfigError, validate
+from rlpost.config.schema import ConfigError, as_dict, validate
 
 # rollout.block_size under rollout.pd.enabled (vLLM) when not given: the CPU
 # backend's smallest block (a GPU takes 16 too).
@@ -274,9 +274,8 @@ def compose(overrides: list[str] | None = None) -> Config:
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:
-    import dataclasses
-
-    out = dataclasses.asdict(cfg)
+    """Every config key of ``cfg`` as plain data (what ``from_dict`` reads back)."""
+    out = as_dict(cfg)
     for group, name in FIELDS.items():
         out[group] = out.pop(name)
     return out

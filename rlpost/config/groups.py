@@ -1,26 +1,26 @@
 """The run config's schema: one frozen dataclass per Hydra group, validated by
 ``rlpost.config.schema``; ``Config`` holds them all. The task side (data,
 reward, eval) is in ``rlpost.config.task_groups``, the algorithm group's parts
-in ``rlpost.config.algo_groups``."""
+in ``rlpost.algos`` (the configs its functions take) and
+``rlpost.config.algo_groups`` (the rest)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rlpost.algos import AdvantageConfig, DistillConfig, OffPolicyConfig, PolicyLossConfig
 from rlpost.config.algo_groups import (
-    AdvantageSchema,
     DPOSchema,
     DynamicSamplingSchema,
     KLSchema,
-    OffPolicySchema,
-    OPDSchema,
     OverlongSchema,
-    PolicyLossSchema,
     RMSchema,
 )
 from rlpost.config.schema import spec
 from rlpost.config.task_groups import DataConfig, EvalConfig, RewardConfig, TeacherConfig
+from rlpost.trainers.lora_settings import LoraSettings
+from rlpost.trainers.megatron.config import MegatronParallel
 
 GROUPS = ("algo", "model", "rollout", "trainer", "data", "reward", "agent")
 
@@ -43,32 +43,25 @@ ALGO_PRESETS = (
 )
 # Offline presets that train on preference pairs (rlpost.loop.preference).
 PREFERENCE_PRESETS = ("dpo", "rm")
-PREFERENCE_LOSS_NAMES = ("sigmoid", "ipo", "hinge", "simpo", "orpo")
 
 
 @dataclass(frozen=True)
 class AlgoConfig:
     name: str = spec(help="preset label", choices=ALGO_PRESETS)
-    advantage: AdvantageSchema = field(default_factory=AdvantageSchema)
-    policy_loss: PolicyLossSchema = field(default_factory=PolicyLossSchema)
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     kl: KLSchema = field(default_factory=KLSchema)
     entropy_coef: float = spec(0.0, help="entropy bonus coefficient (entropy is always reported)")
     dynamic_sampling: DynamicSamplingSchema = field(default_factory=DynamicSamplingSchema)
     overlong: OverlongSchema = field(default_factory=OverlongSchema)
     filter_truncated: bool = spec(False, help="DAPO: no loss on completions cut at max_tokens")
     value_clip: float = spec(0.5, gt=0, help="PPO critic: clip of the value update")
-    off_policy: OffPolicySchema = field(default_factory=OffPolicySchema)
-    rollout_is_cap: float | None = spec(
-        None,
-        gt=0,
-        help="old spelling of algo.off_policy.name=token_is algo.off_policy.is_cap=C (null: unset; "
-        "to turn the correction off, algo.off_policy.name=none)",
-    )
+    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
     epochs: int = spec(1, ge=1, help="passes over each step's batch")
     mini_batches: int = spec(1, ge=1, help="optimizer steps per pass over the batch")
     dpo: DPOSchema = field(default_factory=DPOSchema)
     rm: RMSchema = field(default_factory=RMSchema)
-    opd: OPDSchema = field(default_factory=OPDSchema)
+    opd: DistillConfig = field(default_factory=DistillConfig)
 
     @property
     def needs_teacher(self) -> bool:
@@ -108,18 +101,6 @@ class WarmupConfig:
 
 
 @dataclass(frozen=True)
-class LoraConfig:
-    rank: int = spec(0, ge=0, help="LoRA rank (0 = off: full fine-tuning)")
-    alpha: float = spec(16.0, gt=0, help="LoRA scaling numerator: the update is (alpha / rank) B A")
-    dropout: float = spec(0.0, ge=0, le=1, help="dropout on the LoRA input")
-    target_modules: str | list[str] = spec(
-        "all-linear",
-        help="'all-linear' (every nn.Linear of the language model: not the head, a vision "
-        "tower or fused MoE experts) or module names",
-    )
-
-
-@dataclass(frozen=True)
 class ModelConfig:
     path: str | None = spec(
         None, help="HF model directory or hub id; null builds the built-in tiny model"
@@ -135,7 +116,7 @@ class ModelConfig:
         None, help="where the built-in model is cached (null: ~/.cache/rlpost)"
     )
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
-    lora: LoraConfig = field(default_factory=LoraConfig)
+    lora: LoraSettings = field(default_factory=LoraSettings)
     freeze_vision: bool = spec(
         True,
         help="vision-language models: train the language model only (vision tower and projector frozen)",
@@ -250,35 +231,15 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
-class MegatronConfig:
-    tp: int = spec(1, ge=1, help="tensor parallel: each layer's matrices split over tp ranks")
-    pp: int = spec(1, ge=1, help="pipeline parallel: the layers split into pp stages (1F1B)")
-    vpp: int = spec(
-        1,
-        ge=1,
-        help="virtual pipeline stages per rank (interleaved 1F1B; pp > 1, layers divide by pp x vpp)",
-    )
-    cp: int = spec(
-        1, ge=1, help="context parallel: each sequence split over cp ranks (any backend)"
-    )
-    ep: int = spec(
-        1, ge=1, help="expert parallel (Qwen3-MoE): the experts split over ep data-parallel ranks"
-    )
+class MegatronConfig(MegatronParallel):
+    """``trainer.megatron``: the engine's split of the model over ranks, and the
+    data-parallel size that sets ``trainer.world_size`` when that is not given."""
+
     dp: int = spec(
         0,
         ge=0,
         help="data-parallel size; 0: trainer.world_size / (tp x pp x cp), or 1 when "
         "trainer.world_size is not given either",
-    )
-    sequence_parallel: bool = spec(
-        False,
-        help="split activations outside attention/MLP over tp ranks (needs tp > 1; MoE with tp > 1 needs it)",
-    )
-    distributed_optimizer: bool = spec(
-        False, help="shard the optimizer state over data-parallel ranks (ZeRO-1)"
-    )
-    recompute: Literal["none", "selective", "full"] = spec(
-        "none", help="activation recomputation: selective (core attention) or full (each layer)"
     )
 
 

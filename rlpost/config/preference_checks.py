@@ -78,13 +78,6 @@ def preference_checks(cfg: Config) -> list[str]:
             problems.append(
                 f"algo.dpo.loss={a.dpo.loss!r}: expected one of {', '.join(sorted(PREFERENCE_LOSSES))}"
             )
-        if a.dpo.label_smoothing >= 0.5:
-            problems.append(f"algo.dpo.label_smoothing={a.dpo.label_smoothing}: must be < 0.5")
-        elif a.dpo.label_smoothing and a.dpo.loss != "sigmoid":
-            problems.append(
-                f"algo.dpo.label_smoothing={a.dpo.label_smoothing}: conservative DPO smooths "
-                f"the sigmoid loss only, not algo.dpo.loss={a.dpo.loss}"
-            )
     if name == "dpo" and t.name == "megatron" and t.megatron.vpp > 1:
         # Interleaved stages pad every micro-batch with empty rows, which would enter
         # the pair losses' metrics as pairs of their own.

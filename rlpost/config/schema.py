@@ -1,9 +1,10 @@
 """A small typed-schema validator for the composed config.
 
-Each config group is a frozen dataclass; constraints sit in field metadata
-(``ge``, ``gt``, ``le``, ``choices``). ``validate`` walks a plain dict against a
-dataclass, collects *every* problem (unknown keys, wrong types, bad values) and
-raises one ``ConfigError`` naming them all, so a user fixes a config in one go.
+Each config group is a frozen dataclass whose fields are declared with ``spec``
+(``rlpost.algos.spec``: a help text and the checks ``ge``, ``gt``, ``le``, ``lt``,
+``choices``). ``validate`` walks a plain dict against a dataclass, collects *every*
+problem (unknown keys, wrong types, bad values, a group's rules across its fields)
+and raises one ``ConfigError`` naming them all, so a user fixes a config in one go.
 """
 
 from __future__ import annotations
@@ -11,7 +12,13 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, get_args, get_origin
+
+from rlpost.algos.spec import SettingsError, is_setting, value_problems
+from rlpost.algos.spec import spec as spec  # re-exported: the groups declare fields with it
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 T = TypeVar("T")
 
@@ -26,13 +33,9 @@ class ConfigError(ValueError):
         )
 
 
-def spec(default: Any = dataclasses.MISSING, *, help: str = "", **checks: Any) -> Any:
-    """A dataclass field with a help text and value checks (ge, gt, le, choices)."""
-    meta = {"help": help, **checks}
-    if isinstance(default, (list, dict)):
-        value = default
-        return dataclasses.field(default_factory=lambda: type(value)(value), metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
+def settings(cls: type) -> list[dataclasses.Field]:
+    """The fields of ``cls`` that are config keys."""
+    return [f for f in dataclasses.fields(cls) if is_setting(f)]
 
 
 def _type_name(tp: Any) -> str:
@@ -41,7 +44,7 @@ def _type_name(tp: Any) -> str:
         return "one of " + ", ".join(repr(a) for a in get_args(tp))
     if origin in (Union, types.UnionType):
         return " or ".join(_type_name(a) for a in get_args(tp))
-    if origin is list:
+    if origin in (list, tuple):  # tuple[X, ...] is read from a list
         return f"list of {_type_name(get_args(tp)[0])}"
     if origin is dict:
         k, v = get_args(tp)
@@ -79,7 +82,7 @@ def _coerce(value: Any, tp: Any, path: str, problems: list[str]) -> Any:
         if value not in get_args(tp):
             problems.append(f"{path}={value!r}: expected {_type_name(tp)}")
         return value
-    if origin is list:
+    if origin in (list, tuple):
         if isinstance(value, str) and "," in value:
             items = value.strip("[]")
             problems.append(
@@ -93,8 +96,9 @@ def _coerce(value: Any, tp: Any, path: str, problems: list[str]) -> Any:
         if not isinstance(value, (list, tuple)):
             problems.append(f"{path}={value!r}: expected {_type_name(tp)}")
             return None
-        (item_tp,) = get_args(tp)
-        return [_coerce(v, item_tp, f"{path}[{i}]", problems) for i, v in enumerate(value)]
+        item_tp = get_args(tp)[0]
+        out = [_coerce(v, item_tp, f"{path}[{i}]", problems) for i, v in enumerate(value)]
+        return tuple(out) if origin is tuple else out
     if origin is dict:
         if not isinstance(value, dict):
             problems.append(f"{path}={value!r}: expected {_type_name(tp)}")
@@ -123,25 +127,10 @@ def _coerce(value: Any, tp: Any, path: str, problems: list[str]) -> Any:
     raise TypeError(f"schema type {tp!r} at {path} is not supported")
 
 
-def _check(value: Any, meta: typing.Mapping[str, Any], path: str, problems: list[str]) -> None:
-    if value is None or isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        return
-    if "choices" in meta and value not in meta["choices"]:
-        problems.append(f"{path}={value!r}: expected one of {', '.join(map(str, meta['choices']))}")
-    if isinstance(value, str):
-        return
-    if "ge" in meta and value < meta["ge"]:
-        problems.append(f"{path}={value!r}: must be >= {meta['ge']}")
-    if "gt" in meta and value <= meta["gt"]:
-        problems.append(f"{path}={value!r}: must be > {meta['gt']}")
-    if "le" in meta and value > meta["le"]:
-        problems.append(f"{path}={value!r}: must be <= {meta['le']}")
-
-
 def _build(cls: type[T], data: dict, path: str, problems: list[str]) -> T | None:
     start = len(problems)
     hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    known = {f.name: f for f in settings(cls)}
     for key in data:
         if key not in known:
             problems.append(
@@ -160,14 +149,14 @@ def _build(cls: type[T], data: dict, path: str, problems: list[str]) -> T | None
                 problems.append(f"{sub}: required ({_type_name(hints[name])}{accepts})")
             continue
         value = _coerce(data[name], hints[name], sub, problems)
-        _check(value, f.metadata, sub, problems)
+        problems.extend(value_problems(value, f.metadata, sub))
         kwargs[name] = value
     if len(problems) > start:
         return None
     try:
         return cls(**kwargs)
-    except (TypeError, ValueError) as exc:  # a __post_init__ cross-field check
-        problems.append(f"{path}: {exc}")
+    except SettingsError as exc:  # the group's rules across its fields
+        problems.extend(exc.at(f"{path}."))
         return None
 
 
@@ -182,10 +171,26 @@ def describe(cls: type, path: str) -> list[tuple[str, str, str]]:
     """(key, type, help) rows for documentation and ``--help``."""
     rows = []
     hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
+    for f in settings(cls):
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
             rows.extend(describe(tp, f"{path}.{f.name}"))  # type: ignore[arg-type]
         else:
             rows.append((f"{path}.{f.name}", _type_name(tp), f.metadata.get("help", "")))
     return rows
+
+
+def as_dict(obj: DataclassInstance) -> dict[str, Any]:
+    """The config keys of ``obj`` (a group) as plain data, what ``validate`` takes
+    back: nested groups as mappings, tuples as lists."""
+    return {f.name: _plain(getattr(obj, f.name)) for f in settings(type(obj))}
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return as_dict(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from rlpost.algos import DistillConfig, opd_advantage
+from rlpost.algos import opd_advantage
 from rlpost.config.groups import Config
 from rlpost.trainers.batch import TrajectoryBatch
 
@@ -24,17 +24,12 @@ if TYPE_CHECKING:
     from rlpost.loop.roles import Workers
 
 
-def distill_config(cfg: Config) -> DistillConfig:
-    o = cfg.algo.opd
-    return DistillConfig(kl_coef=o.kl_coef, task_advantage=o.task_advantage)
-
-
 class Distillation:
     """Holds the run's workers (the teacher group is rebuilt with the others when a
     rank dies) and the distillation settings."""
 
     def __init__(self, cfg: Config, workers: Workers, temperature: float):
-        self.cfg, self.workers, self.temperature = distill_config(cfg), workers, temperature
+        self.cfg, self.workers, self.temperature = cfg.algo.opd, workers, temperature
 
     def apply(self, batch: TrajectoryBatch, metrics: dict[str, float]) -> None:
         """Replace ``batch.advantages_bt`` (the task's) by the distillation advantage;

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from rlpost.algos import PreferenceConfig, build_preference_loss, sequence_logps
+from rlpost.algos.spec import narrow
 from rlpost.config.groups import Config
 from rlpost.data.preference import (
     is_preference_row,
@@ -49,11 +50,8 @@ REF_KEY = "_ref_logps"  # a pair row's precomputed reference log-probs (chosen, 
 
 
 def preference_config(cfg: Config) -> PreferenceConfig:
-    d = cfg.algo.dpo
-    return PreferenceConfig(
-        loss=d.loss, beta=d.beta, label_smoothing=d.label_smoothing, simpo_gamma=d.simpo_gamma,
-        rpo_alpha=d.rpo_alpha,
-    )  # fmt: skip
+    """``algo.dpo`` as the preference loss takes it (without the loop's own key)."""
+    return narrow(cfg.algo.dpo, PreferenceConfig)
 
 
 class PreferenceSteps:

@@ -135,16 +135,13 @@ def check_megatron_model(cfg: Config) -> list[str]:
     trainer.megatron.tp and pp (read from its config.json, before any worker starts)."""
     if cfg.trainer.name != "megatron":
         return []
-    from rlpost.trainers.megatron.config import MegatronParallel, check_divisible
+    from rlpost.trainers.megatron.config import check_divisible
     from rlpost.trainers.megatron.convert import shape_from_hf
 
     hf_config = model_config(cfg)
     mg = cfg.trainer.megatron
     try:
-        split = MegatronParallel(
-            tp=mg.tp, pp=mg.pp, vpp=mg.vpp, ep=mg.ep, sequence_parallel=mg.sequence_parallel
-        )
-        check_divisible(shape_from_hf(hf_config), split)
+        check_divisible(shape_from_hf(hf_config), mg)
     except (NotImplementedError, ValueError) as exc:
         model = cfg.model.path or f"the built-in {cfg.model.preset!r} model"
         return [f"trainer.megatron.tp={mg.tp}, pp={mg.pp} with {model}: {exc}"]

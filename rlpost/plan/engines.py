@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlpost.algos.spec import narrow
 from rlpost.config.groups import Config
 from rlpost.device import DeviceSpec, resolve_device
 from rlpost.workers.placement import cpu_threads
@@ -77,20 +78,6 @@ def rollout_engine_config(cfg: Any, model_path: str, device_kind: str) -> Any:
     )
 
 
-def lora_settings(cfg: Config) -> Any:
-    """``model.lora`` as the FSDP2 engine takes it."""
-    from rlpost.trainers.fsdp import LoraSettings
-
-    lora = cfg.model.lora
-    modules = lora.target_modules
-    return LoraSettings(
-        rank=lora.rank,
-        alpha=lora.alpha,
-        dropout=lora.dropout,
-        target_modules=modules if isinstance(modules, str) else tuple(modules),
-    )
-
-
 def engine_settings(
     cfg: Config,
     model_path: str,
@@ -136,20 +123,10 @@ def megatron_engine_config(
     critic; the critic runs padded, ``packing=False``)."""
     from rlpost.trainers.megatron.config import MegatronEngineConfig, MegatronParallel
 
-    mg = cfg.trainer.megatron
     return MegatronEngineConfig(
         **engine_settings(cfg, model_path, lr, lr_warmup_steps, trainable, device),
         packing=cfg.trainer.packing and packing,
-        parallel=MegatronParallel(
-            tp=mg.tp,
-            pp=mg.pp,
-            vpp=mg.vpp,
-            cp=mg.cp,
-            ep=mg.ep,
-            sequence_parallel=mg.sequence_parallel,
-            distributed_optimizer=mg.distributed_optimizer,
-            recompute=mg.recompute,
-        ),
+        parallel=narrow(cfg.trainer.megatron, MegatronParallel),
     )
 
 
@@ -180,7 +157,7 @@ def trainer_engine_config(
         )
     return FSDPEngineConfig(
         **engine_settings(cfg, model_path, lr, lr_warmup_steps, trainable, device),
-        lora=lora_settings(cfg) if role == "policy" else LoraSettings(),
+        lora=m.lora if role == "policy" else LoraSettings(),
         gradient_checkpointing=m.gradient_checkpointing,
         param_offload=m.param_offload,
         optimizer_offload=m.optimizer_offload,

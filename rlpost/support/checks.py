@@ -171,22 +171,10 @@ def step_lora(arch: str, work: Path) -> dict[str, Outcome]:
     import torch
 
     from rlpost.config.compose import compose
-    from rlpost.trainers.fsdp.lora import (
-        LoraSettings,
-        adapter_config,
-        apply_lora,
-        merged_hf_weights,
-    )
+    from rlpost.trainers.fsdp.lora import adapter_config, apply_lora, merged_hf_weights
     from rlpost.trainers.hf_format import language_model, load_model
 
-    lora_cfg = compose(["model.lora.rank=8"]).model.lora
-    targets = lora_cfg.target_modules
-    settings = LoraSettings(
-        rank=lora_cfg.rank,
-        alpha=lora_cfg.alpha,
-        dropout=lora_cfg.dropout,
-        target_modules=targets if isinstance(targets, str) else tuple(targets),
-    )
+    settings = compose(["model.lora.rank=8"]).model.lora
     path = str(model_dir(work))
     model = load_model(path, torch.float32)
     layers = model.config.get_text_config().num_hidden_layers

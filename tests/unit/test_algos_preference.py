@@ -134,7 +134,9 @@ def test_reference_losses_refuse_missing_reference():
 
 
 def test_config_checks_and_registry():
-    with pytest.raises(ValueError, match="label_smoothing applies to loss=sigmoid"):
+    with pytest.raises(
+        ValueError, match="label_smoothing=0.1: conservative DPO smooths the sigmoid"
+    ):
         PreferenceConfig(loss="ipo", label_smoothing=0.1)
     with pytest.raises(ValueError, match="beta"):
         PreferenceConfig(beta=0.0)

@@ -208,7 +208,9 @@ def test_which_algorithms_need_the_old_log_probs_before_the_update():
     assert [needs(f"algo={a}") for a in ("grpo", "dapo", "gspo", "rloo", "gdpo")] == [False] * 5
     assert needs("algo=ppo") and needs("algo=reinforce_pp")
     assert needs("algo.epochs=2") and needs("algo.mini_batches=2")
-    assert not needs("algo.rollout_is_cap=3.0", "algo.kl.loss_coef=0.1", "algo.entropy_coef=0.01")
+    assert not needs(
+        "algo.off_policy.is_cap=3.0", "algo.kl.loss_coef=0.1", "algo.entropy_coef=0.01"
+    )
 
 
 def test_model_small_is_the_30m_preset_without_a_warm_up():

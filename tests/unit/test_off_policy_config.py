@@ -1,4 +1,4 @@
-"""``algo.off_policy``: its config, the old ``algo.rollout_is_cap`` and the policy objective."""
+"""``algo.off_policy``: its config, how it reaches the trainer, and the policy objective."""
 
 import math
 
@@ -8,7 +8,7 @@ import torch
 from rlpost.algos import LossNorm, OffPolicyConfig, PolicyLossConfig
 from rlpost.config.compose import compose
 from rlpost.config.schema import ConfigError
-from rlpost.plan.algo import off_policy_config
+from rlpost.plan.algo import algo_settings
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.objectives import RegularizerConfig, policy_objective
 
@@ -23,38 +23,34 @@ def _problems(overrides: list[str]) -> str:
 
 def test_default_is_the_token_truncated_weight_at_two():
     # the trainer's correction before algo.off_policy existed: min(pi_old / pi_rollout, 2)
-    assert off_policy_config(compose([])) == OffPolicyConfig("token_is", is_cap=2.0)
+    assert algo_settings(compose([])).off_policy == OffPolicyConfig("token_is", is_cap=2.0)
 
 
 def test_settings_reach_the_algos_config():
     cfg = compose(["algo.off_policy.name=mis", "algo.off_policy.lo=0.9", "algo.off_policy.hi=1.1"])
-    assert off_policy_config(cfg) == OffPolicyConfig("mis", lo=0.9, hi=1.1)
+    assert algo_settings(cfg).off_policy == OffPolicyConfig("mis", lo=0.9, hi=1.1)
 
 
 def test_a_verl_rejection_criterion_takes_its_kl_bound_from_the_config():
     cfg = compose(["algo.off_policy.name=seq_mean_k3", "algo.off_policy.kl_max=0.05"])
-    assert off_policy_config(cfg) == OffPolicyConfig("seq_mean_k3", kl_max=0.05)
+    assert algo_settings(cfg).off_policy == OffPolicyConfig("seq_mean_k3", kl_max=0.05)
     assert "algo.off_policy.kl_max=0.0" in _problems(["algo.off_policy.kl_max=0"])
 
 
-def test_old_rollout_is_cap_is_token_is_at_that_cap():
-    assert off_policy_config(compose(["algo.rollout_is_cap=3.0"])) == OffPolicyConfig(
-        "token_is", is_cap=3.0
-    )
-
-
-def test_old_rollout_is_cap_with_another_correction_names_the_new_keys():
-    msg = _problems(["algo.rollout_is_cap=3.0", "algo.off_policy.name=icepop"])
-    assert "algo.rollout_is_cap=3.0" in msg and "algo.off_policy.name=icepop" in msg
-    assert "algo.off_policy.is_cap" in msg
+def test_the_removed_rollout_is_cap_is_an_unknown_key():
+    # algo.rollout_is_cap=C is now algo.off_policy.name=token_is algo.off_policy.is_cap=C
+    msg = _problems(["algo.rollout_is_cap=3.0"])
+    assert "algo.rollout_is_cap: unknown key; algo accepts:" in msg and "off_policy" in msg
 
 
 def test_bad_off_policy_settings_are_all_named():
-    # the schema's own checks first, then those across keys (all of each at once)
+    # the group's own checks (its fields, then OffPolicyConfig's rules across them), then
+    # the registry's, which needs the whole config
     assert "algo.off_policy.delta=-1.0: must be >= 0" in _problems(["algo.off_policy.delta=-1"])
-    msg = _problems(["algo.off_policy.name=nope", "algo.off_policy.lo=3.0"])
-    assert "algo.off_policy.name='nope'" in msg and "token_is" in msg
+    msg = _problems(["algo.off_policy.lo=3.0"])
     assert "algo.off_policy.lo=3.0: must be < algo.off_policy.hi=2.0" in msg
+    msg = _problems(["algo.off_policy.name=nope"])
+    assert "algo.off_policy.name='nope'" in msg and "token_is" in msg
     assert "algo.off_policy.hi=0.5" in _problems(["algo.off_policy.hi=0.5"])
 
 

@@ -8,7 +8,7 @@ import dataclasses
 from rlpost.config.compose import compose
 from rlpost.config.groups import TrainerConfig
 from rlpost.models.warmup import warmup_config, warmup_key
-from rlpost.plan.engines import engine_settings, lora_settings
+from rlpost.plan.engines import engine_settings
 
 PLAIN = ["trainer.device=cpu"]
 # Settings of the RL run that must not reach the warm-up.
@@ -51,7 +51,7 @@ def test_the_warmup_recipe_is_one_float32_rank_with_full_fine_tuning():
         (0.9, 0.99),
         1.0,
     )
-    assert not lora_settings(w).enabled
+    assert not w.model.lora.enabled
 
 
 def test_what_the_warmup_keeps_from_the_run():

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -18,23 +17,12 @@ import torch.distributed as dist
 from rlpost.trainers import device as devices
 from rlpost.trainers.batch import TrajectoryBatch, join_shares
 from rlpost.trainers.engine_config import DTYPES as DTYPES  # re-exported: rlpost.export
+from rlpost.trainers.engine_config import EngineConfig
 from rlpost.trainers.fsdp.ulysses import SequenceParallel
 from rlpost.trainers.lr_schedule import lr_factor
 from rlpost.trainers.update import OnOutput
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.99)
-    max_grad_norm: float = 1.0
-    lr_warmup_steps: int = 0
-    lr_schedule: str = "constant"
-    lr_decay_steps: int = 0
-    lr_min_ratio: float = 0.0
 
 
 def shard(
@@ -90,8 +78,9 @@ class FSDPBackend:
     clipping), for the shared update loop (``rlpost.trainers.update.Backend``).
 
     ``split`` cuts this rank's batch into micro-batches and ``output`` runs the
-    model on one (the policy's logits, the critic's values). ``optim`` None: a
-    frozen reference policy, without optimizer state. ``sp`` (``trainer.ulysses``):
+    model on one (the policy's logits, the critic's values). ``optim``: the engine's
+    config, whose optimizer and learning-rate settings it reads; None: a frozen
+    reference policy, without optimizer state. ``sp`` (``trainer.ulysses``):
     the ranks of a sequence-parallel group run their shares joined, each holding a
     slice of every sequence. ``offload``: the parameters live on the host
     (``CPUOffloadPolicy``).
@@ -103,7 +92,7 @@ class FSDPBackend:
         world_size: int,
         split: Callable[[TrajectoryBatch], list[TrajectoryBatch]],
         output: Callable[[TrajectoryBatch], torch.Tensor],
-        optim: OptimConfig | None,
+        optim: EngineConfig | None,
         sp: SequenceParallel | None = None,
         offload: bool = False,
     ):

@@ -72,9 +72,8 @@ class CriticEngine(CriticUpdates):
         shard(model, body.layers, offload=cfg.param_offload, mixed_precision=cfg.mixed_precision)
         self.model = model
         self.num_params = sum(p.numel() for p in model.parameters())
-        optim = cfg.optim()
         backend = FSDPBackend(
-            model, world_size, self._micro_batches, self._values, optim, self.sp, cfg.param_offload
+            model, world_size, self._micro_batches, self._values, cfg, self.sp, cfg.param_offload
         )
         state = FSDPState(model, backend.optimizer, backend.scheduler, cfg, rank, world_size, False)
         super().__init__(backend, lambda v_bt: v_bt, state)

@@ -30,7 +30,7 @@ from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.distributed import Empty, gather_into, init_distributed, new_tensor
 from rlpost.trainers.engine_config import DTYPES, EngineConfig
 from rlpost.trainers.files import atomic_directory
-from rlpost.trainers.fsdp.common import FSDPBackend, OptimConfig, shard
+from rlpost.trainers.fsdp.common import FSDPBackend, shard
 from rlpost.trainers.fsdp.lora import (
     LoraSettings,
     adapter_config,
@@ -89,18 +89,6 @@ class FSDPEngineConfig(EngineConfig):
                 "mixed_precision=bf16 keeps fp32 master weights: load the model with dtype=float32"
             )
 
-    def optim(self) -> OptimConfig:
-        return OptimConfig(
-            lr=self.lr,
-            weight_decay=self.weight_decay,
-            betas=self.betas,
-            max_grad_norm=self.max_grad_norm,
-            lr_warmup_steps=self.lr_warmup_steps,
-            lr_schedule=self.lr_schedule,
-            lr_decay_steps=self.lr_decay_steps,
-            lr_min_ratio=self.lr_min_ratio,
-        )
-
 
 class FSDPEngine(PolicyUpdates):
     def __init__(self, cfg: FSDPEngineConfig, rank: int, world_size: int, init_method: str):
@@ -145,7 +133,7 @@ class FSDPEngine(PolicyUpdates):
         self._head = self._fusable_head()
         self.num_params = sum(p.numel() for p in model.parameters())
         self.num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        optim = cfg.optim() if cfg.trainable else None
+        optim = cfg if cfg.trainable else None
         backend = FSDPBackend(
             model, world_size, self._micro_batches, self._output, optim, self.sp, cfg.param_offload
         )

@@ -15,45 +15,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from rlpost.trainers.hf_format import language_model
+from rlpost.trainers.lora_settings import LoraSettings as LoraSettings  # re-exported
 
 PEFT_PREFIX = "base_model.model."
 ADAPTER = "default"
-
-
-@dataclass(frozen=True)
-class LoraSettings:
-    rank: int = 0  # 0: no adapter, full fine-tuning
-    alpha: float = 16.0
-    dropout: float = 0.0
-    target_modules: str | tuple[str, ...] = "all-linear"
-
-    @property
-    def enabled(self) -> bool:
-        return self.rank > 0
-
-    @property
-    def scaling(self) -> float:
-        """PEFT's scale of the update: W + (alpha / r) B A."""
-        return self.alpha / self.rank
-
-    def peft_config(self, base_model_path: str | None = None):
-        from peft import LoraConfig
-
-        targets = self.target_modules
-        return LoraConfig(
-            r=self.rank,
-            lora_alpha=self.alpha,  # type: ignore[arg-type]
-            lora_dropout=self.dropout,
-            target_modules=targets if isinstance(targets, str) else list(targets),
-            task_type="CAUSAL_LM",
-            base_model_name_or_path=base_model_path,
-        )
 
 
 def apply_lora(model: torch.nn.Module, lora: LoraSettings, base_model_path: str):

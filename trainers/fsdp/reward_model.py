@@ -70,7 +70,7 @@ class RewardModelEngine:
             world_size,
             self._micro_batches,
             self._scores,
-            cfg.optim(),
+            cfg,
             offload=cfg.param_offload,
         )
         self.state = FSDPState(

@@ -4,27 +4,49 @@ megatron-core ``TransformerConfig`` built from the HF model's shape and that spl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 
+from rlpost.algos.spec import check as check_settings
+from rlpost.algos.spec import spec
 from rlpost.trainers.engine_config import EngineConfig
 from rlpost.trainers.megatron.convert import ModelShape
 
 
 @dataclass(frozen=True)
 class MegatronParallel:
-    """How the model is split over ranks; data parallelism takes the rest of the world."""
+    """How the model is split over ranks; data parallelism takes the rest of the world.
+    The run config's ``trainer.megatron`` is this, with its data-parallel size
+    (``rlpost.config.groups.MegatronConfig``)."""
 
-    tp: int = 1  # tensor parallel: each layer's matrices split over tp ranks
-    pp: int = 1  # pipeline parallel: the layers split into pp stages
-    vpp: int = 1  # virtual pipeline stages per rank (interleaved 1F1B)
-    cp: int = 1  # context parallel: the sequence split over cp ranks
-    ep: int = 1  # expert parallel (MoE models)
-    sequence_parallel: bool = False  # activations outside attention/MLP split over tp ranks
-    distributed_optimizer: bool = False  # optimizer state sharded over data-parallel ranks
-    recompute: str = "none"  # none | selective (core attention) | full (whole layers)
+    tp: int = spec(1, ge=1, help="tensor parallel: each layer's matrices split over tp ranks")
+    pp: int = spec(1, ge=1, help="pipeline parallel: the layers split into pp stages (1F1B)")
+    vpp: int = spec(
+        1,
+        ge=1,
+        help="virtual pipeline stages per rank (interleaved 1F1B; pp > 1, layers divide by pp x vpp)",
+    )
+    cp: int = spec(
+        1, ge=1, help="context parallel: each sequence split over cp ranks (any backend)"
+    )
+    ep: int = spec(
+        1, ge=1, help="expert parallel (Qwen3-MoE): the experts split over ep data-parallel ranks"
+    )
+    sequence_parallel: bool = spec(
+        False,
+        help="split activations outside attention/MLP over tp ranks (needs tp > 1; MoE with tp > 1 needs it)",
+    )
+    distributed_optimizer: bool = spec(
+        False, help="shard the optimizer state over data-parallel ranks (ZeRO-1)"
+    )
+    recompute: Literal["none", "selective", "full"] = spec(
+        "none", help="activation recomputation: selective (core attention) or full (each layer)"
+    )
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
     def check(self, world_size: int) -> None:
         """Raise on a layout this engine cannot run, saying what to change."""
