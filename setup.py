@@ -1,4 +1,4 @@
-"""The layer folders (algos/, rollout/, trainers/) stand at the top of the
+"""The layer folders (algos/, rollout/, runtime/, trainers/) stand at the top of the
 repository and install inside the ``rlpost`` namespace (``rlpost.algos`` ...),
 so nothing but ``rlpost`` lands in a user's import space. So do the shipped
 presets: ``configs/`` installs as ``rlpost/configs/``, where
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from setuptools import find_packages, setup
 
-LAYERS = ("algos", "rollout", "trainers")
+LAYERS = ("algos", "rollout", "runtime", "trainers")
 
 packages = find_packages(include=["rlpost", "rlpost.*"])
 package_dir = {"rlpost": "rlpost"}

@@ -1,5 +1,5 @@
 """mypy over the packages as they install: ``rlpost`` with ``algos/``, ``rollout/``
-and ``trainers/`` inside it (setup.py), so that a call from one floor into
+``runtime/`` and ``trainers/`` inside it (setup.py), so that a call from one floor into
 another is checked against the callee's signature.
 
 mypy cannot follow the editable install's import hook: run on the repository's
@@ -21,7 +21,7 @@ from pathlib import Path
 from mypy import api
 
 REPO = Path(__file__).resolve().parents[1]
-LAYERS = ("algos", "rollout", "trainers")
+LAYERS = ("algos", "rollout", "runtime", "trainers")
 
 
 def main() -> int:

@@ -87,7 +87,7 @@ def random_model_dir(shape: str, out: Path) -> Path:
 
 
 def sync(device: str) -> None:
-    from rlpost.trainers import device as devices
+    from rlpost.runtime import device as devices
 
     devices.synchronize(device)
 
@@ -114,7 +114,7 @@ def update_batch(samples: int, prompt: int, response: int, vocab: int):  # type:
 
 def check_update(args: argparse.Namespace, model_dir: Path, name: str) -> dict:
     from rlpost.algos import PolicyLossConfig
-    from rlpost.trainers import device as devices
+    from rlpost.runtime import device as devices
     from rlpost.trainers.fsdp.engine import FSDPEngine, FSDPEngineConfig
 
     samples, prompt, response, micro_batch = args.update_shapes[name]
@@ -162,7 +162,7 @@ def check_plain_update(args: argparse.Namespace, model_dir: Path, name: str) -> 
     sys.path.insert(0, str(ROOT / "bench"))
     import plain_update
 
-    from rlpost.trainers import device as devices
+    from rlpost.runtime import device as devices
 
     samples, prompt, response, micro_batch = args.update_shapes[name]
     rows = []
@@ -186,7 +186,7 @@ def check_plain_update(args: argparse.Namespace, model_dir: Path, name: str) -> 
 def check_logprob_memory(args: argparse.Namespace) -> list[dict]:
     import torch.nn.functional as F
 
-    from rlpost.trainers import device as devices
+    from rlpost.runtime import device as devices
     from rlpost.trainers.logprobs import hidden_token_stats, token_logprobs_and_entropy
 
     b, t, d = args.lp_samples, args.lp_tokens, 896
@@ -237,7 +237,7 @@ def _receiver(conn, shapes: list, device: str) -> None:  # type: ignore[no-untyp
     """The rollout side: its own weights, filled from each bucket it maps; it asks
     for the next bucket once its copies of the last are done (as
     ``rlpost.workers.ipc_source.IpcSource`` does in a replica)."""
-    from rlpost.trainers.weight_sync import open_bucket, unpack
+    from rlpost.runtime.weight_wire import open_bucket, unpack
 
     own = {n: torch.empty(s, dtype=torch.bfloat16, device=device) for n, s in shapes}
     conn.send("next")
@@ -272,7 +272,7 @@ def check_ipc(args: argparse.Namespace, shape: str) -> dict:
     import torch.multiprocessing as mp
     from transformers import Qwen2ForCausalLM
 
-    from rlpost.trainers.weight_sync import IpcSender
+    from rlpost.runtime.weight_wire import IpcSender
 
     with torch.device("meta"):
         meta = Qwen2ForCausalLM(qwen2_config(shape))

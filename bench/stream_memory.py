@@ -15,7 +15,7 @@ measures the rise of its resident set's high-water mark (``VmHWM``, reset throug
 
 - ``gather``: ``named_weights()``, the full state on rank 0, kept until the end;
   each mode runs in fresh processes, so neither reuses memory the other freed;
-- ``stream``: ``rlpost.trainers.weight_sync.IpcSender`` over ``weight_stream()``,
+- ``stream``: ``rlpost.runtime.weight_wire.IpcSender`` over ``weight_stream()``,
   every bucket packed and handed out as the ``ipc`` sync does, none read back
   (the other rank runs its share of the gathers, as ``TrainerWorker.ipc_drive``);
 - ``collective``: ``TrainerWorker.open_weight_group`` and ``send_weights`` on both
@@ -97,8 +97,8 @@ def _rank(
     if mode == "collective" and rank == 2:
         _receiver(group_port, out)
         return
-    from rlpost.trainers import device as devices
-    from rlpost.trainers.weight_sync import IpcSender
+    from rlpost.runtime import device as devices
+    from rlpost.runtime.weight_wire import IpcSender
     from rlpost.workers.trainer_worker import TrainerWorker
 
     torch.set_num_threads(1)
@@ -147,8 +147,8 @@ def _receiver(group_port: int, out: str) -> None:
     ``SyncGroup.receive`` and dropping its tensors where vLLM's loader would copy
     them into the model. Its rise is the bucket it receives into; writes
     ``{out}.receiver``."""
-    from rlpost.trainers import device as devices
-    from rlpost.trainers.weight_sync import SyncGroup, SyncStats
+    from rlpost.runtime import device as devices
+    from rlpost.runtime.weight_wire import SyncGroup, SyncStats
 
     torch.set_num_threads(1)
     group = SyncGroup("127.0.0.1", group_port, 1, 2, timeout_s=600.0)

@@ -16,7 +16,7 @@ import ast
 from pathlib import Path
 
 MIDDLE = ("rlpost/loop", "rlpost/serving", "rlpost/workers", "rlpost/config", "rlpost/plan")
-PACKAGES = ("algos", "rlpost", "rollout", "trainers")
+PACKAGES = ("algos", "rlpost", "rollout", "runtime", "trainers")
 # A user-facing setting -> the name its field carries wherever it is declared.
 SETTINGS = {
     "algo.policy_loss.clip_high": "clip_high",

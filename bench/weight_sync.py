@@ -14,9 +14,9 @@ own, as vLLM's loader does):
   copy into Ray's object store, as ``TrainerGroup.weights_ref``), the replica
   gets them as the argument of its load (fetched from the store; across nodes,
   copied to its node's store first) and copies them into its tensors;
-- ``collective``: ``rlpost.trainers.weight_sync.SyncGroup`` (gloo), the layout
+- ``collective``: ``rlpost.runtime.weight_wire.SyncGroup`` (gloo), the layout
   sent once at the first sync, then buckets of ``bucket_mb``;
-- ``ipc`` (one node): ``rlpost.trainers.weight_sync.IpcSender`` packs each bucket
+- ``ipc`` (one node): ``rlpost.runtime.weight_wire.IpcSender`` packs each bucket
   into a shared-memory file that the replica's side maps and copies from
   (``rlpost.workers.ipc_source.IpcSource``, as the vLLM worker reads it); only
   the handles go through Ray. On a GPU the same code hands out CUDA-IPC handles.
@@ -104,7 +104,7 @@ class Side:
             return f"{ray.util.get_node_ip_address()}:{s.getsockname()[1]}"
 
     def open(self, address: str, rank: int) -> None:
-        from rlpost.trainers.weight_sync import SyncGroup
+        from rlpost.runtime.weight_wire import SyncGroup
 
         host, _, port = address.rpartition(":")
         self.group = SyncGroup(host, int(port), rank, 2, timeout_s=600)
@@ -147,7 +147,7 @@ class Side:
     def ipc_open(self, bucket_mb: int):  # type: ignore[no-untyped-def]
         import torch
 
-        from rlpost.trainers.weight_sync import IpcSender
+        from rlpost.runtime.weight_wire import IpcSender
 
         self.sender = IpcSender(self, bucket_mb << 20, torch.device("cpu"))
         return self.sender.plan
@@ -160,7 +160,7 @@ class Side:
         return self.peak_extra_mb()
 
     def receive_ipc(self, sender, plan) -> float:  # type: ignore[no-untyped-def]
-        from rlpost.trainers.weight_sync import SyncStats
+        from rlpost.runtime.weight_wire import SyncStats
         from rlpost.workers.ipc_source import IpcSource
 
         for name, tensor in IpcSource(sender, plan).tensors(SyncStats()):

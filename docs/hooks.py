@@ -26,7 +26,7 @@ import griffe
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-LAYERS = ("algos", "rollout", "trainers")
+LAYERS = ("algos", "rollout", "runtime", "trainers")
 KEYS_PAGE = DOCS / "configuration.md"
 KEYS_RE = re.compile(r"(<!-- keys:start -->\n)(.*?)(\n<!-- keys:end -->)", re.S)
 # ](target) of a Markdown link, with an optional #anchor; external links have a scheme.

@@ -7,14 +7,15 @@ Notebook use::
     result = train(cfg)  # result.history, result.final_model
 
 The layers below this package -- ``rlpost.algos`` (pure math),
+``rlpost.runtime`` (devices, checkpoint layouts, weights on the wire), and
 ``rlpost.trainers`` and ``rlpost.rollout`` (engines, no Ray) -- live in the
-folders ``algos/``, ``trainers/`` and ``rollout/`` at the top of the
-repository; an installed rlpost holds them inside this package.
+folders ``algos/``, ``runtime/``, ``trainers/`` and ``rollout/`` at the top of
+the repository; an installed rlpost holds them inside this package.
 """
 
 from pathlib import Path as _Path
 
-_LAYERS = ("algos", "rollout", "trainers")
+_LAYERS = ("algos", "rollout", "runtime", "trainers")
 _source_root = _Path(__file__).resolve().parent.parent
 if not (_Path(__file__).parent / "algos").is_dir() and all(
     (_source_root / layer / "__init__.py").is_file() for layer in _LAYERS

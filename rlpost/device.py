@@ -1,13 +1,13 @@
 """Which device and collective backend a run uses (``trainer.device``). What
 each kind of device means -- backend, Ray resource, visible-devices variable --
-is decided in ``rlpost.trainers.device``, the floor every engine imports."""
+is decided in ``rlpost.runtime.device``, the floor every engine imports."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from rlpost.trainers import device as devices
+from rlpost.runtime import device as devices
 
 BACKENDS = {name: k.backend for name, k in devices.KINDS.items()}
 

@@ -10,12 +10,12 @@ is refused with the list of its checkpoints to pass (none is picked for you;
 ``run_dir/final`` is already the last step's HF model). The result loads with
 transformers (``AutoModelForCausalLM``, or ``AutoModelForImageTextToText`` for
 a vision-language model) and with vLLM, its weights named as hub checkpoints
-name them (``rlpost.trainers.hf_format.use_hub_layout``); the tokenizer, and a VL
+name them (``rlpost.runtime.hf_format.use_hub_layout``); the tokenizer, and a VL
 model's processor, are copied from the base model the run trained.
 
 Without torchvision, a VL processor with a video processor (Qwen2-VL, Qwen2.5-VL,
 Qwen3-VL, InternVL) loads with ``AutoProcessor.from_pretrained(OUT_DIR)`` only
-after ``from rlpost.trainers.vl_compat import install; install()``; the export
+after ``from rlpost.runtime.vl_compat import install; install()``; the export
 prints that note when it applies.
 """
 
@@ -72,9 +72,9 @@ def _fsdp_policy(src: Path, meta: dict[str, Any]) -> Any:
     base model with the DCP state (the adapter only, under LoRA) loaded in, LoRA merged."""
     import torch.distributed.checkpoint as dcp
 
+    from rlpost.runtime.hf_format import load_model
     from rlpost.trainers.fsdp.common import DTYPES
     from rlpost.trainers.fsdp.lora import LoraSettings, apply_lora
-    from rlpost.trainers.hf_format import load_model
 
     cfg = meta["config"]
     base = cfg["model_path"]
@@ -100,8 +100,8 @@ def _megatron_policy(src: Path, meta: dict[str, Any]) -> Any:
     Megatron tensors, converted to HF names as the engine's own export does."""
     from transformers import AutoConfig
 
+    from rlpost.runtime.hf_format import model_from_checkpoint_weights
     from rlpost.trainers.engine_config import DTYPES
-    from rlpost.trainers.hf_format import model_from_checkpoint_weights
     from rlpost.trainers.megatron.checkpoint import full_weights
     from rlpost.trainers.megatron.convert import megatron_to_hf, shape_from_hf
 
@@ -113,8 +113,8 @@ def _megatron_policy(src: Path, meta: dict[str, Any]) -> Any:
 
 def export(checkpoint: str | Path, out_dir: str | Path) -> Path:
     """Write the checkpoint's policy to ``out_dir`` as an HF model, atomically."""
+    from rlpost.runtime.hf_format import save_preprocessing, use_hub_layout
     from rlpost.trainers.fsdp.state import read_meta
-    from rlpost.trainers.hf_format import save_preprocessing, use_hub_layout
 
     src = engine_dir(checkpoint)
     fsdp = (src / "state").is_dir()  # FSDP2: a DCP state; Megatron: rank files only
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(path)
-    from rlpost.trainers.vl_compat import load_hint
+    from rlpost.runtime.vl_compat import load_hint
 
     hint = load_hint(path)
     if hint:

@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     figure = first_and_last(result.history)  # the run's headline, as its plot and the board
     said = f"{figure[0]} {figure[1]:.3f} -> {figure[2]:.3f}; " if figure else ""
     print(f"done: {said}run dir {result.run_dir}; final model {result.final_model}")
-    from rlpost.trainers.vl_compat import load_hint
+    from rlpost.runtime.vl_compat import load_hint
 
     hint = load_hint(result.final_model) if result.final_model else None
     if hint:  # a VL processor that plain transformers builds only with torchvision

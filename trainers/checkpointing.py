@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from rlpost.trainers import device as devices
+from rlpost.runtime import device as devices
 from rlpost.trainers.files import safe_torch_load
 
 PARTIAL_SUFFIX = ".partial"

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlpost.trainers import device as devices
+from rlpost.runtime import device as devices
 
 
 def init_distributed(

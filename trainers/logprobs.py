@@ -23,7 +23,7 @@ Two entry points:
   vocabulary they are 10 GB apiece for 32k tokens in bf16.
 
 How many tokens a chunk holds follows the device's workspace
-(``rlpost.trainers.device.workspace_bytes``): a few MiB on a CPU, whose caches
+(``rlpost.runtime.device.workspace_bytes``): a few MiB on a CPU, whose caches
 favour small chunks; about a GiB on an accelerator, where a chunk of a few dozen
 tokens leaves every kernel too small to keep it busy (launch-bound).
 """
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from rlpost.trainers import device as devices
+from rlpost.runtime import device as devices
 
 # float32 elements of a chunk's temporaries on a CPU (16 MiB each, two at a time):
 # 27 tokens at a 150k vocabulary, the whole batch at a small one.

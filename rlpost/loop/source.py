@@ -304,8 +304,6 @@ class RolloutSource:
         metrics["async/dropped_stale"] = float(self.dropped_stale)
         metrics["async/buffer_groups"] = float(len(self.producer.ready))
         metrics["async/inflight_groups"] = float(len(self.producer.inflight))
-        if "perf/rollout_idle_frac" in metrics:
-            metrics["async/rollout_idle_frac"] = metrics["perf/rollout_idle_frac"]
 
     # -- resume and the end ------------------------------------------------------------
     def state_dict(self) -> dict[str, Any] | None:

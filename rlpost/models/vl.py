@@ -307,13 +307,13 @@ VL_ARCHS: dict[str, Callable[[], tuple[Any, Any, Any]]] = {
 def build_vl_model(arch: str, out_dir: str | Path, seed: int = 0) -> Path:
     """Write a random-weight tiny VL ``arch`` model, its tokenizer and processor to
     ``out_dir`` (atomically; an existing directory is replaced), with weights named
-    as hub checkpoints name them (``rlpost.trainers.hf_format.use_hub_layout``)."""
-    from rlpost.trainers.vl_compat import NoVideo, install
+    as hub checkpoints name them (``rlpost.runtime.hf_format.use_hub_layout``)."""
+    from rlpost.runtime.vl_compat import NoVideo, install
 
     install()
     import transformers
 
-    from rlpost.trainers.hf_format import use_hub_layout
+    from rlpost.runtime.hf_format import use_hub_layout
 
     if arch not in VL_ARCHS:
         raise ValueError(f"unknown VL architecture {arch!r}; choose one of {', '.join(VL_ARCHS)}")

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from rlpost.trainers.hf_format import is_vision_language
+from rlpost.runtime.hf_format import is_vision_language
 
 __all__ = ["ImageInputs", "forward_inputs", "is_vision_language"]
 
@@ -24,7 +24,7 @@ class ImageInputs:
     def __init__(self, model_path: str):
         from transformers import AutoProcessor
 
-        from rlpost.trainers.vl_compat import install
+        from rlpost.runtime.vl_compat import install
 
         install()
         self.processor = AutoProcessor.from_pretrained(model_path)

@@ -3,10 +3,10 @@
 maps (``ipc``, ``IpcSync``), without a copy in Ray's object store.
 
 The group: rank 0 is the trainer's rank 0, ranks 1.. the replicas' engine
-workers (``rlpost.trainers.weight_sync.SyncGroup``: its own TCP store, gloo on
+workers (``rlpost.runtime.weight_wire.SyncGroup``: its own TCP store, gloo on
 the CPU, NCCL on CUDA, a timeout on every collective). On CUDA with vLLM replicas
 it is vLLM's own NCCL weight transfer where the installed vLLM has it
-(``rlpost.trainers.vllm_transfer``; a watchdog stands in for the timeout). It is opened at the
+(``rlpost.runtime.vllm_transfer``; a watchdog stands in for the timeout). It is opened at the
 first sync and opened again, under a new generation, whenever its members
 change: a replica restarted or left out.
 
@@ -40,7 +40,7 @@ def weight_sync_mode(setting: str, rollout_name: str, device_kind: str) -> str:
     and the object store elsewhere."""
     if setting != "auto":
         return setting
-    from rlpost.trainers import device as devices
+    from rlpost.runtime import device as devices
 
     return (
         "collective" if device_kind == devices.CUDA and rollout_name == "vllm" else "object_store"
@@ -54,12 +54,12 @@ def bucket_bytes(bucket_mb: float) -> int:
 
 def vllm_transfer_backend(rollout: Any, device_kind: str) -> str | None:
     """The backend of vLLM's own weight-transfer engine the collective sync goes
-    through (``rlpost.trainers.vllm_transfer.BACKEND``, NCCL) where the sync is
+    through (``rlpost.runtime.vllm_transfer.BACKEND``, NCCL) where the sync is
     ``collective``, on CUDA, to vLLM replicas, and the installed vLLM has that
     engine; None where rlpost's own group carries the weights. ``rollout``: the run
     config's ``rollout`` section."""
-    from rlpost.trainers import device as devices
-    from rlpost.trainers import vllm_transfer
+    from rlpost.runtime import device as devices
+    from rlpost.runtime import vllm_transfer
 
     mode = weight_sync_mode(rollout.weight_sync, rollout.name, device_kind)
     if mode != "collective" or device_kind != devices.CUDA or rollout.name != "vllm":
@@ -127,7 +127,7 @@ class CollectiveSync:
         self.group = group
         self.bucket_bytes = bucket_bytes(bucket_mb)
         self.timeout_s = timeout_s
-        # Through vLLM's own NCCL weight transfer (rlpost.trainers.vllm_transfer):
+        # Through vLLM's own NCCL weight transfer (rlpost.runtime.vllm_transfer):
         # the replicas receive by the layout the trainer gives when the group opens.
         self.via_vllm = via_vllm
         self.layout: dict[str, list] | None = None

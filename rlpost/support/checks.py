@@ -71,10 +71,10 @@ def step_fsdp(arch: str, work: Path) -> dict[str, Outcome]:
 
     from rlpost.algos import PolicyLossConfig
     from rlpost.device import resolve_device
+    from rlpost.runtime.hf_format import auto_class, vision_parameters
     from rlpost.support.vl import fsdp_samples
     from rlpost.trainers.batch import TrajectoryBatch, pad_sequences
     from rlpost.trainers.fsdp import FSDPEngine, FSDPEngineConfig
-    from rlpost.trainers.hf_format import auto_class, vision_parameters
 
     device = resolve_device("auto")
     path = str(model_dir(work))
@@ -171,8 +171,8 @@ def step_lora(arch: str, work: Path) -> dict[str, Outcome]:
     import torch
 
     from rlpost.config.compose import compose
+    from rlpost.runtime.hf_format import language_model, load_model
     from rlpost.trainers.fsdp.lora import adapter_config, apply_lora, merged_hf_weights
-    from rlpost.trainers.hf_format import language_model, load_model
 
     settings = compose(["model.lora.rank=8"]).model.lora
     path = str(model_dir(work))
@@ -257,7 +257,7 @@ def engine_parity(model: Path, out: Path) -> float:
     from rlpost.device import resolve_device
     from rlpost.rollout.base import GenerationRequest, SamplingConfig
     from rlpost.rollout.vllm import VLLMEngine, VLLMEngineConfig
-    from rlpost.trainers.hf_format import is_vision_language
+    from rlpost.runtime.hf_format import is_vision_language
 
     out.mkdir(parents=True, exist_ok=True)
     row = prompt_row(VAL_TEXTS[0])
@@ -293,7 +293,7 @@ def score_hf(model_path: Path, out: Path) -> None:
     ``out/gap.json``."""
     import torch
 
-    from rlpost.trainers.hf_format import auto_class, is_vision_language
+    from rlpost.runtime.hf_format import auto_class, is_vision_language
 
     model = auto_class(str(model_path)).from_pretrained(
         model_path, dtype=torch.float32, attn_implementation=REFERENCE_ATTENTION

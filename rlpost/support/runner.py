@@ -151,7 +151,7 @@ def versions() -> dict[str, str]:
 
 
 def device_kind() -> str:
-    from rlpost.trainers import device as devices
+    from rlpost.runtime import device as devices
 
     return "gpu" if devices.is_available(devices.CUDA) else "cpu"
 

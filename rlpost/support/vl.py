@@ -61,7 +61,7 @@ def processor_inputs(model_path: str | Path, row: dict) -> dict[str, torch.Tenso
 
     from rlpost.data.images import row_images
     from rlpost.data.rows import prompt_messages
-    from rlpost.trainers.vl_compat import install
+    from rlpost.runtime.vl_compat import install
 
     install()
     processor = AutoProcessor.from_pretrained(model_path)
@@ -77,8 +77,8 @@ def reference_logprobs(model: Any, ids: list[int], inputs: dict[str, torch.Tenso
     processor's image ``inputs`` (of the prompt that ``ids`` starts with); 0 at t=0.
     Token-type inputs are extended over the whole sequence (1 on image tokens). The
     image placeholders are never sampled, so they are masked as the trainer masks
-    them (``rlpost.trainers.hf_format.placeholder_token_ids``)."""
-    from rlpost.trainers.hf_format import placeholder_token_ids
+    them (``rlpost.runtime.hf_format.placeholder_token_ids``)."""
+    from rlpost.runtime.hf_format import placeholder_token_ids
 
     ids_1t = torch.tensor([ids])
     extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
@@ -121,8 +121,8 @@ def fsdp_samples(
 
 def vision_change(initial: Path, final: Path) -> tuple[float, float]:
     """Largest change of a vision-tower or projector weight, and of any other weight,
-    between two checkpoints of a VL model (``rlpost.trainers.hf_format.vision_parameters``)."""
-    from rlpost.trainers.hf_format import load_model, vision_parameters
+    between two checkpoints of a VL model (``rlpost.runtime.hf_format.vision_parameters``)."""
+    from rlpost.runtime.hf_format import load_model, vision_parameters
 
     before = load_model(str(initial), torch.float32)
     after = dict(load_model(str(final), torch.float32).named_parameters())

@@ -13,15 +13,15 @@ import ray
 class IpcSource:
     """What a replica's engine worker reads during an ``ipc`` sync: the buckets of
     ``plan`` from the trainer's rank 0 (``sender``, a ``TrainerWorker``), one at a
-    time, mapped in place (``rlpost.trainers.weight_sync.open_bucket``). It asks
+    time, mapped in place (``rlpost.runtime.weight_wire.open_bucket``). It asks
     for the next bucket once the model's loader has taken the last one's tensors."""
 
     def __init__(self, sender: Any, plan: Any):
         self.sender, self.plan = sender, plan
 
     def tensors(self, stats: Any) -> Iterator[tuple[str, Any]]:
-        from rlpost.trainers import device as devices
-        from rlpost.trainers.weight_sync import open_bucket, unpack
+        from rlpost.runtime import device as devices
+        from rlpost.runtime.weight_wire import open_bucket, unpack
 
         for slots, size in zip(self.plan.buckets, self.plan.sizes):
             # The engine is paused for the sync, so blocking its loop here is intended.

@@ -131,7 +131,7 @@ class RolloutWorker:
     ) -> float:
         """Seconds until the weights rank 0 of the weight group sends are in, as
         ``load_weights`` (``version``, ``interrupt``). ``layout``: what is sent, where
-        the group is vLLM's own weight transfer (``rlpost.trainers.vllm_transfer``)."""
+        the group is vLLM's own weight transfer (``rlpost.runtime.vllm_transfer``)."""
         start = time.perf_counter()
         version = self.version + 1 if version is None else version
         await self._group_receiver().areceive_weights(

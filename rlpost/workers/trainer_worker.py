@@ -111,17 +111,17 @@ class TrainerWorker:
         (``tcp://host:port``, from ``address()``). Blocks until every member joined.
 
         ``via_vllm``: the group is vLLM's own NCCL weight transfer
-        (``rlpost.trainers.vllm_transfer``); returns the layout the replicas receive
+        (``rlpost.runtime.vllm_transfer``); returns the layout the replicas receive
         by (None for rlpost's own group, which sends its layout itself)."""
-        from rlpost.trainers.device import weight_group_backend
-        from rlpost.trainers.weight_sync import SyncGroup
+        from rlpost.runtime.device import weight_group_backend
+        from rlpost.runtime.weight_wire import SyncGroup
 
         host, _, port = address.removeprefix("tcp://").rpartition(":")
         if self.weight_group is not None:
             self.weight_group.close()
         source = self._weights()
         if via_vllm:
-            from rlpost.trainers import vllm_transfer
+            from rlpost.runtime import vllm_transfer
 
             specs = source.weight_stream()[0]  # names, shapes and dtypes only: nothing is gathered
             self.weight_group = vllm_transfer.VllmNcclSender(
@@ -152,7 +152,7 @@ class TrainerWorker:
     def ipc_open(self, bucket_bytes: int) -> Any:
         """Rank 0: start handing the weights out in buckets of ``bucket_bytes``
         (``ipc_next``); returns their layout. Ends a hand-off left unfinished first."""
-        from rlpost.trainers.weight_sync import IpcSender
+        from rlpost.runtime.weight_wire import IpcSender
 
         self.ipc_close()
         source = self._weights()

@@ -61,7 +61,7 @@ class HFEngine:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load checkpoint-format weights; a sync that leaves a parameter (or part of
         one) unwritten is an error naming it."""
-        from rlpost.trainers.hf_format import CheckpointLayout
+        from rlpost.runtime.hf_format import CheckpointLayout
 
         if self._layout is None:
             self._layout = CheckpointLayout(self.model)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from rlpost.rollout.base import Completion, GenerationRequest, GenerationResult
-from rlpost.trainers import device as devices
+from rlpost.runtime import device as devices
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlpost.rollout.pd import KVTransferSpec
-from rlpost.trainers import device as devices
+from rlpost.runtime import device as devices
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class VLLMEngineConfig:
     # Colocated on an accelerator (rollout.sleep): the engine can free its memory.
     sleep_mode: bool = False
     # Weights through vLLM's own weight-transfer engine (rollout.weight_sync=collective
-    # on CUDA, rlpost.trainers.vllm_transfer): its backend (NCCL) and the bytes of a
+    # on CUDA, rlpost.runtime.vllm_transfer): its backend (NCCL) and the bytes of a
     # bucket (rollout.weight_sync_bucket_mb); None: rlpost's own weight group.
     weight_transfer: str | None = None
     weight_transfer_bucket_bytes: int = 512 * 2**20

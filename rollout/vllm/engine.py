@@ -31,7 +31,7 @@ from rlpost.rollout.pd import clear_kv_store
 from rlpost.rollout.vllm.config import ASCEND_ENV, VLLMEngineConfig, engine_args
 from rlpost.rollout.vllm.outputs import Interrupted, child_sampling, continuation, to_result
 from rlpost.rollout.vllm.stats import PrefixCacheCounter, no_prometheus
-from rlpost.trainers import device as devices
+from rlpost.runtime import device as devices
 
 
 class VLLMEngine:
@@ -51,11 +51,11 @@ class VLLMEngine:
                 os.environ.setdefault(key, value)
         from transformers import PretrainedConfig
 
-        from rlpost.trainers.hf_format import is_vision_language, placeholder_token_ids
+        from rlpost.runtime.hf_format import is_vision_language, placeholder_token_ids
 
         vision = is_vision_language(cfg.model_path)
         if vision:
-            from rlpost.trainers.vl_compat import install
+            from rlpost.runtime.vl_compat import install
 
             install(vllm=True)  # vLLM's VL model modules import torchvision processors
         from vllm.engine.arg_utils import EngineArgs
@@ -127,9 +127,9 @@ class VLLMEngine:
         """Join the weight group whose rank 0 (the trainer) listens at ``address``
         (``host:port``): each of this engine's workers as rank ``base_rank`` plus its
         own rank. Blocks until every member has joined. With ``weight_transfer`` set,
-        the group is vLLM's own weight-transfer engine's (``rlpost.trainers.vllm_transfer``)."""
+        the group is vLLM's own weight-transfer engine's (``rlpost.runtime.vllm_transfer``)."""
         if self.cfg.weight_transfer is not None:
-            from rlpost.trainers.vllm_transfer import worker_init_info
+            from rlpost.runtime.vllm_transfer import worker_init_info
 
             self._transfer_timeout_s = timeout_s
             info = worker_init_info(

@@ -30,10 +30,10 @@ class WeightSyncExtension:
     def rlpost_open_weight_group(
         self, address: str, base_rank: int, world_size: int, generation: int, timeout_s: float
     ) -> None:
-        """Join the weight group (``rlpost.trainers.weight_sync.SyncGroup``) as rank
+        """Join the weight group (``rlpost.runtime.weight_wire.SyncGroup``) as rank
         ``base_rank`` plus this worker's rank in its engine; the trainer is rank 0."""
-        from rlpost.trainers.device import weight_group_backend
-        from rlpost.trainers.weight_sync import SyncGroup
+        from rlpost.runtime.device import weight_group_backend
+        from rlpost.runtime.weight_wire import SyncGroup
 
         host, _, port = address.rpartition(":")
         old = getattr(self, "_rlpost_weight_group", None)
@@ -49,7 +49,7 @@ class WeightSyncExtension:
     def rlpost_receive_weights(self) -> dict[str, int]:
         """Reload from the buckets rank 0 broadcasts; the tensors go to the model's
         loader as views of the bucket that holds them, one bucket at a time."""
-        from rlpost.trainers.weight_sync import SyncStats
+        from rlpost.runtime.weight_wire import SyncStats
 
         stats = SyncStats()
         self._rlpost_reload(self._rlpost_weight_group.receive(stats))
@@ -61,7 +61,7 @@ class WeightSyncExtension:
         the model's loader before the next is asked for. The engine runs its workers
         in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so ``source`` arrives
         as it was given."""
-        from rlpost.trainers.weight_sync import SyncStats
+        from rlpost.runtime.weight_wire import SyncStats
 
         stats = SyncStats()
         self._rlpost_reload(source.tensors(stats))
@@ -70,7 +70,7 @@ class WeightSyncExtension:
     def rlpost_open_vllm_transfer(self, init_info: dict[str, Any]) -> None:
         """Join the trainer's weight group through vLLM's own weight-transfer engine
         (the engine's ``weight_transfer_config``; ``init_info``:
-        ``rlpost.trainers.vllm_transfer.worker_init_info``), after releasing the
+        ``rlpost.runtime.vllm_transfer.worker_init_info``), after releasing the
         group of an earlier generation."""
         self.shutdown_weight_transfer_engine()  # type: ignore[attr-defined]
         self.init_weight_transfer_engine(init_info)  # type: ignore[attr-defined]
@@ -82,7 +82,7 @@ class WeightSyncExtension:
         (``layout``: the names, dtypes and shapes sent) into the model's loader, its
         finish, with ``_rlpost_reload``'s check that every parameter was written.
         Past ``timeout_s`` the communicator is aborted and this raises."""
-        from rlpost.trainers import vllm_transfer
+        from rlpost.runtime import vllm_transfer
 
         transfer = self.weight_transfer_engine  # type: ignore[attr-defined]
         if transfer is None:

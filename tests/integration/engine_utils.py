@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from ports import free_port  # noqa: F401  (re-exported for the engine tests)
 
-from rlpost.trainers import device as devices
+from rlpost.runtime import device as devices
 from rlpost.trainers.batch import TrajectoryBatch, pad_sequences
 from rlpost.trainers.fsdp.engine import FSDPEngine, FSDPEngineConfig
 

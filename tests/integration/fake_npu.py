@@ -4,7 +4,7 @@ would on Ascend -- and nothing more. Tensor math cannot run on it.
 
 ``install()`` renames PyTorch's PrivateUse1 backend to ``npu`` (what
 ``torch_npu`` does), registers a ``torch.npu`` module that answers the questions
-``rlpost.trainers.device`` asks (available, device count from
+``rlpost.runtime.device`` asks (available, device count from
 ``ASCEND_RT_VISIBLE_DEVICES``, set/current device), puts a stand-in ``torch_npu``
 module in ``sys.modules``, and registers the ``hccl`` process-group backend name
 with a creator that returns a gloo group and counts its calls."""

@@ -14,8 +14,8 @@ from engine_utils import DEVICES, advantages, engine, free_port, hf_logprobs, ma
 from rlpost.algos import PolicyLossConfig
 from rlpost.loop.checkpoint import CheckpointManager
 from rlpost.models.tiny import build_tiny_model
+from rlpost.runtime.vl_compat import torchvision_available
 from rlpost.trainers.fsdp.lora import LoraSettings
-from rlpost.trainers.vl_compat import torchvision_available
 
 VARIANTS = {"full": {}, "lora": {"lora": LoraSettings(rank=8, alpha=16.0)}}
 
@@ -119,7 +119,7 @@ def test_export_help_says_what_a_vl_processor_needs_without_torchvision():
     cmd = [sys.executable, "-m", "rlpost.export", "--help"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0
-    assert "from rlpost.trainers.vl_compat import install; install()" in proc.stdout
+    assert "from rlpost.runtime.vl_compat import install; install()" in proc.stdout
     assert "Megatron" in proc.stdout
 
 
@@ -163,7 +163,7 @@ def test_an_exported_llava_names_its_vision_tower_as_vllm_loads_it(tmp_path):
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
     from rlpost.models.vl import VL_ARCHS
-    from rlpost.trainers.vl_compat import install
+    from rlpost.runtime.vl_compat import install
 
     install()
     tok, config, processor = VL_ARCHS["LlavaForConditionalGeneration"]()
@@ -218,5 +218,5 @@ def test_an_exported_qwen2_vl_says_what_its_processor_needs_without_torchvision(
     assert proc.stdout.strip() == str(out)
     note = proc.stderr.strip().splitlines()[-1]
     assert note.startswith("note: torchvision is not installed")
-    assert "`from rlpost.trainers.vl_compat import install; install()`" in note
+    assert "`from rlpost.runtime.vl_compat import install; install()`" in note
     assert f"AutoProcessor.from_pretrained('{out}')" in note

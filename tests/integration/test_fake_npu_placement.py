@@ -29,7 +29,7 @@ class Rank:
 
         fake_npu.install()
         from rlpost.device import resolve_device
-        from rlpost.trainers import device as devices
+        from rlpost.runtime import device as devices
         from rlpost.trainers.distributed import init_distributed
 
         spec = resolve_device("auto")  # auto finds the npu, as it would find CUDA
@@ -64,7 +64,7 @@ def test_placement_visible_devices_and_process_group_on_a_fake_npu(npu_cluster):
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from rlpost.device import DeviceSpec
-    from rlpost.trainers import device as devices
+    from rlpost.runtime import device as devices
     from rlpost.workers.placement import Placement, PlacementError, bundles
 
     spec = DeviceSpec("npu", devices.kind("npu").backend)

@@ -52,7 +52,7 @@ def test_one_update_stale_samples_then_a_resume_that_says_what_it_dropped(model,
     assert all(r["async/staleness_max"] <= 1.0 for r in trained)
     assert max(r["async/staleness_mean"] for r in trained) > 0.0
     assert all(r["async/inflight_groups"] + r["async/buffer_groups"] <= 8 for r in trained)
-    assert all(0.0 <= r["async/rollout_idle_frac"] <= 1.0 for r in trained)
+    assert all(0.0 <= r["perf/rollout_idle_frac"] <= 1.0 for r in trained)
 
     # Resume from step 4's checkpoint for two more steps.
     proc = start(model, run_dir, 6, *ASYNC, "async.max_inflight=8")

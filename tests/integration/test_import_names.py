@@ -1,5 +1,5 @@
 """rlpost puts nothing but ``rlpost`` into a user's import space: a working
-directory holding its own ``rollout.py``, ``trainers.py`` and ``algos.py``
+directory holding its own ``rollout.py``, ``trainers.py``, ``runtime.py`` and ``algos.py``
 (common names for a user's scripts) runs the CLI as any other."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 
 def test_the_cli_runs_beside_a_users_rollout_trainers_and_algos_modules(tmp_path):
-    for name in ("rollout", "trainers", "algos"):
+    for name in ("rollout", "trainers", "runtime", "algos"):
         (tmp_path / f"{name}.py").write_text(
             f"raise ImportError('the user {name}.py was imported')\n"
         )
@@ -35,7 +35,7 @@ def test_the_cli_runs_beside_a_users_rollout_trainers_and_algos_modules(tmp_path
     empty.mkdir()
     out = subprocess.run(
         [sys.executable, "-c", "import importlib.util as u; print(u.find_spec('rollout'), "
-         "u.find_spec('trainers'), u.find_spec('algos'))"],
+         "u.find_spec('trainers'), u.find_spec('runtime'), u.find_spec('algos'))"],
         cwd=empty, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert out.stdout.strip() == "None None None", out.stdout + out.stderr
+    assert out.stdout.strip() == "None None None None", out.stdout + out.stderr

@@ -18,7 +18,7 @@ pytest.importorskip("vllm")
 from cli_utils import ENV, metrics  # noqa: E402
 
 from rlpost.models.vl import IMAGE_SIDE, build_vl_model  # noqa: E402
-from rlpost.trainers.vl_compat import torchvision_available  # noqa: E402
+from rlpost.runtime.vl_compat import torchvision_available  # noqa: E402
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220)}
 # A score that differs between almost any two completions, so every group has an advantage.
@@ -65,7 +65,7 @@ def test_grpo_on_image_prompts_trains_the_language_model_only(tmp_path):
         last = proc.stdout.strip().splitlines()[-1]
         assert last.startswith("note: torchvision is not installed")
         assert f"AutoProcessor.from_pretrained('{run_dir / 'final'}')" in last
-        assert "`from rlpost.trainers.vl_compat import install; install()`" in last
+        assert "`from rlpost.runtime.vl_compat import install; install()`" in last
     steps = [r for r in metrics(run_dir) if r["step"] > 0]
     assert len(steps) == 2
     # step 2 samples after a sync of every weight, vision tower included

@@ -13,7 +13,7 @@ from rlpost.models.vl import IMAGE_SIDE, build_vl_model  # noqa: E402
 from rlpost.rollout.base import GenerationRequest, SamplingConfig  # noqa: E402
 from rlpost.rollout.vllm import VLLMEngineConfig  # noqa: E402
 from rlpost.rollout.vllm.engine import VLLMEngine  # noqa: E402
-from rlpost.trainers.hf_format import placeholder_token_ids  # noqa: E402
+from rlpost.runtime.hf_format import placeholder_token_ids  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """The collective sync through vLLM's own NCCL weight transfer
-(``rlpost.trainers.vllm_transfer``) on CUDA: a trainer process on one GPU sends a
+(``rlpost.runtime.vllm_transfer``) on CUDA: a trainer process on one GPU sends a
 second model's weights to a vLLM engine on another, and the engine then generates
 exactly what it generates after loading those weights through the object-store
 path. Needs two GPUs (NCCL does not put two ranks on one device) and vLLM with
@@ -23,8 +23,8 @@ def _send(address: str, path: str, bucket_bytes: int, done: mp.Queue) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlpost.trainers import device as devices
-    from rlpost.trainers.vllm_transfer import VllmNcclSender
+    from rlpost.runtime import device as devices
+    from rlpost.runtime.vllm_transfer import VllmNcclSender
 
     devices.set_device(devices.CUDA, 1)
     state = AutoModelForCausalLM.from_pretrained(path).state_dict()
@@ -42,7 +42,7 @@ def test_weights_reach_a_vllm_engine_through_vllm_own_nccl_transfer(tmp_path):
 
     from rlpost.rollout.vllm import VLLMEngineConfig
     from rlpost.rollout.vllm.engine import VLLMEngine
-    from rlpost.trainers.vllm_transfer import figures, layout
+    from rlpost.runtime.vllm_transfer import figures, layout
 
     if torch.cuda.device_count() < 2:
         pytest.skip("NCCL needs the trainer and the replica on two GPUs")

@@ -13,7 +13,7 @@ import signal
 import pytest
 from cli_utils import actor_pids, comparable, metrics, output, run, start, wait_until
 
-from rlpost.trainers.weight_sync import shm_dir
+from rlpost.runtime.weight_wire import shm_dir
 
 pytest.importorskip("vllm")
 

@@ -1,5 +1,5 @@
 """The collective weight path between two real processes over gloo
-(``rlpost.trainers.weight_sync.SyncGroup``): a model's weights arrive exactly,
+(``rlpost.runtime.weight_wire.SyncGroup``): a model's weights arrive exactly,
 in several buckets, with the layout sent once; neither side holds more than
 one bucket; a receiver that dies mid-transfer makes the sender fail within the
 group's timeout, and a group made again carries the next sync."""
@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rlpost.trainers.weight_sync import SyncGroup, SyncStats
+from rlpost.runtime.weight_wire import SyncGroup, SyncStats
 
 BUCKET = 64 * 1024
 

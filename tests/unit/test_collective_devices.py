@@ -5,7 +5,7 @@ tensor built on the CPU passes every test on the CPU and crashes on the first GP
 step (it did: ``global_norm``'s counts under NCCL). So the packages call
 ``torch.distributed``'s tensor collectives in one module only,
 ``rlpost.trainers.distributed``, whose helpers put each tensor on the group's
-device (``rlpost.trainers.device.collective_device``); this test reads every call
+device (``rlpost.runtime.device.collective_device``); this test reads every call
 in the packages and names any other.
 """
 
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("rlpost", "algos", "rollout", "trainers")
+PACKAGES = ("rlpost", "algos", "rollout", "runtime", "trainers")
 HOME = "trainers/distributed.py"
 # torch.distributed's collectives that take tensors (the object ones pickle onto the
 # right device themselves; a barrier takes none)
@@ -94,13 +94,13 @@ def test_the_check_finds_each_way_of_calling_a_collective():
     [("gloo", "cpu"), ("cpu:gloo,npu:hccl", "cpu"), ("GLOO", "cpu")],
 )
 def test_the_device_of_a_cpu_capable_backend_is_the_cpu(backend, device):
-    from rlpost.trainers import device as devices
+    from rlpost.runtime import device as devices
 
     assert devices.collective_device(backend) == torch.device(device)
 
 
 def test_an_unknown_backend_is_named():
-    from rlpost.trainers import device as devices
+    from rlpost.runtime import device as devices
 
     with pytest.raises(ValueError, match="'mpi'"):
         devices.collective_device("mpi")

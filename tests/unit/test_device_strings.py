@@ -1,4 +1,4 @@
-"""Device-specific calls live in one module (``rlpost.trainers.device``): a CUDA
+"""Device-specific calls live in one module (``rlpost.runtime.device``): a CUDA
 call, a ``"cuda"`` device string or a backend name anywhere else in the packages
 would be a path that an Ascend (or CPU) run silently skips or breaks on."""
 
@@ -8,11 +8,11 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("rlpost", "algos", "rollout", "trainers")
+PACKAGES = ("rlpost", "algos", "rollout", "runtime", "trainers")
 FORBIDDEN = re.compile(r"""\.cuda\(|torch\.cuda\.|["'](?:cuda|nccl|hccl)["']""")
 ALLOWED = {
     # the one module that decides what each device means
-    "trainers/device.py": "the device module",
+    "runtime/device.py": "the device module",
     # megatron-core calls torch.cuda itself; this shim stands in for those calls on the CPU
     "trainers/megatron/cpu_shim.py": "replaces torch.cuda's calls for megatron on the CPU",
 }
@@ -37,7 +37,7 @@ def offending_lines() -> list[str]:
 
 def test_no_device_strings_outside_the_device_module():
     found = offending_lines()
-    assert not found, "ask rlpost.trainers.device instead:\n" + "\n".join(found)
+    assert not found, "ask rlpost.runtime.device instead:\n" + "\n".join(found)
 
 
 def test_the_check_finds_what_it_forbids(tmp_path):

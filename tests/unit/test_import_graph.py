@@ -1,7 +1,8 @@
 """The packages' import graph, read with ``ast``: no module imports another that
 (directly or through others) imports it back, and the layers import only down
-the floors -- ``rlpost.algos`` <- ``rlpost.trainers`` <- ``rlpost.rollout`` <-
-the rest of ``rlpost`` -- never up into the package that drives them."""
+the floors -- ``rlpost.algos`` <- ``rlpost.runtime`` <- ``rlpost.trainers`` and
+``rlpost.rollout`` side by side <- the rest of ``rlpost`` -- never up into the
+package that drives them, and never across between the two siblings."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-LAYERS = ("algos", "trainers", "rollout")  # bottom floor first
-FLOOR = {"rlpost.algos": 0, "rlpost.trainers": 1, "rlpost.rollout": 2}
+LAYERS = ("algos", "runtime", "trainers", "rollout")  # bottom floor first
+# trainers and rollout are siblings on one floor: neither imports the other
+FLOOR = {"rlpost.algos": 0, "rlpost.runtime": 1, "rlpost.trainers": 2, "rlpost.rollout": 2}
 
 
 def module_files() -> dict[str, Path]:
@@ -108,7 +110,8 @@ def test_the_checker_finds_a_circle_and_an_upward_import():
     # a -> b -> c -> a is one circle; d -> a is not part of it.
     edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert circles(edges) == [["a", "b", "c"]]
-    assert floor("rlpost.trainers.hf_format") == 1 and floor("rlpost.loop.controller") == 3
+    assert floor("rlpost.runtime.hf_format") == 1 and floor("rlpost.loop.controller") == 3
+    assert floor("rlpost.trainers.fsdp") == floor("rlpost.rollout.vllm") == 2
     source = "from rlpost.result import RunError\nif TYPE_CHECKING:\n    import rlpost.plan\n"
     path = REPO / "tests" / "unit" / "_graph_probe.py"
     path.write_text(source)
@@ -130,6 +133,16 @@ def test_layers_import_only_down_the_floors():
         if floor(src) < 3 and floor(dst) > floor(src)
     ]
     assert upward == []
+
+
+def test_the_trainers_and_the_rollout_are_siblings():
+    across = [
+        f"{src} -> {dst}"
+        for src, dsts in graph().items()
+        for dst in dsts
+        if floor(src) == floor(dst) == 2 and package_of(src) != package_of(dst)
+    ]
+    assert across == []
 
 
 def test_every_package_says_what_it_owns():

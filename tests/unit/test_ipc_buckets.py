@@ -10,8 +10,7 @@ import os
 import pytest
 import torch
 
-from rlpost.trainers.distributed import new_tensor
-from rlpost.trainers.weight_sync import (
+from rlpost.runtime.weight_wire import (
     IpcSender,
     bucket_as_is,
     open_bucket,
@@ -20,6 +19,7 @@ from rlpost.trainers.weight_sync import (
     shared_bucket,
     unpack,
 )
+from rlpost.trainers.distributed import new_tensor
 
 
 class ListEngine:
@@ -127,7 +127,7 @@ class GatheringEngine(ListEngine):
 
 
 def _rlpost_files() -> set[str]:
-    from rlpost.trainers.weight_sync import shm_dir
+    from rlpost.runtime.weight_wire import shm_dir
 
     return {f for f in os.listdir(shm_dir()) if f.startswith("rlpost-weights-")}
 

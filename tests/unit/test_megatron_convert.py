@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
-from rlpost.trainers.hf_format import to_checkpoint_format
+from rlpost.runtime.hf_format import to_checkpoint_format
 from rlpost.trainers.megatron.convert import (
     fuse_qkv,
     hf_to_megatron,

@@ -18,7 +18,7 @@ from rlpost.trainers.lora_settings import LoraSettings
 from rlpost.trainers.megatron.config import MegatronParallel
 
 REPO = Path(__file__).resolve().parents[2]
-FOLDERS = ("algos", "trainers", "rollout", "rlpost")
+FOLDERS = ("algos", "runtime", "trainers", "rollout", "rlpost")
 MISSING = "<required>"
 
 # Engine configs that repeat a few run-config keys, each built from the run config

@@ -9,7 +9,7 @@ from importlib import import_module
 
 import pytest
 
-from rlpost.trainers.vl_compat import install, load_hint, torchvision_available
+from rlpost.runtime.vl_compat import install, load_hint, torchvision_available
 
 pytestmark = pytest.mark.skipif(torchvision_available(), reason="the layer is off with torchvision")
 
@@ -56,8 +56,8 @@ def test_lora_and_freezing_leave_the_vision_tower_alone(tmp_path):
     import torch
 
     from rlpost.models.vl import build_vl_model
+    from rlpost.runtime.hf_format import load_model, vision_parameters
     from rlpost.trainers.fsdp.lora import LoraSettings, apply_lora
-    from rlpost.trainers.hf_format import load_model, vision_parameters
 
     path = build_vl_model("Qwen2VLForConditionalGeneration", tmp_path / "vl", seed=0)
     model = load_model(str(path), torch.float32)
@@ -107,7 +107,7 @@ def test_a_vl_processor_with_video_needs_the_call_the_hint_names(tmp_path):
     assert plain.returncode != 0 and "requires `torchvision`" in plain.stderr
     hint = load_hint(path)
     assert hint is not None and f"AutoProcessor.from_pretrained('{path}')" in hint
-    call = "from rlpost.trainers.vl_compat import install; install()"
+    call = "from rlpost.runtime.vl_compat import install; install()"
     assert f"`{call}`" in hint
     proc = _load(path, prelude=call)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from rlpost.models.vl import IMAGE_SIDE, VL_ARCHS, build_vl_model
-from rlpost.trainers.hf_format import placeholder_token_ids
-from rlpost.trainers.vl_compat import install
+from rlpost.runtime.hf_format import placeholder_token_ids
+from rlpost.runtime.vl_compat import install
 
 # arch -> (placeholder the template writes, image tokens one image becomes)
 EXPECTED = {

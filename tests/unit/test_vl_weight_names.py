@@ -11,8 +11,8 @@ import torch
 from safetensors import safe_open
 
 from rlpost.models.vl import VL_ARCHS, build_vl_model
-from rlpost.trainers.hf_format import load_model, to_checkpoint_format, use_hub_layout
-from rlpost.trainers.vl_compat import install
+from rlpost.runtime.hf_format import load_model, to_checkpoint_format, use_hub_layout
+from rlpost.runtime.vl_compat import install
 
 NESTED = ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration")
 

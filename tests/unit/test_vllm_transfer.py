@@ -1,5 +1,5 @@
 """The parts of the collective sync through vLLM's own weight-transfer engine
-(``rlpost.trainers.vllm_transfer``) that need no GPU: the payloads parse as vLLM's
+(``rlpost.runtime.vllm_transfer``) that need no GPU: the payloads parse as vLLM's
 own dataclasses, the bucket cuts are those of vLLM's own packer, the layout check,
 the watchdog, when the path is taken, and the replica's written-parameter check on
 buckets handed over whole. The transfer itself runs on CUDA only (not here)."""
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlpost.trainers import vllm_transfer
+from rlpost.runtime import vllm_transfer
 
 pytest.importorskip("vllm")
 

@@ -1,4 +1,4 @@
-"""Weight buckets (``rlpost.trainers.weight_sync``): the layout by hand, and a round
+"""Weight buckets (``rlpost.runtime.weight_wire``): the layout by hand, and a round
 trip through bytes that gives back every tensor exactly."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlpost.trainers.weight_sync import ALIGN, pack, plan_buckets, unpack
+from rlpost.runtime.weight_wire import ALIGN, pack, plan_buckets, unpack
 
 
 def test_layout_by_hand():

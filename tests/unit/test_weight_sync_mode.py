@@ -48,6 +48,6 @@ def test_combinations_that_cannot_work_are_config_errors(overrides, message):
 
 
 def test_ascend_may_ask_for_the_collective_path():
-    # its weight group is HCCL (rlpost.trainers.device.weight_group_backend)
+    # its weight group is HCCL (rlpost.runtime.device.weight_group_backend)
     cfg = compose(["trainer.device=npu", "rollout.weight_sync=collective"])
     assert cfg.rollout.weight_sync == "collective"

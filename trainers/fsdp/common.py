@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from rlpost.trainers import device as devices
+from rlpost.runtime import device as devices
 from rlpost.trainers.batch import TrajectoryBatch, join_shares
 from rlpost.trainers.engine_config import DTYPES as DTYPES  # re-exported: rlpost.export
 from rlpost.trainers.engine_config import EngineConfig

@@ -25,7 +25,16 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, Shard
 
-from rlpost.trainers import device as devices
+from rlpost.runtime import device as devices
+from rlpost.runtime.hf_format import (
+    auto_class,
+    load_model,
+    placeholder_token_ids,
+    save_preprocessing,
+    to_checkpoint_format,
+    use_hub_layout,
+    vision_parameters,
+)
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.distributed import Empty, gather_into, init_distributed, new_tensor
 from rlpost.trainers.engine_config import DTYPES, EngineConfig
@@ -43,15 +52,6 @@ from rlpost.trainers.fsdp.lora import (
 from rlpost.trainers.fsdp.state import FSDPState
 from rlpost.trainers.fsdp.ulysses import ATTENTION as ULYSSES_ATTENTION
 from rlpost.trainers.fsdp.ulysses import SequenceParallel, next_ids
-from rlpost.trainers.hf_format import (
-    auto_class,
-    load_model,
-    placeholder_token_ids,
-    save_preprocessing,
-    to_checkpoint_format,
-    use_hub_layout,
-    vision_parameters,
-)
 from rlpost.trainers.logprobs import (
     hidden_token_stats,
     next_token_stats,
@@ -416,7 +416,7 @@ class FSDPEngine(PolicyUpdates):
 
     def named_weights(self, merged: bool = True) -> list[tuple[str, torch.Tensor]] | None:
         """Full weights on rank 0 (None elsewhere), named and laid out as in the model's
-        checkpoint files (``rlpost.trainers.hf_format``). Collective: call on every rank.
+        checkpoint files (``rlpost.runtime.hf_format``). Collective: call on every rank.
 
         Under LoRA the adapter is folded in (``W + alpha/r * B A``) and the names are
         the base model's, so an engine without LoRA support loads them as they are

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from rlpost.trainers.hf_format import language_model
+from rlpost.runtime.hf_format import language_model
 from rlpost.trainers.lora_settings import LoraSettings as LoraSettings  # re-exported
 
 PEFT_PREFIX = "base_model.model."

@@ -17,6 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from rlpost.runtime.hf_format import save_preprocessing
 from rlpost.trainers import checkpointing
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.distributed import init_distributed
@@ -26,7 +27,6 @@ from rlpost.trainers.fsdp.common import FSDPBackend, shard
 from rlpost.trainers.fsdp.engine import FSDPEngineConfig
 from rlpost.trainers.fsdp.lora import decoder_layers
 from rlpost.trainers.fsdp.state import FSDPState
-from rlpost.trainers.hf_format import save_preprocessing
 from rlpost.trainers.micro_batching import micro_batches
 from rlpost.trainers.preference import reward_model_loss
 from rlpost.trainers.update import step

@@ -6,7 +6,7 @@ Pure tensor reshuffling, no megatron import: the tests run it on its own.
 Three layouts appear here:
 
 - **HF**: the model's checkpoint names (``model.layers.3.self_attn.q_proj.weight``),
-  what ``rlpost.trainers.hf_format.to_checkpoint_format`` gives and rollout engines load.
+  what ``rlpost.runtime.hf_format.to_checkpoint_format`` gives and rollout engines load.
 - **Megatron, full**: megatron-core ``GPTModel`` names built with the local
   (non-Transformer-Engine) layer spec, every tensor whole, layer indices global
   (``decoder.layers.3.self_attention.linear_qkv.weight``); what a model at

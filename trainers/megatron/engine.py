@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from rlpost.algos import entropy_from_logits
-from rlpost.trainers import device as devices
+from rlpost.runtime import device as devices
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.distributed import Empty, new_tensor
 from rlpost.trainers.files import atomic_directory
@@ -107,7 +107,7 @@ class MegatronEngine(PolicyUpdates):
     @cpu_shim.runs_on_cpu
     def named_weights(self, merged: bool = True) -> list[tuple[str, torch.Tensor]] | None:
         """Full weights on rank 0 (None elsewhere), under the model's checkpoint names
-        (``rlpost.trainers.hf_format``), the tied copy ``lm_head.weight`` included as the
+        (``rlpost.runtime.hf_format``), the tied copy ``lm_head.weight`` included as the
         FSDP engine sends it (a tied head module in vLLM is refreshed only by its
         own name). Collective: call on every rank."""
         state = self.m.gathered_state()
@@ -139,7 +139,7 @@ class MegatronEngine(PolicyUpdates):
         and back one part at a time."""
         from transformers import AutoModelForCausalLM
 
-        from rlpost.trainers.hf_format import to_checkpoint_format
+        from rlpost.runtime.hf_format import to_checkpoint_format
 
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(self.m.hf_config)
@@ -186,7 +186,7 @@ class MegatronEngine(PolicyUpdates):
             return None
         from transformers import AutoTokenizer
 
-        from rlpost.trainers.hf_format import model_from_checkpoint_weights
+        from rlpost.runtime.hf_format import model_from_checkpoint_weights
 
         assert weights is not None
         model = model_from_checkpoint_weights(self.m.hf_config, weights)

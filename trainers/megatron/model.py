@@ -235,7 +235,7 @@ class MegatronModel:
         """This rank's shards of the HF checkpoint's weights (a value head keeps its zeros)."""
         from transformers import AutoModelForCausalLM
 
-        from rlpost.trainers.hf_format import to_checkpoint_format
+        from rlpost.runtime.hf_format import to_checkpoint_format
 
         hf_model = AutoModelForCausalLM.from_pretrained(self.cfg.model_path, dtype=torch.float32)
         full = hf_to_megatron(to_checkpoint_format(hf_model, hf_model.state_dict()), self.shape)

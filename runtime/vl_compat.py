@@ -154,7 +154,7 @@ def _patch_vllm() -> None:
         from vllm.transformers_utils import processor
     except ImportError:
         return
-    from rlpost.trainers import device as devices
+    from rlpost.runtime import device as devices
 
     if not devices.is_available(devices.CUDA):
         registry._run_in_subprocess = lambda fn: fn()
@@ -204,6 +204,6 @@ def load_hint(model_dir: str | Path) -> str | None:
     return (
         f"note: torchvision is not installed, so AutoProcessor.from_pretrained('{model_dir}') "
         "raises 'requires torchvision' (the processor declares a video processor); call "
-        "`from rlpost.trainers.vl_compat import install; install()` before it (images work, "
+        "`from rlpost.runtime.vl_compat import install; install()` before it (images work, "
         "video does not). The model, its tokenizer and AutoImageProcessor load without it."
     )

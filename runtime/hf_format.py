@@ -58,7 +58,7 @@ def auto_class(model_path: str) -> Any:
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     if is_vision_language(model_path):
-        from rlpost.trainers.vl_compat import install
+        from rlpost.runtime.vl_compat import install
 
         install()  # some VL processing modules import torchvision
         return AutoModelForImageTextToText
@@ -73,7 +73,7 @@ def save_preprocessing(src_dir: str, out_dir: str | Path) -> None:
 
     AutoTokenizer.from_pretrained(src_dir).save_pretrained(out_dir)
     if is_vision_language(src_dir):
-        from rlpost.trainers.vl_compat import install
+        from rlpost.runtime.vl_compat import install
 
         install()
         AutoProcessor.from_pretrained(src_dir).save_pretrained(out_dir)

@@ -2,7 +2,7 @@
 (``vllm.distributed.weight_transfer``, its dense NCCL backend): the path
 ``rollout.weight_sync=collective`` takes on CUDA where the installed vLLM has that
 engine (``rlpost.serving.weight_group.vllm_transfer_backend``). Elsewhere the
-collective sync is rlpost's own group (``rlpost.trainers.weight_sync.SyncGroup``).
+collective sync is rlpost's own group (``rlpost.runtime.weight_wire.SyncGroup``).
 
 - **The group.** Trainer rank 0 opens vLLM's trainer endpoint (NCCL rank 0, a
   stateless group of its own with a TCP rendezvous); each replica's workers join
@@ -37,8 +37,8 @@ from typing import Any
 
 import torch
 
-from rlpost.trainers import device as devices
-from rlpost.trainers.weight_sync import SyncStats
+from rlpost.runtime import device as devices
+from rlpost.runtime.weight_wire import SyncStats
 
 NUM_BUFFERS = 2  # buckets in flight on each side: the two-bucket bound of the sync
 # vLLM's weight-transfer backend used: its dense NCCL engine, named as the CUDA backend is.

@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from rlpost.trainers import device as devices
+from rlpost.runtime import device as devices
 
 ALIGN = 64  # bytes: every tensor's offset in its bucket is a multiple of this
 DTYPES = {str(d).removeprefix("torch."): d for d in (
