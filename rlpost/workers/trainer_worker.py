@@ -25,6 +25,12 @@ from rlpost.trainers.engine import PolicyEngine, RewardEngine, ValueEngine, Weig
 from rlpost.workers import WORKER_ENV
 
 QUIET = {"env_vars": WORKER_ENV}
+# what an engine must have to be a WeightSource: its attributes and its methods
+WEIGHT_SOURCE_MEMBERS = [*WeightSource.__annotations__] + [
+    name
+    for name in vars(WeightSource)
+    if callable(getattr(WeightSource, name)) and not name.startswith("_")
+]
 P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
@@ -81,6 +87,12 @@ class TrainerWorker:
         self.engine = build_engine(cfg.trainer, kind, cfg, rank, world_size, init_method)
         if isinstance(self.engine, WeightSource):
             self.weight_source = self.engine
+        elif kind == "policy":  # a policy's weights reach the replicas: say what it lacks now
+            missing = [m for m in WEIGHT_SOURCE_MEMBERS if not hasattr(self.engine, m)]
+            raise TypeError(
+                f"{type(self.engine).__name__} is a policy engine but lacks {missing} "
+                "(rlpost.trainers.engine.WeightSource)"
+            )
         return self.engine.num_params
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:

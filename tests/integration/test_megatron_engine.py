@@ -77,6 +77,7 @@ def _step_worker(
 ) -> None:
     """Log-probs of this rank's share, then one ``update_policy`` step on it (or one
     ``update_policy_single_pass``, which returns the log-probs of its forward)."""
+    from rlpost.trainers.engine import WeightSource
     from rlpost.trainers.megatron.convert import megatron_to_hf
 
     parallel = dict(parallel)
@@ -99,6 +100,7 @@ def _step_worker(
     weights = engine.named_weights()
     specs, streamed = streamed_weights(engine)  # the collective sync's source
     result = {"logp": logp, "metrics": metrics, "specs": specs, "streamed": streamed}
+    result["is_weight_source"] = isinstance(engine, WeightSource)  # what the trainer worker checks
     if rank == 0:
         assert weights is not None
         result["weights"] = dict(weights)
@@ -168,6 +170,7 @@ def test_the_weight_stream_is_named_weights_a_part_at_a_time(megatron_step):
     other ranks take part and keep nothing."""
     check_stream(megatron_step["specs"], megatron_step["streamed"], megatron_step["weights"])
     assert all(s == [] for s in megatron_step["others_streamed"])
+    assert megatron_step["is_weight_source"]  # rank, device, named_weights, weight_stream
 
 
 # -- tests ----------------------------------------------------------------------

@@ -56,6 +56,7 @@ class MegatronEngine(PolicyUpdates):
     def __init__(self, cfg: MegatronEngineConfig, rank: int, world_size: int, init_method: str):
         self.m = MegatronModel(cfg, rank, world_size, init_method)
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.device = self.m.device
         self.shape, self.num_params = self.m.shape, self.m.num_params
         self._specs: list[tuple[str, tuple[int, ...], torch.dtype]] | None = None
         super().__init__(self.m, self._token_stats, MegatronState(self.m))
