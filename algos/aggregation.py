@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from rlpost.algos.spec import check, spec
+
+if TYPE_CHECKING:  # the run config's schema imports LossNorm and AGGREGATIONS' names: no torch
+    import torch
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ class LossNorm:
         check(self)
 
 
-AggFn = Callable[[torch.Tensor, torch.Tensor, LossNorm], torch.Tensor]
+AggFn = Callable[["torch.Tensor", "torch.Tensor", LossNorm], "torch.Tensor"]
 
 
 def _den(x: float) -> float:

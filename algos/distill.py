@@ -14,31 +14,10 @@ adds it to the task reward's advantage, ``A_t = A_task - lambda * d_t``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from rlpost.algos.aggregation import masked_mean
-from rlpost.algos.spec import check, spec
-
-
-@dataclass(frozen=True)
-class DistillConfig:
-    """``algo=opd``: on-policy distillation from ``teacher.path`` (docs/distillation.md);
-    the run config's ``algo.opd``."""
-
-    kl_coef: float = spec(
-        1.0,
-        gt=0,
-        help="lambda: A_t = -lambda (log pi(y_t) - log pi_teacher(y_t)) on each sampled token",
-    )
-    task_advantage: bool = spec(
-        False,
-        help="add the task reward's advantage (algo.advantage.estimator on reward.*): A_t = A_task - lambda (log pi - log pi_teacher), as slime's OPD",
-    )
-
-    def __post_init__(self) -> None:
-        check(self)
+from rlpost.algos.config import DistillConfig
 
 
 def opd_advantage(

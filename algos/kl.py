@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-KL_KINDS = ("k1", "k2", "k3", "abs")
+from rlpost.algos.config import KL_KINDS
 
 
 def kl_penalty(logp_bt: torch.Tensor, ref_logp_bt: torch.Tensor, kind: str) -> torch.Tensor:

@@ -24,54 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rlpost.algos.spec import check, spec
-
-
-@dataclass(frozen=True)
-class PreferenceConfig:
-    """Settings of a preference loss; ``loss`` keys ``PREFERENCE_LOSSES``.
-
-    ``beta``: DPO's KL strength (sigmoid, ipo, hinge), SimPO's reward scale, ORPO's
-    weight of the odds-ratio term (its lambda). ``label_smoothing``: the assumed
-    share of flipped labels (conservative DPO, sigmoid only). ``simpo_gamma``:
-    SimPO's target reward margin. ``rpo_alpha``: the weight of an NLL term on the
-    chosen completions added to the loss (RPO: Pang et al. 2024, "Iterative
-    Reasoning Preference Optimization", eq. 3; TRL's ``rpo_alpha``): it keeps the
-    chosen log-probs from falling with the rejected ones. ORPO has that term with
-    weight 1 already; ``rpo_alpha`` adds to it.
-    """
-
-    loss: str = spec(
-        "sigmoid",
-        help="sigmoid (DPO), ipo, hinge (SLiC), simpo (reference-free, length-normalised), orpo (odds ratio + NLL, reference-free), or a registered name",
-    )
-    beta: float = spec(
-        0.1, gt=0, help="KL strength (sigmoid, ipo, hinge); reward scale (simpo); lambda (orpo)"
-    )
-    label_smoothing: float = spec(
-        0.0,
-        ge=0,
-        lt=0.5,
-        help="share of flipped labels assumed, below 0.5 (conservative DPO; sigmoid only)",
-    )
-    simpo_gamma: float = spec(0.5, help="simpo: target reward margin gamma")
-    rpo_alpha: float = spec(
-        0.0,
-        ge=0,
-        help="weight of an NLL term on the chosen completions (RPO, TRL's rpo_alpha): keeps their log-probs from falling; with orpo it adds to orpo's own (weight 1)",
-    )
-
-    def __post_init__(self) -> None:
-        check(self, self.rules)
-
-    def rules(self, at: str = "") -> list[str]:
-        if not self.label_smoothing or self.loss == "sigmoid":
-            return []
-        return [
-            f"{at}label_smoothing={self.label_smoothing}: conservative DPO smooths the sigmoid "
-            f"loss only, not {at}loss={self.loss}"
-        ]
-
+from rlpost.algos.config import PreferenceConfig
 
 PreferenceLossFn = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, PreferenceConfig, float],

@@ -73,7 +73,7 @@ def _fsdp_policy(src: Path, meta: dict[str, Any]) -> Any:
     import torch.distributed.checkpoint as dcp
 
     from rlpost.runtime.hf_format import load_model
-    from rlpost.trainers.fsdp.common import DTYPES
+    from rlpost.trainers.engine_config import torch_dtype
     from rlpost.trainers.fsdp.lora import LoraSettings, apply_lora
 
     cfg = meta["config"]
@@ -82,7 +82,7 @@ def _fsdp_policy(src: Path, meta: dict[str, Any]) -> Any:
     if isinstance(lora_raw["target_modules"], list):
         lora_raw["target_modules"] = tuple(lora_raw["target_modules"])
     lora = LoraSettings(**lora_raw)
-    model = load_model(base, DTYPES[cfg["dtype"]])
+    model = load_model(base, torch_dtype(cfg["dtype"]))
     if lora.enabled:
         model = apply_lora(model, lora, base)
     state = model.state_dict()
@@ -101,14 +101,14 @@ def _megatron_policy(src: Path, meta: dict[str, Any]) -> Any:
     from transformers import AutoConfig
 
     from rlpost.runtime.hf_format import model_from_checkpoint_weights
-    from rlpost.trainers.engine_config import DTYPES
+    from rlpost.trainers.engine_config import torch_dtype
     from rlpost.trainers.megatron.checkpoint import full_weights
     from rlpost.trainers.megatron.convert import megatron_to_hf, shape_from_hf
 
     cfg = meta["config"]
     hf_config = AutoConfig.from_pretrained(cfg["model_path"])
     hf = megatron_to_hf(full_weights(src, meta), shape_from_hf(hf_config))
-    return model_from_checkpoint_weights(hf_config, list(hf.items()), DTYPES[cfg["dtype"]])
+    return model_from_checkpoint_weights(hf_config, list(hf.items()), torch_dtype(cfg["dtype"]))
 
 
 def export(checkpoint: str | Path, out_dir: str | Path) -> Path:

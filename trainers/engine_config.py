@@ -5,12 +5,21 @@ fields (``FSDPEngineConfig``, ``MegatronEngineConfig``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import torch
+if TYPE_CHECKING:  # the run config's schema imports this module: no torch at start-up
+    import torch
 
-# ``dtype`` names -> torch dtypes
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype an engine's ``dtype`` names (one of ``DTYPE_NAMES``)."""
+    import torch
+
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"dtype={name!r}: choose one of {', '.join(DTYPE_NAMES)}")
+    return getattr(torch, name)
 
 
 @dataclass(frozen=True)

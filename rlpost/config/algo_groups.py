@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlpost.algos import KL_KINDS, PreferenceConfig
+from rlpost.algos.config import KL_KINDS, PreferenceConfig
 from rlpost.config.schema import spec
 
 

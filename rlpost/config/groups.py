@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rlpost.algos import AdvantageConfig, DistillConfig, OffPolicyConfig, PolicyLossConfig
+from rlpost.algos.config import AdvantageConfig, DistillConfig, OffPolicyConfig, PolicyLossConfig
 from rlpost.config.algo_groups import (
     DPOSchema,
     DynamicSamplingSchema,

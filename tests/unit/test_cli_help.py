@@ -4,6 +4,8 @@ a flag is commonly mistyped."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,3 +46,37 @@ def test_help_keys_shows_the_default_runs_values(capsys):
 def test_a_mistyped_list_or_flag_gets_the_right_spelling(args, hint):
     with pytest.raises(ConfigError, match=hint.replace("[", r"\[").replace("?", r"\?")):
         compose(args)
+
+
+def test_help_and_the_run_config_schema_load_without_torch():
+    # `rlpost --help` answers in a tenth of a second: neither it nor the run config's
+    # schema (rlpost.config.groups, which holds algos' and the engines' settings)
+    # imports torch. Run in a fresh interpreter: this one has torch loaded already.
+    code = (
+        "import contextlib, io, sys\n"
+        "from rlpost.main import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    assert main(['--help']) == 0\n"
+        "import rlpost.config.groups\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'vllm', 'ray') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_the_algos_package_loads_every_loss_on_first_use():
+    # The package is lazy: importing one module of it loads that module only; the
+    # first name taken from the package registers every loss_* module's losses, so a
+    # registry read through it is whole. A fresh interpreter, as above.
+    code = (
+        "from rlpost.algos.policy_loss import POLICY_LOSSES as direct\n"
+        "print(*sorted(direct))\n"
+        "from rlpost.algos import POLICY_LOSSES\n"
+        "print(*sorted(POLICY_LOSSES))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    before, after = out.stdout.splitlines()
+    assert before == "gspo ppo_clip", out.stderr
+    assert {"cispo", "clip_cov", "kl_cov", "geo_mean", "gmpo", "sapo", "gspo", "ppo_clip"} <= set(
+        after.split()
+    )

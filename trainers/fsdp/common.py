@@ -16,7 +16,6 @@ import torch.distributed as dist
 
 from rlpost.runtime import device as devices
 from rlpost.trainers.batch import TrajectoryBatch, join_shares
-from rlpost.trainers.engine_config import DTYPES as DTYPES  # re-exported: rlpost.export
 from rlpost.trainers.engine_config import EngineConfig
 from rlpost.trainers.fsdp.ulysses import SequenceParallel
 from rlpost.trainers.lr_schedule import lr_factor

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.critic import CriticUpdates
 from rlpost.trainers.distributed import init_distributed
-from rlpost.trainers.engine_config import DTYPES
+from rlpost.trainers.engine_config import torch_dtype
 from rlpost.trainers.fsdp.common import FSDPBackend, shard
 from rlpost.trainers.fsdp.engine import FSDPEngineConfig
 from rlpost.trainers.fsdp.state import FSDPState
@@ -59,7 +59,7 @@ class CriticEngine(CriticUpdates):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.device = init_distributed(cfg.device, cfg.backend, rank, world_size, init_method)
         cfg.check()
-        body = AutoModel.from_pretrained(cfg.model_path, dtype=DTYPES[cfg.dtype])
+        body = AutoModel.from_pretrained(cfg.model_path, dtype=torch_dtype(cfg.dtype))
         if cfg.gradient_checkpointing:
             body.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}

@@ -37,7 +37,7 @@ from rlpost.runtime.hf_format import (
 )
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.distributed import Empty, gather_into, init_distributed, new_tensor
-from rlpost.trainers.engine_config import DTYPES, EngineConfig
+from rlpost.trainers.engine_config import EngineConfig, torch_dtype
 from rlpost.trainers.files import atomic_directory
 from rlpost.trainers.fsdp.common import FSDPBackend, shard
 from rlpost.trainers.fsdp.lora import (
@@ -97,7 +97,7 @@ class FSDPEngine(PolicyUpdates):
         torch.manual_seed(cfg.seed)
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.device = init_distributed(cfg.device, cfg.backend, rank, world_size, init_method)
-        model = load_model(cfg.model_path, DTYPES[cfg.dtype])
+        model = load_model(cfg.model_path, torch_dtype(cfg.dtype))
         model.to(self.device)  # type: ignore[arg-type]
         self.sp = None
         if cfg.ulysses > 1:

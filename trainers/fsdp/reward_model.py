@@ -21,7 +21,7 @@ from rlpost.runtime.hf_format import save_preprocessing
 from rlpost.trainers import checkpointing
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.distributed import init_distributed
-from rlpost.trainers.engine_config import DTYPES
+from rlpost.trainers.engine_config import torch_dtype
 from rlpost.trainers.files import atomic_directory
 from rlpost.trainers.fsdp.common import FSDPBackend, shard
 from rlpost.trainers.fsdp.engine import FSDPEngineConfig
@@ -50,7 +50,7 @@ class RewardModelEngine:
         self.device = init_distributed(cfg.device, cfg.backend, rank, world_size, init_method)
         pad_id = AutoTokenizer.from_pretrained(cfg.model_path).pad_token_id
         model = AutoModelForSequenceClassification.from_pretrained(
-            cfg.model_path, num_labels=1, dtype=DTYPES[cfg.dtype], pad_token_id=pad_id
+            cfg.model_path, num_labels=1, dtype=torch_dtype(cfg.dtype), pad_token_id=pad_id
         )
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(

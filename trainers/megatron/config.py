@@ -4,15 +4,14 @@ megatron-core ``TransformerConfig`` built from the HF model's shape and that spl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
-
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from rlpost.algos.spec import check as check_settings
 from rlpost.algos.spec import spec
 from rlpost.trainers.engine_config import EngineConfig
-from rlpost.trainers.megatron.convert import ModelShape
+
+if TYPE_CHECKING:  # the run config's schema imports this module: no torch at start-up
+    from rlpost.trainers.megatron.convert import ModelShape
 
 
 @dataclass(frozen=True)
@@ -117,6 +116,8 @@ def check_divisible(s: ModelShape, p: MegatronParallel) -> None:
 def transformer_config(s: ModelShape, p: MegatronParallel):
     """megatron-core's ``TransformerConfig`` for a model of shape ``s`` split as ``p``:
     float32, no dropout, unfused (CPU-capable) kernels."""
+    import torch
+    import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
 
     moe: dict[str, Any] = {}
