@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -29,9 +29,17 @@ _BOUNDS = (("ge", operator.ge, ">="), ("gt", operator.gt, ">"), ("le", operator.
            ("lt", operator.lt, "<"))  # fmt: skip
 
 
+@overload
+def spec(default: T, *, help: str = "", setting: bool = True, **checks: object) -> T: ...
+
+
+@overload  # no default: the field's declared type, as ``dataclasses.field()`` gives it
+def spec(*, help: str = "", setting: bool = True, **checks: object) -> Any: ...
+
+
 def spec(
-    default: Any = dataclasses.MISSING, *, help: str = "", setting: bool = True, **checks: Any
-) -> Any:
+    default: object = dataclasses.MISSING, *, help: str = "", setting: bool = True, **checks: object
+) -> object:
     """A dataclass field with a help text and value checks (``ge``, ``gt``, ``le``, ``lt``,
     ``choices``). ``setting=False``: checked the same way, but not a config key; the
     code fills it (the advantage's reward weights come from the reward group)."""
@@ -50,7 +58,7 @@ def is_setting(f: dataclasses.Field) -> bool:
     return bool(f.metadata.get("setting", True))
 
 
-def value_problems(value: Any, meta: Mapping[str, Any], key: str) -> list[str]:
+def value_problems(value: object, meta: Mapping[str, Any], key: str) -> list[str]:
     """``key=value`` against a field's checks; a value that is None, a bool or not a
     scalar has none to fail (its type is the validator's to check)."""
     if value is None or isinstance(value, bool) or not isinstance(value, (int, float, str)):

@@ -24,9 +24,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlpost.trainers.files import atomic_directory, check_dcp_metadata
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def engine_dir(checkpoint: str | Path) -> Path:
@@ -67,7 +70,7 @@ def _listing(run_dir: Path) -> str:
     )
 
 
-def _fsdp_policy(src: Path, meta: dict[str, Any]) -> Any:
+def _fsdp_policy(src: Path, meta: dict[str, Any]) -> PreTrainedModel:
     """The HF model of an FSDP2 checkpoint (its DCP ``.metadata`` checked already): the
     base model with the DCP state (the adapter only, under LoRA) loaded in, LoRA merged."""
     import torch.distributed.checkpoint as dcp
@@ -95,7 +98,7 @@ def _fsdp_policy(src: Path, meta: dict[str, Any]) -> Any:
     return model
 
 
-def _megatron_policy(src: Path, meta: dict[str, Any]) -> Any:
+def _megatron_policy(src: Path, meta: dict[str, Any]) -> PreTrainedModel:
     """The HF model of a Megatron checkpoint: every rank's shards merged into full
     Megatron tensors, converted to HF names as the engine's own export does."""
     from transformers import AutoConfig

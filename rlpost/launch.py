@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rlpost.loop.controller import Controller
 from rlpost.loop.faults import StopOnSignal
@@ -15,11 +15,16 @@ from rlpost.loop.roles import TrainerGroups, Workers
 from rlpost.loop.tracking import Tracker
 from rlpost.plan.engines import rollout_engine_config
 from rlpost.plan.plan import RunPlan
-from rlpost.rewards.scoring import RewardScorer
+from rlpost.rewards.scoring import Scorer
 from rlpost.workers.trainer_worker import TrainerGroup
 
 if TYPE_CHECKING:
+    from rlpost.rewards.judge import JudgeReward
     from rlpost.serving.agent_episodes import AgentRollout
+    from rlpost.serving.rollout_group import RolloutGroup
+    from rlpost.trainers.fsdp import FSDPEngineConfig
+    from rlpost.trainers.megatron.config import MegatronEngineConfig
+    from rlpost.workers.reward_model_worker import RewardModelGroup
 
 log = logging.getLogger(__name__)
 
@@ -63,15 +68,15 @@ class Launch:
     def __init__(self, plan: RunPlan, stop: StopOnSignal | None = None):
         self.plan, self.cfg, self.stop = plan, plan.cfg, stop
         self.trainers: list[TrainerGroup] = []
-        self.rollout: Any = None
+        self.rollout: RolloutGroup | None = None
         self.tracker: Tracker | None = None
         self.agent: AgentRollout | None = None
-        self.scorer: RewardScorer | None = None
-        self.reward_model: Any = None  # reward.model's worker (RewardModelGroup)
-        self.judge: Any = None  # reward.judge's rollout group
-        self.placement: Any = None
+        self.scorer: Scorer | None = None
+        self.reward_model: RewardModelGroup | None = None  # reward.model's worker
+        self.judge: RolloutGroup | None = None  # reward.judge's rollout group
         self.started_ray = False
         self.imports: threading.Thread | None = None  # AFTER_RAY's, joined by controller()
+        # __enter__ sets self.run_dir and self.placement (the run's placement groups).
 
     def __enter__(self) -> Launch:
         from rlpost.workers.placement import set_wait_policy, start
@@ -90,7 +95,7 @@ class Launch:
             raise
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.agent is not None:
             self.agent.close()
         if self.scorer is not None:
@@ -115,7 +120,11 @@ class Launch:
 
     # -- workers -------------------------------------------------------------------
     def trainer_group(
-        self, role: str, engine_cfg: Any, world_size: int, kind: str | None = None
+        self,
+        role: str,
+        engine_cfg: FSDPEngineConfig | MegatronEngineConfig,
+        world_size: int,
+        kind: str | None = None,
     ) -> TrainerGroup:
         """``kind``: the engine (``rlpost.trainers.registry``; default: the role's own)."""
         t = self.cfg.trainer
@@ -156,10 +165,10 @@ class Launch:
             groups["policy"], groups.get("reference"), groups.get("critic"), groups.get("teacher")
         )  # fmt: skip
 
-    def reward_members(self) -> list[tuple[str, Any]]:
+    def reward_members(self) -> list[tuple[str, Scorer]]:
         """``reward.model``'s worker and ``reward.judge``'s engine, each started on its
         own bundle, as named members of the reward set (none without their paths)."""
-        members = []
+        members: list[tuple[str, Scorer]] = []
         rm, device = self.cfg.reward.model, self.plan.device
         if rm.path is not None:
             from rlpost.rewards.reward_model import ModelReward
@@ -174,12 +183,12 @@ class Launch:
             members.append((self.cfg.reward.judge.name, self.judge_reward()))
         return members
 
-    def judge_reward(self) -> Any:
+    def judge_reward(self) -> JudgeReward:
         """``reward.judge``: its own rollout group (the run's engine, without PD or
         LoRA) and the reward that asks it for verdicts."""
         import dataclasses
 
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer, BatchEncoding
 
         from rlpost.rewards.judge import JudgeReward, build_parser
         from rlpost.rollout.base import GenerationRequest, SamplingConfig
@@ -207,9 +216,10 @@ class Launch:
 
         def encode(text: str) -> list[int]:
             chat = [{"role": "user", "content": text}]
-            out: Any = tokenizer.apply_chat_template(
+            out = tokenizer.apply_chat_template(
                 chat, add_generation_prompt=True, tokenize=True, return_dict=True
             )
+            assert isinstance(out, BatchEncoding)  # return_dict=True: the ids and the mask
             return list(out["input_ids"])
 
         def generate(prompts: list[list[int]]) -> list[str]:

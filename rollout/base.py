@@ -14,11 +14,25 @@ setting to change.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+    from rlpost.rollout.agent.loop import Episode
+    from rlpost.runtime.weight_wire import SyncStats
+
+# A LoRA adapter as a rollout engine takes it: a PEFT adapter directory, or
+# ``(tensors, adapter_config)`` as the trainer's ``adapter_weights()`` gives them;
+# None: the base weights alone.
+LoraAdapter = str | tuple[dict[str, torch.Tensor], dict] | None
+# What a vLLM weight transfer receives by: the names, dtypes and shapes sent
+# (``rlpost.runtime.vllm_transfer.layout``).
+WeightLayout = dict[str, list]
 
 
 @dataclass(frozen=True)
@@ -41,7 +55,7 @@ class GenerationRequest:
     # one placeholder per image, as the chat template renders it; the engine
     # expands each into the image's tokens, and the result's ``prompt_ids`` are
     # the expanded ids (what the trainer scores).
-    images: list[Any] | None = None
+    images: list[Image] | None = None
 
 
 @dataclass
@@ -55,7 +69,7 @@ class Completion:
     # group's; and the episode itself (messages, environment reward) for scoring.
     mask: list[int] | None = None
     prompt_ids: list[int] | None = None
-    episode: Any = None
+    episode: Episode | None = None
     # The policy version (updates applied) that sampled each token; environment
     # tokens of an episode get -1. None: the engine does not say.
     versions: list[int] | None = None
@@ -119,8 +133,19 @@ class GroupReceiver(Protocol):
     ) -> None: ...
 
     async def areceive_weights(
-        self, version: int | None = None, interrupt: bool = False, layout: Any = None
+        self,
+        version: int | None = None,
+        interrupt: bool = False,
+        layout: WeightLayout | None = None,
     ) -> None: ...
+
+
+class IpcTensorSource(Protocol):
+    """What an engine's worker reads during an ``ipc`` weight sync
+    (``rlpost.workers.ipc_source.IpcSource``): the trainer's buckets, one at a time,
+    as named tensors, each bucket counted in ``stats``."""
+
+    def tensors(self, stats: SyncStats) -> Iterator[tuple[str, torch.Tensor]]: ...
 
 
 @runtime_checkable
@@ -128,7 +153,7 @@ class IpcReceiver(Protocol):
     """Weights as memory the trainer hands out on the same node (``rollout.weight_sync=ipc``)."""
 
     async def areceive_weights_ipc(
-        self, source: Any, version: int | None = None, interrupt: bool = False
+        self, source: IpcTensorSource, version: int | None = None, interrupt: bool = False
     ) -> None: ...
 
 
@@ -137,7 +162,7 @@ class AdapterLoader(Protocol):
     """A LoRA adapter swapped in over the base model (``rollout.lora_sync=adapter``)."""
 
     async def aload_lora_adapter(
-        self, adapter: Any, version: int | None = None, interrupt: bool = False
+        self, adapter: LoraAdapter, version: int | None = None, interrupt: bool = False
     ) -> None: ...
 
 

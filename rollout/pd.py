@@ -28,10 +28,15 @@ import dataclasses
 import os
 import shutil
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from rlpost.rollout.base import GenerationRequest, SamplingConfig
 from rlpost.rollout.router import Router
+
+if TYPE_CHECKING:
+    from vllm.config import KVTransferConfig
+
+    from rlpost.rollout.vllm.config import VLLMEngineConfig
 
 # Connectors that store KV as files under kv_connector_extra_config["shared_storage_path"].
 FILE_CONNECTORS = ("ExampleConnector",)
@@ -50,9 +55,9 @@ class KVTransferSpec:
     connector: str
     role: Literal["kv_producer", "kv_consumer", "kv_both"]
     shared_dir: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
 
-    def vllm_config(self) -> Any:
+    def vllm_config(self) -> KVTransferConfig:
         """The ``vllm.config.KVTransferConfig`` for this side."""
         from vllm.config import KVTransferConfig
 
@@ -68,11 +73,11 @@ class KVTransferSpec:
 
 @dataclass(frozen=True)
 class PDEngineConfig:
-    """Engine configs of both pools: ``prefill`` and ``decode`` are engine
-    configs (e.g. ``VLLMEngineConfig``) that differ in their ``kv_transfer``."""
+    """Engine configs of both pools: ``prefill`` and ``decode`` are vLLM engine
+    configs that differ in their ``kv_transfer``."""
 
-    prefill: Any
-    decode: Any
+    prefill: VLLMEngineConfig
+    decode: VLLMEngineConfig
     prefill_replicas: int = 1
     decode_replicas: int = 1
 
@@ -82,16 +87,16 @@ class PDEngineConfig:
 
 
 def pd_engine_config(
-    base: Any,
+    base: VLLMEngineConfig,
     prefill_replicas: int,
     decode_replicas: int,
     connector: str = "ExampleConnector",
     shared_dir: str | None = None,
-    extra: dict[str, Any] | None = None,
+    extra: dict[str, object] | None = None,
 ) -> PDEngineConfig:
-    """Both pools' configs from one engine config (which must have a ``kv_transfer`` field)."""
+    """Both pools' configs from one engine config (its ``kv_transfer`` set per side)."""
 
-    def side(role: Literal["kv_producer", "kv_consumer"]) -> Any:
+    def side(role: Literal["kv_producer", "kv_consumer"]) -> VLLMEngineConfig:
         spec = KVTransferSpec(connector, role, shared_dir, dict(extra or {}))
         return dataclasses.replace(base, kv_transfer=spec)
 
@@ -111,12 +116,13 @@ def min_transfer_tokens(block_size: int) -> int:
     return block_size + 2
 
 
-def no_transfer_reason(decode: Any, computed: int, longest_prompt: int) -> str:
+def no_transfer_reason(decode: VLLMEngineConfig, computed: int, longest_prompt: int) -> str:
     """Why the decode replicas (engine config ``decode``, with ``block_size`` and
     ``kv_transfer``) loaded no KV for ``computed`` prompt tokens: prompts shorter
     than the connector's blocks, or (prompts long enough) the connector itself."""
     block = getattr(decode, "block_size", None)
     spec = decode.kv_transfer
+    assert spec is not None, "a PD decode replica's config has its kv_transfer side"
     head = (
         f"rollout/pd/kv_transfer_rate is 0: the decode replicas computed {computed} "
         f"prompt tokens and loaded none through {spec.connector}"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
 from rlpost.rollout.base import AsyncRolloutEngine
 
@@ -17,7 +16,7 @@ ENGINES: dict[str, str] = {
 }
 
 
-def build_engine(name: str, cfg: Any) -> AsyncRolloutEngine:
+def build_engine(name: str, cfg: object) -> AsyncRolloutEngine:
     """The engine ``name`` built from its config (``VLLMEngineConfig``, ``HFEngineConfig``)."""
     if name not in ENGINES:
         raise KeyError(f"unknown rollout engine {name!r}; choose one of {sorted(ENGINES)}")

@@ -18,9 +18,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 CPU, CUDA, NPU = "cpu", "cuda", "npu"
 
@@ -105,7 +109,7 @@ def visible_devices(name: str) -> list[str] | None:
     return [d for d in value.split(",") if d.strip()]
 
 
-def ray_options(name: str, count: float = 1.0) -> dict[str, Any]:
+def ray_options(name: str, count: float = 1.0) -> dict[str, float | dict[str, float]]:
     """The options a Ray actor using ``count`` devices of kind ``name`` is made with."""
     resource = kind(name).ray_resource
     if resource is None:
@@ -149,7 +153,7 @@ def trim_host_heap(device_type: str) -> None:
 
 
 @functools.cache
-def _malloc_trim() -> Any:
+def _malloc_trim() -> Callable[[int], int] | None:
     return getattr(ctypes.CDLL(None), "malloc_trim", None)
 
 
@@ -205,11 +209,11 @@ def bf16_supported(name: str) -> bool:
     return bool(module is not None and module.is_bf16_supported())
 
 
-def rng_state() -> dict[str, Any]:
+def rng_state() -> dict[str, torch.Tensor]:
     """The random state of torch's CPU generator and of each accelerator in use."""
     import torch
 
-    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    state: dict[str, torch.Tensor] = {"torch": torch.get_rng_state()}
     for name in in_use():
         module = torch_module(name)
         assert module is not None
@@ -217,7 +221,7 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: Mapping[str, torch.Tensor]) -> None:
     import torch
 
     torch.set_rng_state(state["torch"])
@@ -228,7 +232,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
             module.set_rng_state(state[name])
 
 
-def current_device(name: str) -> Any:
+def current_device(name: str) -> torch.device:
     """This process's device of kind ``name`` as a ``torch.device``."""
     import torch
 
@@ -238,7 +242,7 @@ def current_device(name: str) -> Any:
     return torch.device(name, module.current_device())
 
 
-def collective_device(backend: str) -> Any:
+def collective_device(backend: str) -> torch.device:
     """The device whose tensors a process group with ``backend`` reduces: the CPU
     where gloo is among its backends (``gloo``, Ascend's ``cpu:gloo,npu:hccl``),
     else this process's accelerator (NCCL and HCCL take no CPU tensors)."""
@@ -254,7 +258,7 @@ def collective_device(backend: str) -> Any:
     raise ValueError(f"process-group backend {backend!r}: no device known for its collectives")
 
 
-def weight_group_backend(device: Any) -> str:
+def weight_group_backend(device: torch.device | None) -> str:
     """The backend of a weight-transfer group between processes on ``device`` (a
     ``torch.device`` or None for the CPU): gloo on the CPU, NCCL on CUDA, HCCL on
     Ascend (its buckets are device tensors; ``torch_npu`` registers the backend)."""

@@ -23,14 +23,30 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+if TYPE_CHECKING:
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        PreTrainedConfig,
+        PreTrainedModel,
+    )
 
-def _base(model: Any) -> Any:
-    """The transformers model under a PEFT wrapper (or the model itself)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+_M = TypeVar("_M", bound=torch.nn.Module)
+
+
+def _base(model: torch.nn.Module) -> Any:
+    """The transformers model under a PEFT wrapper (or the model itself).
+
+    Untyped: its parts are reached by name (``.model``, ``.language_model``), which
+    torch types as ``Tensor | Module`` on an ``nn.Module``, and it goes on to
+    transformers functions that take a ``PreTrainedModel``."""
+    unwrap = getattr(model, "get_base_model", None)  # a PEFT wrapper's
+    return model if unwrap is None else unwrap()
 
 
 def is_vision_language(model_path: str) -> bool:
@@ -44,7 +60,7 @@ def is_vision_language(model_path: str) -> bool:
 PLACEHOLDER_KEYS = ("image_token_id", "video_token_id", "image_token_index", "video_token_index")
 
 
-def placeholder_token_ids(config: Any) -> list[int]:
+def placeholder_token_ids(config: dict[str, object] | PreTrainedConfig) -> list[int]:
     """The tokens a VL model replaces by image or video features (from its config,
     a dict or a ``PretrainedConfig``). A sampled one would be read as an image
     slot on the next forward pass, so neither side ever samples them."""
@@ -52,7 +68,9 @@ def placeholder_token_ids(config: Any) -> list[int]:
     return sorted({v for k in PLACEHOLDER_KEYS if isinstance(v := values.get(k), int)})
 
 
-def auto_class(model_path: str) -> Any:
+def auto_class(
+    model_path: str,
+) -> type[AutoModelForCausalLM] | type[AutoModelForImageTextToText]:
     """The transformers auto class of the checkpoint: causal LM, or image-text-to-text
     for a vision-language checkpoint (which ``AutoModelForCausalLM`` lacks)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
@@ -79,7 +97,7 @@ def save_preprocessing(src_dir: str, out_dir: str | Path) -> None:
         AutoProcessor.from_pretrained(src_dir).save_pretrained(out_dir)
 
 
-def load_model(model_path: str, dtype: torch.dtype) -> Any:
+def load_model(model_path: str, dtype: torch.dtype) -> PreTrainedModel:
     """The checkpoint's transformers model (``auto_class``).
 
     A model that caps its attention logits (Gemma 2's ``attn_logit_softcapping``)
@@ -95,13 +113,14 @@ def load_model(model_path: str, dtype: torch.dtype) -> Any:
     return auto_class(model_path).from_pretrained(model_path, dtype=dtype, **kwargs)
 
 
-def language_model(model: Any) -> Any:
-    """The decoder stack of a causal LM or of a VL model (``model.language_model``)."""
+def language_model(model: torch.nn.Module) -> Any:
+    """The decoder stack of a causal LM or of a VL model (``model.language_model``);
+    untyped as ``_base``'s model is (its ``.layers`` are read by name)."""
     inner = _base(model).model
     return getattr(inner, "language_model", inner)
 
 
-def vision_parameters(model: Any) -> list[torch.nn.Parameter]:
+def vision_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     """Every parameter outside the language model and its head: the vision tower
     and the projector of a VL model (none for a causal LM)."""
     base = _base(model)
@@ -117,7 +136,7 @@ def vision_parameters(model: Any) -> list[torch.nn.Parameter]:
 NESTED_TOWER_PREFIX = "vision_model"
 
 
-def use_hub_layout(model: Any) -> Any:
+def use_hub_layout(model: _M) -> _M:
     """Make ``model`` (in place; returned) convert and save its CLIP-family vision
     towers under ``vision_model.`` as hub checkpoints and vLLM name them, however
     it was built or loaded. Idempotent; nothing changes for other models.
@@ -149,7 +168,9 @@ def use_hub_layout(model: Any) -> Any:
     return model
 
 
-def to_checkpoint_format(model: Any, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def to_checkpoint_format(
+    model: torch.nn.Module, state: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
     """``state`` (the model's own parameter names) renamed and split as its
     checkpoint files hold it; unchanged for models without a conversion.
 
@@ -173,7 +194,7 @@ class CheckpointLayout:
     which parameter elements it holds. This needs nothing per architecture.
     """
 
-    def __init__(self, model: Any):
+    def __init__(self, model: torch.nn.Module):
         state = model.state_dict(keep_vars=True)  # tied names included
         self.params: dict[str, torch.Tensor] = {}
         numbered: dict[str, torch.Tensor] = {}
@@ -233,8 +254,10 @@ class CheckpointLayout:
 
 
 def model_from_checkpoint_weights(
-    config: Any, weights: list[tuple[str, torch.Tensor]], dtype: torch.dtype = torch.float32
-) -> Any:
+    config: PreTrainedConfig,
+    weights: list[tuple[str, torch.Tensor]],
+    dtype: torch.dtype = torch.float32,
+) -> PreTrainedModel:
     """A causal LM built from ``config`` with ``weights`` (checkpoint-format names, as
     ``to_checkpoint_format`` gives them) copied in; a parameter they leave unwritten
     is a RuntimeError naming it (a tied head counts as written with the embedding)."""

@@ -40,8 +40,12 @@ import importlib.util
 import re
 import sys
 import types
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from transformers.processing_utils import ProcessorMixin
 
 _IMAGE_MODULE = re.compile(r"^transformers\.models\.(\w+)\.image_processing_(?!pil_)(\w+)$")
 _VIDEO_MODULE = re.compile(r"^transformers\.models\.(?!auto\.)(\w+)\.video_processing_(\w+)$")
@@ -69,19 +73,19 @@ class NoVideo(dict):
     patch_size, temporal_patch_size, merge_size = 16, 2, 2
     fps, min_frames, max_frames = 2, 4, 8
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: object, **kwargs: object) -> NoReturn:
         raise ImportError("video input needs torchvision, which is not installed")
 
     def to_dict(self) -> dict:
         return {}
 
     @classmethod
-    def from_pretrained(cls, *args: Any, **kwargs: Any) -> NoVideo:
+    def from_pretrained(cls, *args: object, **kwargs: object) -> NoVideo:
         return cls()
 
 
 def _unbuildable(name: str) -> type:
-    def refuse(self: Any, *args: Any, **kwargs: Any) -> None:
+    def refuse(self: object, *args: object, **kwargs: object) -> NoReturn:
         raise ImportError(f"{name} needs torchvision, which is not installed")
 
     return type(name, (), {"__init__": refuse, "from_pretrained": classmethod(refuse)})
@@ -97,7 +101,7 @@ class _Loader(importlib.abc.Loader):
     def exec_module(self, module: types.ModuleType) -> None:
         if self.twin is None:
 
-            def missing(name: str) -> Any:
+            def missing(name: str) -> type:
                 if name.startswith("__"):
                     raise AttributeError(name)
                 return _unbuildable(name)
@@ -115,7 +119,9 @@ class _Loader(importlib.abc.Loader):
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if _IMAGE_MODULE.match(fullname):
             package, _, leaf = fullname.rpartition(".")
             twin = f"{package}.{leaf.replace('image_processing_', 'image_processing_pil_', 1)}"
@@ -134,7 +140,7 @@ def _patch_processors() -> None:
     mixin = processing_utils.ProcessorMixin
     check = mixin.check_argument_for_proper_class
 
-    def check_or_none(self: Any, argument_name: str, argument: Any) -> Any:
+    def check_or_none(self: ProcessorMixin, argument_name: str, argument: object) -> object:
         if argument is None or isinstance(argument, NoVideo):
             return None
         return check(self, argument_name, argument)
@@ -160,6 +166,7 @@ def _patch_vllm() -> None:
         registry._run_in_subprocess = lambda fn: fn()
     cached = processor.cached_video_processor_from_config
 
+    # vLLM's arguments and its processor pass through unchanged
     def video_processor_or_none(*args: Any, **kwargs: Any) -> Any:
         try:
             return cached(*args, **kwargs)

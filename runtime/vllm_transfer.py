@@ -33,12 +33,15 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from rlpost.runtime import device as devices
 from rlpost.runtime.weight_wire import SyncStats
+
+if TYPE_CHECKING:
+    from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
 
 NUM_BUFFERS = 2  # buckets in flight on each side: the two-bucket bound of the sync
 # vLLM's weight-transfer backend used: its dense NCCL engine, named as the CUDA backend is.
@@ -76,7 +79,7 @@ def layout(specs: Specs) -> dict[str, list]:
 
 def worker_init_info(
     address: str, base_rank: int, world_size: int, bucket_bytes: int
-) -> dict[str, Any]:
+) -> dict[str, str | int | bool]:
     """What a replica's workers pass to vLLM's ``init_weight_transfer_engine``
     (``NCCLWeightTransferInitInfo``): the trainer's rendezvous at ``address``
     (``host:port``, ``tcp://`` optional), the group's size, the first worker's rank,
@@ -186,7 +189,7 @@ class VllmNcclSender:
         host, _, port = address.removeprefix("tcp://").rpartition(":")
         self.timeout_s, self.device = timeout_s, device
         info = {"master_address": host, "master_port": int(port), "world_size": world_size}
-        self.comm: Any = trainer_init(info)
+        self.comm: PyNcclCommunicator | None = trainer_init(info)
 
     def send(
         self, items: Iterator[tuple[str, torch.Tensor]], bucket_bytes: int, specs: Specs

@@ -36,7 +36,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -169,7 +169,11 @@ class SyncStats:
         self.held -= nbytes
 
 
-def plugin_group(backend: str, store: Any, rank: int, world_size: int, timeout: timedelta) -> Any:
+# torch's stubs give the c10d backends (``ProcessGroupGloo``, ``ProcessGroupNCCL``, an
+# extension's) no collectives, so the group a ``SyncGroup`` broadcasts over is untyped.
+def plugin_group(
+    backend: str, store: dist.Store, rank: int, world_size: int, timeout: timedelta
+) -> Any:
     """A process group of a backend that a device extension registered with
     ``torch.distributed.Backend.register_backend`` (``torch_npu``: ``hccl``), made
     on ``store`` as the extension's own creator makes it."""
@@ -207,11 +211,12 @@ class SyncGroup:
         self.rank, self.world_size, self.backend = rank, world_size, backend
         self.device = device or torch.device("cpu")
         timeout = timedelta(seconds=timeout_s)
-        self.store: Any = dist.TCPStore(
+        self.store: dist.TCPStore | None = dist.TCPStore(
             host, port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=False
         )
         prefixed = dist.PrefixStore(f"rlpost-weights-{generation}", self.store)
         if backend == "gloo":
+            # a c10d backend, untyped as ``plugin_group``'s is
             self.pg: Any = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
         elif backend == devices.kind(devices.CUDA).backend:  # CUDA; not run on the CPU here
             options = dist.ProcessGroupNCCL.Options()
@@ -226,7 +231,8 @@ class SyncGroup:
         opts.rootRank = 0
         self.pg.broadcast([tensor], opts).wait()
 
-    def _broadcast_object(self, obj: Any) -> Any:
+    def _broadcast_object(self, obj: object) -> Any:
+        """``obj`` as rank 0 gave it, on every rank (unpickled: whatever rank 0 sent)."""
         data = pickle.dumps(obj) if self.rank == 0 else b""
         size = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
         self.broadcast(size)
@@ -347,7 +353,12 @@ def take(items: Iterator[tuple[str, torch.Tensor]], slots: tuple[TensorSlot, ...
 # torch counts CUDA-IPC references before it reuses the memory).
 
 
-def ipc_handles(buffer: torch.Tensor) -> Any:
+# What ``torch.multiprocessing.reductions.reduce_tensor`` makes of a CUDA tensor: the
+# function that rebuilds it in another process, and that function's arguments.
+IpcHandle = tuple[Callable[..., torch.Tensor], tuple[object, ...]]
+
+
+def ipc_handles(buffer: torch.Tensor) -> IpcHandle:
     """A picklable handle of a CUDA bucket another process on the same device can
     open (``open_ipc``) without a copy through the host."""
     from torch.multiprocessing.reductions import reduce_tensor
@@ -357,7 +368,7 @@ def ipc_handles(buffer: torch.Tensor) -> Any:
     return reduce_tensor(buffer)
 
 
-def open_ipc(handle: Any) -> torch.Tensor:
+def open_ipc(handle: IpcHandle) -> torch.Tensor:
     rebuild, args = handle
     return rebuild(*args)
 
@@ -416,6 +427,16 @@ def open_bucket(handle: tuple) -> torch.Tensor:
     raise ValueError(f"weight sync (ipc): unknown handle kind {kind!r}")
 
 
+class NamedWeights(Protocol):
+    """What ``IpcSender`` reads the weights from: rank 0 of a trainer engine (a
+    ``rlpost.trainers.engine.WeightSource``). A ``weight_stream(empty)`` method, where
+    the engine has one, is used instead of ``named_weights``."""
+
+    def named_weights(self) -> list[tuple[str, torch.Tensor]] | None:
+        """Every tensor under its checkpoint name (on rank 0)."""
+        ...
+
+
 class IpcSender:
     """Trainer rank 0's side of an ``ipc`` sync: ``plan``, then ``next()`` per
     bucket, each gathering the bucket's tensors as it fills (a sharded engine's
@@ -431,7 +452,7 @@ class IpcSender:
     weights is one bucket plus the part being gathered, not a gathered tensor and
     its copy. A tensor the engine converts into new memory is packed as before."""
 
-    def __init__(self, engine: Any, bucket_bytes: int, device: torch.device):
+    def __init__(self, engine: NamedWeights, bucket_bytes: int, device: torch.device):
         if int(getattr(engine, "rank", 0)) != 0:
             raise RuntimeError("IpcSender runs on trainer rank 0")
         self.device, self.bucket_bytes = device, bucket_bytes
@@ -443,6 +464,7 @@ class IpcSender:
             specs, self.items = stream(self._empty) if device.type == "cpu" else stream()
         else:
             named = engine.named_weights()
+            assert named is not None  # rank 0 has the full weights
             specs = [(n, tuple(t.shape), t.dtype) for n, t in named]
             self.items = iter(named)
         self.plan = plan_buckets(specs, bucket_bytes)

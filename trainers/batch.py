@@ -99,12 +99,14 @@ def pad_sequences(seqs: list[list[int]], pad_id: int) -> torch.Tensor:
     return out
 
 
-def join_shares(batch: TrajectoryBatch, group: Any) -> tuple[TrajectoryBatch, int]:
+def join_shares(
+    batch: TrajectoryBatch, group: dist.ProcessGroup | None
+) -> tuple[TrajectoryBatch, int]:
     """Every rank's ``batch`` of ``group`` in rank order, and where this rank's rows start."""
     size = dist.get_world_size(group)
     if size == 1:
         return batch, 0
-    shares: list[Any] = [None] * size
+    shares: list[Any] = [None] * size  # placeholders all_gather_object fills
     dist.all_gather_object(shares, batch, group=group)
     me = dist.get_rank(group)
     width = max(s.input_ids_bt.shape[1] for s in shares)

@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -26,14 +26,21 @@ import torch.distributed as dist
 from rlpost.runtime import device as devices
 from rlpost.trainers.files import safe_torch_load
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 PARTIAL_SUFFIX = ".partial"
 
 
 class CheckpointState(Protocol):
-    """One engine rank's training state as a backend saves and restores it."""
+    """One engine rank's training state as a backend saves and restores it.
+
+    What ``check`` and ``read`` get back -- ``meta`` (``engine.json``, parsed) and
+    ``own`` (``rank{r}.pt``, unpickled) -- holds whatever the backend wrote, nested
+    as it wrote it, so their values are untyped: each backend reads its own entries."""
 
     @property
-    def config(self) -> Any:
+    def config(self) -> DataclassInstance:
         """The engine config (a dataclass), recorded in ``engine.json``."""
         ...
 
@@ -43,7 +50,7 @@ class CheckpointState(Protocol):
     @property
     def world_size(self) -> int: ...
 
-    def write(self, tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    def write(self, tmp: Path) -> tuple[dict[str, object], dict[str, object]]:
         """Write the backend's shared files into ``tmp`` (collective); return this
         rank's entries for ``rank{r}.pt`` and the entries for ``engine.json``."""
         ...

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -30,7 +29,7 @@ def init_distributed(
     return torch.device(device)
 
 
-def group_device(group: Any = None) -> torch.device:
+def group_device(group: dist.ProcessGroup | None = None) -> torch.device:
     """The device ``group``'s collectives take their tensors on (``devices.collective_device``)."""
     return devices.collective_device(str(dist.get_backend(group)))
 
@@ -39,7 +38,7 @@ def _on(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor if tensor.device == device else tensor.to(device)
 
 
-def all_reduce_(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
+def all_reduce_(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Sum ``tensor`` over ``group``'s ranks, in place, wherever it lives (a CPU
     tensor goes through the group's device and comes back). Returns ``tensor``."""
     moved = _on(tensor, group_device(group))
@@ -49,7 +48,9 @@ def all_reduce_(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
     return tensor
 
 
-def broadcast_(tensor: torch.Tensor, src: int, group: Any = None) -> torch.Tensor:
+def broadcast_(
+    tensor: torch.Tensor, src: int, group: dist.ProcessGroup | None = None
+) -> torch.Tensor:
     """``tensor`` as global rank ``src`` has it, on every rank of ``group``, in place
     wherever it lives. ``tensor`` must be contiguous. Returns ``tensor``."""
     moved = _on(tensor, group_device(group))
@@ -59,7 +60,7 @@ def broadcast_(tensor: torch.Tensor, src: int, group: Any = None) -> torch.Tenso
     return tensor
 
 
-def all_gather(x: torch.Tensor, group: Any = None) -> list[torch.Tensor]:
+def all_gather(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> list[torch.Tensor]:
     """Every rank's ``x`` (same shape on each), in rank order, on the group's device."""
     x = _on(x, group_device(group)).contiguous()  # gloo writes into the buffers as given
     parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
@@ -75,7 +76,9 @@ def new_tensor(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device)
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def gather_into(views: list[list[torch.Tensor]], mine: list[torch.Tensor], group: Any) -> None:
+def gather_into(
+    views: list[list[torch.Tensor]], mine: list[torch.Tensor], group: dist.ProcessGroup | None
+) -> None:
     """All-gather into memory the caller owns: ``views[r]`` are where rank ``r``'s
     pieces go (the same views' shapes on every rank of ``group``), ``mine`` this rank's
     pieces in that order.
@@ -87,6 +90,7 @@ def gather_into(views: list[list[torch.Tensor]], mine: list[torch.Tensor], group
     """
     group = group if group is not None else dist.group.WORLD
     me = dist.get_rank(group)
+    assert group is not None  # WORLD, once the process group is joined (get_rank checked)
     for r, targets in enumerate(views):
         src = dist.get_global_rank(group, r)
         for i, view in enumerate(targets):

@@ -18,7 +18,7 @@ marked collective join the other ranks.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -105,8 +105,9 @@ class PolicyEngine(WeightSource, Protocol):
         """One preference-loss step over interleaved (chosen, rejected) pairs. Collective."""
         ...
 
-    def adapter_weights(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
-        """A LoRA adapter ``(tensors, peft_config)`` on rank 0. Collective."""
+    def adapter_weights(self) -> tuple[dict[str, torch.Tensor], dict[str, object]] | None:
+        """A LoRA adapter ``(tensors, peft_config)`` on rank 0 (the config as
+        ``adapter_config.json`` holds it). Collective."""
         ...
 
     def save_hf(self, out_dir: str, tokenizer_dir: str | None = None) -> str | None:

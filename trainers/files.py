@@ -39,7 +39,8 @@ class UnsafeCheckpointError(ValueError):
 
 
 def safe_torch_load(path: str | Path) -> Any:
-    """``torch.load`` restricted to tensors and plain containers (``weights_only``).
+    """``torch.load`` restricted to tensors and plain containers (``weights_only``):
+    whatever the file holds, nested as it was saved (so the result is untyped).
 
     A checkpoint from someone else must not run code when a run resumes from it;
     a file carrying pickled objects raises :class:`UnsafeCheckpointError` naming
@@ -85,7 +86,7 @@ def check_dcp_metadata(state_dir: str | Path) -> None:
     path = Path(state_dir) / ".metadata"
 
     class Restricted(pickle.Unpickler):
-        def find_class(self, module: str, name: str) -> Any:
+        def find_class(self, module: str, name: str) -> object:
             allowed = (
                 module in _DCP_MODULES
                 or (module, name) in _DCP_NAMES

@@ -31,7 +31,7 @@ tokens leaves every kernel too small to keep it busy (launch-bound).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -127,12 +127,35 @@ def _stats_by_chunk(
     return logp_n, entropy_n
 
 
+class _StatsContext(Protocol):
+    """The ``ctx`` torch hands ``_TokenStats``: its own methods and what ``forward``
+    keeps on it for ``backward``."""
+
+    saved_tensors: tuple[torch.Tensor, ...]
+    needs_input_grad: tuple[bool, ...]
+    temperature: float
+    with_entropy: bool
+    chunk: int
+
+    def save_for_backward(self, *tensors: torch.Tensor) -> None: ...
+
+    def set_materialize_grads(self, value: bool) -> None: ...
+
+    def mark_non_differentiable(self, *args: torch.Tensor) -> None: ...
+
+
+class _HiddenStatsContext(_StatsContext, Protocol):
+    """``_HiddenTokenStats``' ``ctx``: the tokens it never samples too."""
+
+    never: tuple[int, ...]
+
+
 class _TokenStats(torch.autograd.Function):
     """(logits_nv, ids_n) -> (logp_n, entropy_n) of softmax(logits / temperature)."""
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any,
+        ctx: _StatsContext,
         logits_nv: torch.Tensor,
         ids_n: torch.Tensor,
         temperature: float,
@@ -151,7 +174,7 @@ class _TokenStats(torch.autograd.Function):
 
     @staticmethod
     def backward(  # type: ignore[override]
-        ctx: Any, g_logp_n: torch.Tensor | None, g_entropy_n: torch.Tensor | None
+        ctx: _StatsContext, g_logp_n: torch.Tensor | None, g_entropy_n: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, None, None, None, None]:
         logits_nv, ids_n, entropy_n = ctx.saved_tensors
         if not ctx.with_entropy:
@@ -189,7 +212,7 @@ class _HiddenTokenStats(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any,
+        ctx: _HiddenStatsContext,
         hidden_nd: torch.Tensor,
         weight_vd: torch.Tensor,
         ids_n: torch.Tensor,
@@ -219,7 +242,7 @@ class _HiddenTokenStats(torch.autograd.Function):
 
     @staticmethod
     def backward(  # type: ignore[override]
-        ctx: Any, g_logp_n: torch.Tensor | None, g_entropy_n: torch.Tensor | None
+        ctx: _HiddenStatsContext, g_logp_n: torch.Tensor | None, g_entropy_n: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, ...]:
         hidden_nd, weight_vd, ids_n, entropy_n = ctx.saved_tensors
         if not ctx.with_entropy:

@@ -5,9 +5,9 @@ world size and the rendezvous address."""
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
 from rlpost.trainers.engine import PolicyEngine, RewardEngine, ValueEngine
+from rlpost.trainers.engine_config import EngineConfig
 
 # name -> role -> "module:EngineClass"; imported on use, so an FSDP run never imports megatron.
 ENGINES: dict[str, dict[str, str]] = {
@@ -24,7 +24,7 @@ ENGINES: dict[str, dict[str, str]] = {
 
 
 def build_engine(
-    name: str, role: str, cfg: Any, rank: int, world_size: int, init_method: str
+    name: str, role: str, cfg: EngineConfig, rank: int, world_size: int, init_method: str
 ) -> PolicyEngine | ValueEngine | RewardEngine:
     """This rank's ``role`` engine of trainer ``name`` (e.g. ``FSDPEngine`` for
     ``fsdp`` / ``policy``), built from its config. Collective: every rank builds one."""

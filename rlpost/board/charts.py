@@ -4,10 +4,13 @@ x axis (step, or wall time from cumulative ``timing/step_s``)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from rlpost.loop.tracking import HEADLINES
+
+if TYPE_CHECKING:
+    from rlpost.board.runs import MetricsRow
 
 # (title, what the chart shows, which keys belong in it); the first chart that
 # takes a key gets it, so order matters.
@@ -66,7 +69,7 @@ CHARTS: list[tuple[str, str, Callable[[str], bool]]] = [
 ]
 
 
-def numeric_keys(rows: Iterable[dict[str, Any]]) -> list[str]:
+def numeric_keys(rows: Iterable[Mapping[str, object]]) -> list[str]:
     keys: dict[str, None] = {}
     for row in rows:
         for k, v in row.items():
@@ -90,7 +93,7 @@ def group_metrics(keys: Iterable[str]) -> list[tuple[str, str, list[str]]]:
     return out
 
 
-def x_values(rows: list[dict[str, Any]], axis: str) -> list[float]:
+def x_values(rows: list[MetricsRow], axis: str) -> list[float]:
     """Each row's x: its step, or (``axis="time"``) seconds since the run began,
     the sum of ``timing/step_s`` up to and including that row (the metrics carry
     no timestamps). Rows without ``timing/step_s`` (validation at step 0) add 0."""
@@ -104,7 +107,7 @@ def x_values(rows: list[dict[str, Any]], axis: str) -> list[float]:
     return out
 
 
-def chart_data(runs: list[tuple[str, list[dict[str, Any]]]], axis: str = "step") -> dict[str, Any]:
+def chart_data(runs: list[tuple[str, list[MetricsRow]]], axis: str = "step") -> dict[str, object]:
     """The JSON the run page draws: for each chart, one series per (run, key)
     with its ``[x, y, step]`` points (only rows that logged the key)."""
     keys = numeric_keys(row for _, rows in runs for row in rows)

@@ -22,11 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 from rlpost.board import ray_jobs
 from rlpost.board.paths import Forbidden, under_root
-from rlpost.board.runs import LAUNCH_NAME, LOG_NAME, MARKERS, read_launch
+from rlpost.board.runs import LAUNCH_NAME, LOG_NAME, MARKERS, LaunchRecord, read_launch
 
 GENERAL = "general"  # problems that name no field of the form
 RAY_POLL_S = 2.0  # a launched Ray job's status, asked of its cluster at most this often
@@ -49,7 +48,7 @@ def default_values() -> dict[str, str]:
 
     values: dict[str, str] = {}
 
-    def walk(node: Any, prefix: str) -> None:
+    def walk(node: object, prefix: str) -> None:
         if isinstance(node, dict):
             for k, v in node.items():
                 walk(v, f"{prefix}.{k}" if prefix else str(k))
@@ -200,7 +199,7 @@ class Launcher:
         self.procs: dict[Path, subprocess.Popen[bytes]] = {}
         self._ray_seen: dict[Path, tuple[float, tuple[int | None, bool | None]]] = {}
 
-    def start_local(self, run_dir: Path, overrides: list[str]) -> dict[str, Any]:
+    def start_local(self, run_dir: Path, overrides: list[str]) -> LaunchRecord:
         run_dir.mkdir(parents=True, exist_ok=True)
         command = train_command(overrides)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -210,18 +209,23 @@ class Launcher:
                 start_new_session=True, env=env,
             )  # fmt: skip
         self.procs[run_dir] = proc
-        info = {"kind": "local", "pid": proc.pid, "command": command, "started": time.time()}
+        info: LaunchRecord = {
+            "kind": "local",
+            "pid": proc.pid,
+            "command": command,
+            "started": time.time(),
+        }
         _write_launch(run_dir, info)
         return info
 
     def start_ray(
         self, run_dir: Path, overrides: list[str], address: str, job_id: str
-    ) -> dict[str, Any]:
+    ) -> LaunchRecord:
         """Submit the run as Ray job ``job_id``; ``RayJobError`` (nothing written)
         when the cluster refuses it or cannot be reached."""
         ray_jobs.submit(address, job_id, shlex.join(ray_entrypoint(overrides)))
         run_dir.mkdir(parents=True, exist_ok=True)
-        info = {
+        info: LaunchRecord = {
             "kind": "ray", "job_id": job_id, "address": address,
             "command": ray_submit_command(overrides, address, job_id), "started": time.time(),
         }  # fmt: skip
@@ -250,7 +254,7 @@ class Launcher:
             return self._ray_state(run_dir, info)
         return None, None
 
-    def _ray_state(self, run_dir: Path, info: dict[str, Any]) -> tuple[int | None, bool | None]:
+    def _ray_state(self, run_dir: Path, info: LaunchRecord) -> tuple[int | None, bool | None]:
         """Asked of the cluster at most every ``RAY_POLL_S``; once the job ended, its
         whole log is copied to ``board.log`` (the error line of a failed run). A
         cluster that does not answer leaves the status to the run's files: (None, None)."""
@@ -312,12 +316,12 @@ class Launcher:
         return "not running"
 
 
-def record_shown(run_dir: Path, info: dict[str, Any], command: str) -> None:
+def record_shown(run_dir: Path, info: LaunchRecord, command: str) -> None:
     """Keep the command line the user could have typed next to the launch record."""
     _write_launch(run_dir, {**info, "shown": command})
 
 
-def _write_launch(run_dir: Path, info: dict[str, Any]) -> None:
+def _write_launch(run_dir: Path, info: LaunchRecord) -> None:
     tmp = run_dir / f"{LAUNCH_NAME}.tmp"
     tmp.write_text(json.dumps(info, indent=1))
     os.replace(tmp, run_dir / LAUNCH_NAME)

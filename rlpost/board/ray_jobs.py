@@ -21,7 +21,6 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 STOP_WAIT_S = 600  # SIGTERM -> SIGKILL: the step in progress ends, checkpoints, the run exits
 STOPPED_EXIT = 143  # 128 + SIGTERM: what `ray job stop` sends (Ray reports no exit code)
@@ -32,7 +31,7 @@ class RayJobError(RuntimeError):
     """The Jobs API refused a request or could not be reached; says what to check."""
 
 
-def runtime_env() -> dict[str, Any]:
+def runtime_env() -> dict[str, dict[str, str]]:
     """The job's runtime environment: a stop lets the current step end and checkpoint."""
     return {"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": str(STOP_WAIT_S)}}
 
@@ -58,7 +57,10 @@ def base_url(address: str) -> str:
     return address if "://" in address else f"http://{address}"
 
 
-def _request(address: str, method: str, path: str, body: Any = None, timeout: float = 30) -> Any:
+def _request(
+    address: str, method: str, path: str, body: object = None, timeout: float = 30
+) -> object:
+    """``body`` as JSON to the Jobs API; its JSON answer."""
     url = base_url(address) + path
     headers = {"Content-Type": "application/json"}
     secret = token()
@@ -103,7 +105,7 @@ def submit(address: str, job_id: str, entrypoint: str) -> None:
     _request(address, "POST", "/api/jobs/", body)
 
 
-def info(address: str, job_id: str) -> dict[str, Any]:
+def info(address: str, job_id: str) -> dict[str, object]:
     """The job's details: ``status`` (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED),
     ``message``, ``driver_exit_code`` (when the driver exited by itself)."""
     out = _request(address, "GET", _job_path(job_id), timeout=10)
@@ -125,7 +127,7 @@ def stop(address: str, job_id: str) -> bool:
     return bool(out.get("stopped")) if isinstance(out, dict) else False
 
 
-def exit_code(details: dict[str, Any]) -> int | None:
+def exit_code(details: dict[str, object]) -> int | None:
     """The run's exit code as the board counts it, None while the job is alive: the
     driver's own when it exited by itself, ``STOPPED_EXIT`` for a stopped job, 1
     for a job that failed before its driver ran (its runtime environment, say)."""

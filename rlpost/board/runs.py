@@ -25,7 +25,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import yaml
 
@@ -41,6 +41,26 @@ STOP_CODES = (130, 143)  # 128 + SIGINT, 128 + SIGTERM: checkpointed and stopped
 # A complete checkpoint: checkpoints/step_N holding COMPLETE (rlpost/loop/checkpoint.py;
 # a save in progress is step_N.partial).
 CHECKPOINT_DIR = re.compile(r"^step_(\d+)$")
+# A row of ``metrics.jsonl`` as JSON reads it back: its ``step`` an int (``read_metrics``
+# keeps only such rows), its other values whatever the file holds (floats, the text of
+# one that is not finite).
+MetricsRow = dict[str, Any]
+
+
+class LaunchRecord(TypedDict, total=False):
+    """``board.json``: how the board launched a run (``rlpost.board.launch``)."""
+
+    kind: str  # local or ray
+    command: list[str]
+    started: float
+    pid: int  # local
+    job_id: str  # ray
+    address: str  # ray: the cluster's dashboard
+    exit_code: int  # once known
+    shown: str  # the command line the launch page showed
+    # read where a record has them (the board writes neither)
+    total_steps: int
+    algo: str
 
 
 @dataclass
@@ -58,7 +78,7 @@ class Run:
     error: str | None = None
     headline: tuple[str, float, float] | None = None  # key, first, last
     modified: float = 0.0
-    launch: dict[str, Any] = field(default_factory=dict)
+    launch: LaunchRecord = field(default_factory=LaunchRecord)
     checkpoint: tuple[int, str] | None = None  # (step, path in the run dir), stopped or failed
 
 
@@ -107,10 +127,10 @@ def _modified(path: Path) -> float:
     return max(stamps, default=0.0)
 
 
-_METRICS_CACHE: dict[Path, tuple[tuple[int, int], list[dict[str, Any]]]] = {}
+_METRICS_CACHE: dict[Path, tuple[tuple[int, int], list[MetricsRow]]] = {}
 
 
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+def read_metrics(run_dir: Path) -> list[MetricsRow]:
     """The rows of ``metrics.jsonl`` (a resumed run's redone steps: the last row of
     a step wins), cached until the file changes. A half-written last line is
     skipped."""
@@ -123,7 +143,7 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     cached = _METRICS_CACHE.get(path)
     if cached and cached[0] == key:
         return cached[1]
-    by_step: dict[int, dict[str, Any]] = {}
+    by_step: dict[int, MetricsRow] = {}
     with open(path) as f:
         for line in f:
             try:
@@ -137,10 +157,10 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
-_CONFIG_CACHE: dict[Path, tuple[tuple[int, int], dict[str, Any]]] = {}
+_CONFIG_CACHE: dict[Path, tuple[tuple[int, int], dict[str, object]]] = {}
 
 
-def read_config(run_dir: Path) -> dict[str, Any]:
+def read_config(run_dir: Path) -> dict[str, object]:
     """The run's ``config.yaml`` (empty when absent or unreadable), cached until it changes."""
     path = run_dir / "config.yaml"
     try:
@@ -160,16 +180,16 @@ def read_config(run_dir: Path) -> dict[str, Any]:
     return cfg
 
 
-def read_launch(run_dir: Path) -> dict[str, Any]:
+def read_launch(run_dir: Path) -> LaunchRecord:
     path = run_dir / LAUNCH_NAME
     try:
-        raw = json.loads(path.read_text())
+        record: LaunchRecord = json.loads(path.read_text())  # as the board wrote it
     except (OSError, json.JSONDecodeError):
         return {}
-    return raw if isinstance(raw, dict) else {}
+    return record if isinstance(record, dict) else {}
 
 
-def headline(rows: list[dict[str, Any]]) -> tuple[str, float, float] | None:
+def headline(rows: list[MetricsRow]) -> tuple[str, float, float] | None:
     """The run's headline figure (``rlpost.loop.tracking.headline``, as its final line
     and curves.png have it): its key, first and last logged value."""
     return first_and_last(rows)
@@ -196,7 +216,7 @@ def last_error(log: Path, tail_bytes: int = 65536) -> str | None:
 
 def detect_status(
     run_dir: Path,
-    rows: list[dict[str, Any]],
+    rows: list[MetricsRow],
     total_steps: int | None,
     exit_code: int | None = None,
     alive: bool | None = None,
@@ -239,7 +259,7 @@ def describe_run(
     launch = read_launch(run_dir)
     rows = read_metrics(run_dir)
 
-    def pick(group: str, *keys: str) -> Any:
+    def pick(group: str, *keys: str) -> object:
         node = cfg.get(group) or {}
         for key in keys:
             if isinstance(node, dict) and node.get(key) not in (None, "", []):

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 KINDS = ("step", "val")
+# One sample of a dump as JSON reads it back (``rlpost.loop.sample_log.Sample`` when
+# the run wrote it): every value is checked before it is used.
+DumpRow = dict[str, object]
 _NAME = re.compile(r"(step|val)_(\d+)\.jsonl")
 
 
@@ -24,7 +26,7 @@ def dump_steps(run_dir: Path) -> dict[str, list[int]]:
     return {k: sorted(v) for k, v in out.items()}
 
 
-def read_dump(run_dir: Path, kind: str, step: int) -> list[dict[str, Any]]:
+def read_dump(run_dir: Path, kind: str, step: int) -> list[DumpRow]:
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r}: expected one of {', '.join(KINDS)}")
     path = run_dir / "samples" / f"{kind}_{step:06d}.jsonl"
@@ -41,18 +43,18 @@ def read_dump(run_dir: Path, kind: str, step: int) -> list[dict[str, Any]]:
     return rows
 
 
-def total(sample: dict[str, Any]) -> float | None:
+def total(sample: DumpRow) -> float | None:
     rewards = sample.get("rewards")
     value = rewards.get("total") if isinstance(rewards, dict) else None
     return float(value) if isinstance(value, (int, float)) else None
 
 
 def keep(
-    samples: list[dict[str, Any]],
+    samples: list[DumpRow],
     min_reward: float | None = None,
     max_reward: float | None = None,
     finish: str | None = None,
-) -> list[dict[str, Any]]:
+) -> list[DumpRow]:
     """The samples whose total reward lies in [min_reward, max_reward] and whose
     finish reason is ``finish`` (None: any). A sample without a total is kept
     only when no reward bound is set."""
@@ -71,29 +73,30 @@ def keep(
     return out
 
 
-def prompt_key(sample: dict[str, Any]) -> str:
+def prompt_key(sample: DumpRow) -> str:
     """A prompt as a comparable string (text, or chat messages as JSON)."""
     prompt = sample.get("prompt")
     return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, default=str)
 
 
 def pair_by_prompt(
-    left: list[dict[str, Any]], right: list[dict[str, Any]]
-) -> list[tuple[str, list[dict[str, Any]], list[dict[str, Any]]]]:
+    left: list[DumpRow], right: list[DumpRow]
+) -> list[tuple[str, list[DumpRow], list[DumpRow]]]:
     """(prompt, its samples in ``left``, in ``right``), in the order prompts first
     appear in ``left`` then ``right``."""
-    order: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+    order: dict[str, tuple[list[DumpRow], list[DumpRow]]] = {}
     for side, samples in ((0, left), (1, right)):
         for s in samples:
             order.setdefault(prompt_key(s), ([], []))[side].append(s)
     return [(k, a, b) for k, (a, b) in order.items()]
 
 
-def message_kind(messages: list[Any], index: int) -> str:
+def message_kind(messages: list[object], index: int) -> str:
     """How a chat message is drawn: ``system``, ``prompt`` (the first user
     message), ``model`` (assistant text), ``tool`` (a tool's result) or ``env``
     (a later user message: the environment speaking)."""
-    msg = messages[index] if isinstance(messages[index], dict) else {}
+    message = messages[index]
+    msg = message if isinstance(message, dict) else {}
     role = msg.get("role")
     if role == "assistant":
         return "model"

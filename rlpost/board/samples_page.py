@@ -4,19 +4,18 @@ prompt), chats drawn turn by turn. All model text is escaped."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from rlpost.board.html import esc, fmt, page, url
-from rlpost.board.samples import message_kind, pair_by_prompt, total
+from rlpost.board.samples import DumpRow, message_kind, pair_by_prompt, total
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value, indent=1, default=str)
 
 
-def _prompt(prompt: Any) -> str:
+def _prompt(prompt: object) -> str:
     if isinstance(prompt, list):
         return "\n".join(
             f"[{m.get('role')}] {_text(m.get('content'))}" if isinstance(m, dict) else _text(m)
@@ -25,7 +24,7 @@ def _prompt(prompt: Any) -> str:
     return _text(prompt)
 
 
-def _tool_calls(calls: Any) -> str:
+def _tool_calls(calls: object) -> str:
     out = []
     for call in calls if isinstance(calls, list) else []:
         fn = call.get("function", {}) if isinstance(call, dict) else {}
@@ -37,7 +36,7 @@ def _tool_calls(calls: Any) -> str:
     return "".join(out)
 
 
-def chat(messages: list[Any]) -> str:
+def chat(messages: list[object]) -> str:
     """A multi-turn episode: prompt, model text, tool calls, tool results and
     environment messages each in their own style."""
     out = []
@@ -58,7 +57,7 @@ def chat(messages: list[Any]) -> str:
     return f'<div class="chat">{"".join(out)}</div>'
 
 
-def sample_card(s: dict[str, Any]) -> str:
+def sample_card(s: DumpRow) -> str:
     rewards = s.get("rewards")
     rewards = rewards if isinstance(rewards, dict) else {}
     scores = " ".join(
@@ -71,8 +70,9 @@ def sample_card(s: dict[str, Any]) -> str:
         ("turns", s.get("turns")), ("answer", s.get("answer")),
     ]  # fmt: skip
     meta = " &middot; ".join(f"{esc(k)} <b>{esc(fmt(v))}</b>" for k, v in facts if v is not None)
-    if isinstance(s.get("messages"), list):
-        content = chat(s["messages"])
+    messages = s.get("messages")
+    if isinstance(messages, list):
+        content = chat(messages)
     else:
         content = f'<pre class="text completion">{esc(_text(s.get("completion", "")))}</pre>'
     return (
@@ -86,12 +86,12 @@ def samples_page(
     kind: str,
     step: int | None,
     steps: dict[str, list[int]],
-    shown: list[dict[str, Any]],
+    shown: list[DumpRow],
     count: int,
     finishes: list[str],
     query: dict[str, str],
     vs: int | None = None,
-    other: list[dict[str, Any]] | None = None,
+    other: list[DumpRow] | None = None,
 ) -> str:
     links = []
     for k, label in (("step", "training"), ("val", "validation")):

@@ -8,7 +8,7 @@ import hmac
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -22,6 +22,9 @@ from rlpost.board.paths import Forbidden, under_root
 from rlpost.board.runs import LOG_NAME, MARKERS, Run, describe_run, find_runs, read_metrics
 from rlpost.board.samples import KINDS, dump_steps, keep, read_dump
 from rlpost.board.samples_page import samples_page
+
+if TYPE_CHECKING:
+    from aiohttp.typedefs import Handler
 
 STATIC = Path(__file__).parent  # board.js, board.css (package data)
 STATIC_FILES = {"board.js": "text/javascript", "board.css": "text/css"}
@@ -73,7 +76,7 @@ def _token_ok(board: Board, request: web.Request) -> tuple[bool, bool]:
 
 
 @web.middleware
-async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     board = _board(request)
     if board.token is not None:
         ok, in_query = _token_ok(board, request)
@@ -85,9 +88,9 @@ async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
         if in_query:  # keep it in a cookie, out of the address bar and history
             query = {k: v for k, v in request.query.items() if k != "token"}
             target = request.rel_url.with_query(query)
-            response = web.HTTPFound(str(target))
-            response.set_cookie(COOKIE, board.token, httponly=True, samesite="Strict")
-            raise response
+            found = web.HTTPFound(str(target))
+            found.set_cookie(COOKIE, board.token, httponly=True, samesite="Strict")
+            raise found
     elif (request.url.host or "") not in LOCAL_HOSTS:
         # Bound to localhost: refuse another Host (a DNS-rebinding page).
         raise web.HTTPForbidden(text="this board answers on localhost only")
@@ -197,12 +200,26 @@ async def samples_view(request: web.Request) -> web.Response:
     )
 
 
-async def _launch_form(board: Board, form: dict[str, str], **extra: Any) -> web.Response:
+async def _launch_form(
+    board: Board,
+    form: dict[str, str],
+    checked: launching.Plan | None = None,
+    command: str = "",
+    message: str = "",
+) -> web.Response:
     presets = await asyncio.to_thread(launching.group_presets)
     defaults = await asyncio.to_thread(launching.default_values)
     return _html(
         launch_page(
-            presets, launching.key_rows(), defaults, form, board.allow_launch, board.csrf, **extra
+            presets,
+            launching.key_rows(),
+            defaults,
+            form,
+            board.allow_launch,
+            board.csrf,
+            checked=checked,
+            command=command,
+            message=message,
         )
     )
 

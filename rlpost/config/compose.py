@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -119,13 +119,13 @@ def _hydra_search(path: Sequence[Path]) -> Iterator[None]:
         yield
 
 
-def from_dict(raw: dict[str, Any]) -> Config:
+def from_dict(raw: Mapping[str, object]) -> Config:
     """Validate a plain nested dict; raises ConfigError listing every problem."""
     problems: list[str] = []
     for key in raw:
         if key not in SCHEMAS:
             problems.append(f"{key}: unknown config group; groups are {', '.join(SCHEMAS)}")
-    groups: dict[str, Any] = {}
+    groups: dict[str, Any] = {}  # Config's keyword arguments: each group's object
     for name, schema in SCHEMAS.items():
         data = raw.get(name, {} if name in OPTIONAL_GROUPS else None)
         if data is None:
@@ -207,7 +207,7 @@ def _split_overrides(overrides: list[str]) -> tuple[list[str], list[str], list[s
     return choices, values, bad
 
 
-def compose_dict(overrides: list[str]) -> dict[str, Any]:
+def compose_dict(overrides: list[str]) -> dict[str, object]:
     """Hydra composition + dotted overrides, as a plain dict (not yet validated).
     ``overrides`` may hold ``--config-dir PATH`` (see ``search_path``)."""
     from hydra import compose as hydra_compose
@@ -241,7 +241,7 @@ def compose_dict(overrides: list[str]) -> dict[str, Any]:
     return {str(k): v for k, v in raw.items()}
 
 
-def parse_values(values: list[str]) -> dict[str, Any]:
+def parse_values(values: list[str]) -> dict[str, object]:
     """``key=value`` overrides as a nested dict, each value read as Hydra reads one
     (``[a,b]``, ``{a:1,b:2}``, numbers, ``null``, quoted strings). A value Hydra's
     grammar cannot read is the text itself: a prompt such as
@@ -250,7 +250,7 @@ def parse_values(values: list[str]) -> dict[str, Any]:
     from hydra.errors import HydraException
 
     parser = OverridesParser.create()
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {}  # values as Hydra's grammar reads them, nested by key
     for item in values:
         key, _, text = item.lstrip("+").partition("=")
         try:

@@ -38,7 +38,7 @@ def settings(cls: type) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if is_setting(f)]
 
 
-def _type_name(tp: Any) -> str:
+def _type_name(tp: object) -> str:
     origin = get_origin(tp)
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in get_args(tp))
@@ -54,7 +54,7 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _coerce(value: Any, tp: Any, path: str, problems: list[str]) -> Any:
+def _coerce(value: object, tp: object, path: str, problems: list[str]) -> object:
     """Return ``value`` converted to ``tp``, or record a problem and return None."""
     origin = get_origin(tp)
     if isinstance(value, str) and value == "???":
@@ -136,7 +136,7 @@ def _build(cls: type[T], data: dict, path: str, problems: list[str]) -> T | None
             problems.append(
                 f"{path}.{key}: unknown key; {path} accepts: {', '.join(sorted(known))}"
             )
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, object] = {}
     for name, f in known.items():
         sub = f"{path}.{name}"
         if name not in data:
@@ -180,13 +180,13 @@ def describe(cls: type, path: str) -> list[tuple[str, str, str]]:
     return rows
 
 
-def as_dict(obj: DataclassInstance) -> dict[str, Any]:
+def as_dict(obj: DataclassInstance) -> dict[str, object]:
     """The config keys of ``obj`` (a group) as plain data, what ``validate`` takes
     back: nested groups as mappings, tuples as lists."""
     return {f.name: _plain(getattr(obj, f.name)) for f in settings(type(obj))}
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return as_dict(value)
     if isinstance(value, (list, tuple)):

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlpost.data.rows import DataError
+
+if TYPE_CHECKING:
+    from rlpost.config.task_groups import DataConfig
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +50,7 @@ def fill_template(template: str, row: dict) -> str:
     return FIELD.sub(one, template)
 
 
-def shape_rows(rows: list[Any], data: Any, source: str) -> list[Any]:
+def shape_rows(rows: list[dict], data: DataConfig, source: str) -> list[dict]:
     """``rows`` of ``source`` (a file, for messages) mapped by ``data``'s
     prompt_key / prompt_template / answer_key / system_prompt. A column that
     some rows lack is a :class:`DataError` naming the key, the rows and the
@@ -77,7 +80,7 @@ def shape_rows(rows: list[Any], data: Any, source: str) -> list[Any]:
                 f"Name one of them in {key}"
             )
     kept_system = 0
-    out: list[Any] = []
+    out: list[dict] = []
     for row in rows:
         if not isinstance(row, dict):
             out.append(row)
@@ -102,7 +105,7 @@ def shape_rows(rows: list[Any], data: Any, source: str) -> list[Any]:
     return out
 
 
-def _with_system(prompt: Any, system: str) -> tuple[Any, int]:
+def _with_system(prompt: object, system: str) -> tuple[object, int]:
     if isinstance(prompt, str):
         return [{"role": "system", "content": system}, {"role": "user", "content": prompt}], 0
     if isinstance(prompt, list):

@@ -16,12 +16,15 @@ import base64
 import binascii
 import io
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 IMAGE_PART_TYPES = ("image", "image_url")
 
 
-def image_parts(messages: Any) -> int:
+def image_parts(messages: object) -> int:
     """How many image parts the messages' contents hold."""
     if not isinstance(messages, list):
         return 0
@@ -68,7 +71,7 @@ def resolve_paths(rows: list[dict], base_dir: Path) -> None:
                     images[i] = candidate
 
 
-def load_image(ref: Any) -> Any:
+def load_image(ref: object) -> Image.Image:
     """One ``images`` entry as an RGB PIL image; a clear ValueError when it is none."""
     from PIL import Image
 
@@ -113,7 +116,7 @@ def missing_image_files(row: dict) -> list[str]:
     return missing
 
 
-def row_images(row: dict) -> list[Any] | None:
+def row_images(row: dict) -> list[Image.Image] | None:
     """The row's images as PIL images (None for a text-only row)."""
     images = row.get("images")
     if not images:
@@ -121,7 +124,7 @@ def row_images(row: dict) -> list[Any] | None:
     return [load_image(ref) for ref in images]
 
 
-def _open(data: bytes, what: str) -> Any:
+def _open(data: bytes, what: str) -> Image.Image:
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -139,7 +142,7 @@ def _is_file(ref: str) -> bool:
         return False
 
 
-def _decode(text: str, shown: str) -> Any:
+def _decode(text: str, shown: str) -> Image.Image:
     try:
         data = base64.b64decode(text, validate=True)
     except binascii.Error as e:

@@ -22,7 +22,8 @@ and the batch see one form.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,14 +31,17 @@ from rlpost.data.rows import DataError, validate_row
 from rlpost.data.samples import conversation_tokens
 from rlpost.trainers.batch import TrajectoryBatch, pad_sequences
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 PAIR_COLUMNS = ("chosen", "rejected")
 
 
-def is_preference_row(row: Any) -> bool:
+def is_preference_row(row: object) -> bool:
     return isinstance(row, dict) and all(k in row for k in PAIR_COLUMNS)
 
 
-def check_pair_columns(rows: list[Any], source: str) -> None:
+def check_pair_columns(rows: Sequence[object], source: str) -> None:
     """A ``DataError`` when the rows of ``source`` are not preference rows, naming
     the columns they have."""
     dicts = [r for r in rows if isinstance(r, dict)]
@@ -53,7 +57,7 @@ def check_pair_columns(rows: list[Any], source: str) -> None:
         )
 
 
-def _messages(value: Any, role: str, name: str) -> list[dict]:
+def _messages(value: object, role: str, name: str) -> list[dict]:
     """A text (one ``role`` message) or a list of messages, checked."""
     if isinstance(value, str):
         return [{"role": role, "content": value}]
@@ -65,7 +69,7 @@ def _messages(value: Any, role: str, name: str) -> list[dict]:
     return list(value)
 
 
-def _common_prefix(chosen: Any, rejected: Any) -> int:
+def _common_prefix(chosen: str | list, rejected: str | list) -> int:
     """Length of the shared prefix of two texts or message lists; a text's prefix ends
     before the last space of the shared part, as TRL's ``extract_prompt`` cuts it."""
     n = 0
@@ -79,7 +83,7 @@ def _common_prefix(chosen: Any, rejected: Any) -> int:
     return n
 
 
-def parse_preference_row(row: Any) -> dict:
+def parse_preference_row(row: object) -> dict:
     """``row`` in the one form (see the module docstring); ``ValueError`` saying why not."""
     if not isinstance(row, dict):
         raise ValueError(f"row has type {type(row).__name__}, expected an object")
@@ -123,7 +127,7 @@ def parse_preference_row(row: Any) -> dict:
     return {**row, "prompt": prompt, "chosen": chosen_m, "rejected": rejected_m}
 
 
-def parse_preference_rows(rows: list[Any], source: str) -> tuple[list[dict], list[str]]:
+def parse_preference_rows(rows: Sequence[object], source: str) -> tuple[list[dict], list[str]]:
     """The rows of ``source`` parsed, and why the others could not be (one line each)."""
     check_pair_columns(rows, source)
     kept, reasons = [], []
@@ -136,7 +140,7 @@ def parse_preference_rows(rows: list[Any], source: str) -> tuple[list[dict], lis
 
 
 def completion_tokens(
-    tokenizer: Any, prompt: list[dict], completion: list[dict]
+    tokenizer: PreTrainedTokenizerBase, prompt: list[dict], completion: list[dict]
 ) -> tuple[list[int], list[int]]:
     """Token ids of prompt + completion under the chat template, and a mask that is 1
     on the completion's assistant tokens only (never on the prompt's turns, which
@@ -146,7 +150,7 @@ def completion_tokens(
     return ids, [0] * prompt_len + mask[prompt_len:]
 
 
-def preference_batch(tokenizer: Any, rows: list[dict]) -> TrajectoryBatch:
+def preference_batch(tokenizer: PreTrainedTokenizerBase, rows: list[dict]) -> TrajectoryBatch:
     """Parsed pairs as one batch: row 2i is pair i's chosen, row 2i+1 its rejected
     (a contiguous split with an even count keeps pairs whole); ``group_ids_b`` is
     the pair's index, ``scores_b["margin"]`` its margin (0 without one)."""
@@ -169,8 +173,8 @@ def preference_batch(tokenizer: Any, rows: list[dict]) -> TrajectoryBatch:
 def sampled_pairs(
     rows: list[dict],
     texts: list[list[str]],
-    correct: Any,
-    answer_of: Any,
+    correct: Callable[[str, dict], object],
+    answer_of: Callable[[str], str],
     every_wrong: bool = False,
 ) -> list[dict]:
     """Pairs of a task with a known answer from completions sampled for its prompts:
@@ -193,7 +197,7 @@ def sampled_pairs(
     return pairs
 
 
-def near_miss_pairs(rows: list[dict], misses: Any) -> list[dict]:
+def near_miss_pairs(rows: list[dict], misses: Callable[[str, str], list[str]]) -> list[dict]:
     """Pairs of a task with a known answer against wrong answers made from it:
     ``misses(answer, other)`` (e.g. ``rlpost.data.tasks.arith.near_misses``) lists
     them, ``other`` being the next row's answer (the first row's for the last)."""

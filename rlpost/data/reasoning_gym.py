@@ -20,14 +20,19 @@ from __future__ import annotations
 
 import difflib
 import json
-from typing import Any
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from rlpost.data.rows import DataError
+
+if TYPE_CHECKING:
+    from rlpost.config.task_groups import ReasoningGymConfig
 
 EXTRA = "pip install 'rlpost[reasoning-gym]'"
 
 
-def _rg() -> Any:
+def _rg() -> ModuleType:
     try:
         import reasoning_gym
     except ImportError as exc:
@@ -51,7 +56,7 @@ def split_counts(total: int, names: list[str], weights: dict[str, float]) -> dic
     return counts
 
 
-def check_config(rg_cfg: Any) -> list[str]:
+def check_config(rg_cfg: ReasoningGymConfig) -> list[str]:
     """What is wrong with ``data.reasoning_gym``, all at once (the package is needed)."""
     try:
         rg = _rg()
@@ -91,7 +96,9 @@ def check_config(rg_cfg: Any) -> list[str]:
     return problems
 
 
-def reasoning_gym_rows(rg_cfg: Any, num_val: int, seed: int) -> tuple[list[dict], list[dict]]:
+def reasoning_gym_rows(
+    rg_cfg: ReasoningGymConfig, num_val: int, seed: int
+) -> tuple[list[dict], list[dict]]:
     """Training and held-out rows for ``data.reasoning_gym``; raises ``DataError``."""
     problems = check_config(rg_cfg)
     if problems:
@@ -143,7 +150,7 @@ def _row(name: str, entry: dict, system: str | None, config: dict) -> dict:
     }
 
 
-_SCORERS: dict[str, Any] = {}
+_SCORERS: dict[str, Callable[[str, dict], float]] = {}
 
 
 def reward(completion: str, row: dict) -> dict[str, float]:

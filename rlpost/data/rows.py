@@ -13,7 +13,6 @@ import json
 import logging
 import random
 from pathlib import Path
-from typing import Any
 
 from rlpost.data.images import check_images, resolve_paths
 
@@ -115,7 +114,7 @@ def _read_rows(path: Path) -> list[dict]:
 LENGTH_COLUMNS = ("max_tokens", "min_tokens")
 
 
-def validate_row(row: Any) -> str | None:
+def validate_row(row: object) -> str | None:
     """Why ``row`` cannot be used as a prompt, or None when it can."""
     if not isinstance(row, dict):
         return f"row has type {type(row).__name__}, expected an object with a 'prompt' field"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -11,12 +11,27 @@ from rlpost.data.rows import prompt_messages
 from rlpost.rollout.base import Completion, GenerationResult
 from rlpost.trainers.batch import TrajectoryBatch, pad_sequences
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
-def encode_prompt(tokenizer: Any, row: dict) -> list[int]:
-    """Chat-template the row's prompt (with the assistant header) into token ids."""
+    from rlpost.models.vl_inputs import ImageInputs
+
+
+def chat_text(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict], generation_prompt: bool
+) -> str:
+    """``messages`` rendered by the chat template (with the assistant header when
+    ``generation_prompt``)."""
     text = tokenizer.apply_chat_template(
-        prompt_messages(row), tokenize=False, add_generation_prompt=True
+        messages, tokenize=False, add_generation_prompt=generation_prompt
     )
+    assert isinstance(text, str)  # tokenize=False: one conversation renders as one text
+    return text
+
+
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, row: dict) -> list[int]:
+    """Chat-template the row's prompt (with the assistant header) into token ids."""
+    text = chat_text(tokenizer, prompt_messages(row), True)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -76,11 +91,13 @@ def episode_rows(values_b: torch.Tensor, batch: TrajectoryBatch) -> torch.Tensor
     return torch.where(batch.owner_b >= 0, out_b, torch.zeros_like(out_b))
 
 
-def _tokens(tokenizer: Any, text: str) -> list[int]:
+def _tokens(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def conversation_tokens(tokenizer: Any, messages: list[dict]) -> tuple[list[int], list[int]]:
+def conversation_tokens(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict]
+) -> tuple[list[int], list[int]]:
     """Token ids of a chat and a mask that is 1 on every assistant turn's content and
     end-of-turn tokens (what the model must learn to say) and 0 elsewhere.
 
@@ -105,19 +122,17 @@ def conversation_tokens(tokenizer: Any, messages: list[dict]) -> tuple[list[int]
     return ids, mask
 
 
-def _render(tokenizer: Any, messages: list[dict], generation_prompt: bool) -> str:
+def _render(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict], generation_prompt: bool
+) -> str:
     if not messages:
-        return (
-            tokenizer.apply_chat_template([], tokenize=False, add_generation_prompt=True)
-            if generation_prompt
-            else ""
-        )
-    return tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=generation_prompt
-    )
+        return chat_text(tokenizer, [], True) if generation_prompt else ""
+    return chat_text(tokenizer, messages, generation_prompt)
 
 
-def sft_batch(tokenizer: Any, rows: list[dict], image_inputs: Any = None) -> TrajectoryBatch:
+def sft_batch(
+    tokenizer: PreTrainedTokenizerBase, rows: list[dict], image_inputs: ImageInputs | None = None
+) -> TrajectoryBatch:
     """Supervised targets, loss on what the assistant says only.
 
     A row holds either ``messages`` (a whole, possibly multi-turn, conversation:
@@ -130,9 +145,7 @@ def sft_batch(tokenizer: Any, rows: list[dict], image_inputs: Any = None) -> Tra
     mm: list[dict] = []
     for row in rows:
         if image_inputs is not None and row.get("images"):
-            text = tokenizer.apply_chat_template(
-                prompt_messages(row), tokenize=False, add_generation_prompt=True
-            )
+            text = chat_text(tokenizer, prompt_messages(row), True)
             prompt, images = image_inputs.encode(text, row_images(row))
             target = _tokens(tokenizer, row["response"]) + [tokenizer.eos_token_id]
             ids.append(prompt + target)

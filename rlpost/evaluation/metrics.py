@@ -18,9 +18,17 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+    from rlpost.rollout.base import GenerationResult
+
+    # The reward's named scores of every completion, flat (lists or tensors).
+    Scores = Mapping[str, Sequence[float] | torch.Tensor]
 
 # \boxed{...} (math answers), with nested braces; and a plain number.
 BOXED = "\\boxed{"
@@ -58,12 +66,12 @@ def last_boxed(text: str) -> str | None:
     return None  # never closed
 
 
-def answer_of(completion: str, reward_fn: Any = None) -> str | None:
+def answer_of(completion: str, reward_fn: object = None) -> str | None:
     """The answer a completion gives, for majority voting: the reward function's own
     ``extract_answer(completion)`` when it has that attribute (None: no answer),
     else the last ``\\boxed{...}`` content, else the last number in the text, else
     the stripped completion."""
-    extract: Callable[[str], Any] | None = getattr(reward_fn, "extract_answer", None)
+    extract: Callable[[str], object] | None = getattr(reward_fn, "extract_answer", None)
     if extract is not None:
         found = extract(completion)
         return None if found is None else str(found)
@@ -74,7 +82,7 @@ def answer_of(completion: str, reward_fn: Any = None) -> str | None:
     return numbers[-1] if numbers else completion.strip()
 
 
-def answer_source(reward: Any) -> Any:
+def answer_source(reward: object) -> object:
     """The reward function whose ``extract_answer`` ``answer_of`` uses: ``reward``
     itself, a scorer's function (``.fn``), or of several functions (a list, a
     scorer's ``.fns``) the first that has one; None when none has."""
@@ -136,9 +144,16 @@ def _mean_over_prompts(per_prompt: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+class Summary(TypedDict):
+    """``summarize``'s figures: over every prompt, and over each data source's."""
+
+    overall: dict[str, float]
+    per_source: dict[str, dict[str, float]]
+
+
 def summarize(
     prompts: Sequence[PromptSamples], ks: Sequence[int], threshold: float = 1.0
-) -> dict[str, Any]:
+) -> Summary:
     """Each prompt's metrics (``prompt_metrics``) averaged over prompts.
 
     Returns ``{"overall": {metric: value, "prompts": count}, "per_source":
@@ -147,7 +162,7 @@ def summarize(
     weighs the same, whatever its n.
     """
     per_prompt = [prompt_metrics(p, ks, threshold) for p in prompts]
-    out: dict[str, Any] = {"overall": _mean_over_prompts(per_prompt), "per_source": {}}
+    out: Summary = {"overall": _mean_over_prompts(per_prompt), "per_source": {}}
     if any(p.source is not None for p in prompts):
         groups: dict[str, list[dict[str, float]]] = {}
         for p, m in zip(prompts, per_prompt):
@@ -156,7 +171,7 @@ def summarize(
     return out
 
 
-def judged_scores(scores: Mapping[str, Any]) -> tuple[str, list[float]]:
+def judged_scores(scores: Scores) -> tuple[str, list[float]]:
     """The score each sample is judged by, and its name: the reward's named
     ``correctness`` when it returns one, else ``total``."""
     name = "correctness" if "correctness" in scores else "total"
@@ -165,9 +180,9 @@ def judged_scores(scores: Mapping[str, Any]) -> tuple[str, list[float]]:
 
 def prompt_samples(
     rows: Sequence[dict],
-    results: Sequence[Any],
-    scores: Mapping[str, Any],
-    reward: Any = None,
+    results: Sequence[GenerationResult],
+    scores: Scores,
+    reward: object = None,
     greedy: Sequence[float] | None = None,
 ) -> list[PromptSamples]:
     """``PromptSamples`` of each row from its ``GenerationResult`` (``.completions``,
@@ -204,11 +219,11 @@ def val_ks(n: int) -> list[int]:
 
 def validation_metrics(
     rows: Sequence[dict],
-    results: Sequence[Any],
-    scores: Mapping[str, Any],
+    results: Sequence[GenerationResult],
+    scores: Scores,
     n: int,
     threshold: float = 1.0,
-    reward: Any = None,
+    reward: object = None,
 ) -> dict[str, float]:
     """``trainer.val_n``'s metrics of ``n`` samples per held-out row: ``val/mean@n``,
     ``val/pass@<k>`` for k in ``val_ks(n)``, ``val/maj@<n>`` and, where the rows

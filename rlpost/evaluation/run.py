@@ -16,13 +16,16 @@ import logging
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlpost.config.compose import compose_dict, from_dict, to_dict
 from rlpost.config.groups import Config
 from rlpost.config.schema import ConfigError
-from rlpost.evaluation.metrics import judged_scores, prompt_samples, summarize
+from rlpost.evaluation.metrics import Summary, judged_scores, prompt_samples, summarize
 from rlpost.plan.plan import RunPlan, build_plan
+
+if TYPE_CHECKING:
+    from rlpost.rollout.base import GenerationResult
 
 log = logging.getLogger(__name__)
 # Prompts per call to the replicas: all are in flight at once (a replica batches
@@ -37,11 +40,24 @@ class Scored:
     completions' judged scores; the scorer's metrics."""
 
     rows: list[dict]
-    sampled: list[Any]
-    greedy: list[Any]
+    sampled: list[GenerationResult]
+    greedy: list[GenerationResult]
     scores: dict[str, list[float]]
     greedy_scores: list[float] | None
     metrics: dict[str, float]
+
+
+class EvalSummary(Summary):
+    """eval.json: the model, the config keys the figures depend on, the score judged
+    by, n and the k, ``summarize``'s figures, counts and the wall time."""
+
+    model: str | None
+    config: dict[str, object]
+    score: str
+    n: int
+    k: list[int]
+    counts: dict[str, int]
+    wall_s: float
 
 
 @dataclass
@@ -49,7 +65,7 @@ class EvalReport:
     """What ``evaluate`` wrote: the output folder, eval.json's content and the table."""
 
     output: Path
-    summary: dict[str, Any]
+    summary: EvalSummary
     table: str
 
 
@@ -131,7 +147,7 @@ def evaluate(cfg: Config) -> EvalReport:
     score_name, _ = judged_scores(got.scores)
     prompts = prompt_samples(got.rows, got.sampled, got.scores, plan.reward_fns, got.greedy_scores)
     sampled = got.sampled
-    summary = {
+    summary: EvalSummary = {
         "model": cfg.model.path,
         "config": _config_summary(cfg),
         "score": score_name,
@@ -216,7 +232,7 @@ def sample_and_score(plan: RunPlan) -> Scored:
     return Scored(rows, sampled, greedy, scores, judged[split:] if e.greedy else None, metrics)
 
 
-def _config_summary(cfg: Config) -> dict[str, Any]:
+def _config_summary(cfg: Config) -> dict[str, object]:
     """The keys an evaluation's numbers depend on."""
     d = to_dict(cfg)
     data_keys = ("name", "val_files", "val_size", "max_operand", "max_prompt_tokens")
@@ -230,7 +246,7 @@ def _config_summary(cfg: Config) -> dict[str, Any]:
     }
 
 
-def markdown_table(summary: dict[str, Any]) -> str:
+def markdown_table(summary: EvalSummary) -> str:
     """greedy, mean@n, pass@k and maj@k for each k: one row overall, one per data source."""
     n, ks = summary["n"], summary["k"]
     greedy = "greedy" in summary["overall"]

@@ -31,15 +31,30 @@ import random
 import re
 import shutil
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
 from rlpost.trainers.files import safe_torch_load
 
+if TYPE_CHECKING:
+    from rlpost.loop.source import InFlight
+
 log = logging.getLogger(__name__)
+
+
+class DriverState(TypedDict, total=False):
+    """``driver.json`` as ``load_driver_state`` returns it (``Recovery.save_checkpoint``
+    writes it): the step, ``PromptStream.state_dict()``, the KL coefficient and the
+    rollout source's generation in flight, if any."""
+
+    step: int
+    stream: dict
+    kl_coef: float
+    in_flight: InFlight
+
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 COMPLETE = "COMPLETE"
@@ -249,7 +264,7 @@ def _write_failure(exc: BaseException, root: Path) -> str:
     return f"{type(exc).__name__}: {last}"
 
 
-def save_driver_state(directory: str | Path, state: dict[str, Any]) -> None:
+def save_driver_state(directory: str | Path, state: Mapping[str, object]) -> None:
     """Write the driver's JSON state (step, ``PromptStream.state_dict()``, KL
     coefficient, ...) with its python RNG state, and its torch RNG state (a tensor)."""
     d = Path(directory)
@@ -259,7 +274,7 @@ def save_driver_state(directory: str | Path, state: dict[str, Any]) -> None:
     torch.save({"torch": torch.get_rng_state()}, d / "driver_rng.pt")
 
 
-def load_driver_state(directory: str | Path) -> dict[str, Any]:
+def load_driver_state(directory: str | Path) -> DriverState:
     """Restore the driver's RNG states and return its JSON state."""
     d = Path(directory)
     state = json.loads((d / "driver.json").read_text())

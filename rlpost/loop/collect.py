@@ -6,7 +6,7 @@ penalty. Which prompts go when, and which groups a step trains, is the
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,9 +17,15 @@ from rlpost.data.samples import encode_prompt
 from rlpost.loop.streaming import Group
 from rlpost.plan.algo import AlgoSettings
 from rlpost.rewards.loading import RewardError
-from rlpost.rewards.scoring import RewardScorer
+from rlpost.rewards.scoring import Scorer
 from rlpost.rollout.base import GenerationRequest, GenerationResult, SamplingConfig
 from rlpost.serving.rollout_group import RolloutGroup
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from rlpost.serving.agent_episodes import AgentRollout, PendingEpisodes
+    from rlpost.serving.pending import PendingGeneration
 
 
 @dataclasses.dataclass
@@ -40,9 +46,9 @@ class Collector:
         cfg: Config,
         algo: AlgoSettings,
         rollout: RolloutGroup,
-        tokenizer: Any,
-        scorer: RewardScorer,
-        agent: Any = None,
+        tokenizer: PreTrainedTokenizerBase,
+        scorer: Scorer,
+        agent: AgentRollout | None = None,
     ):
         self.cfg, self.algo = cfg, algo
         self.rollout, self.tokenizer, self.scorer = rollout, tokenizer, scorer
@@ -57,7 +63,9 @@ class Collector:
             return self.cfg.agent.max_response_tokens
         return self.sampling.max_tokens
 
-    def request(self, rows: list[dict], sampling: SamplingConfig, seed: int | None) -> Any:
+    def request(
+        self, rows: list[dict], sampling: SamplingConfig, seed: int | None
+    ) -> PendingGeneration | PendingEpisodes:
         """Send ``rows`` to the rollout; returns a reference to the results."""
         if seed is not None:
             sampling = dataclasses.replace(sampling, seed=self.cfg.trainer.seed * 100_003 + seed)
@@ -106,7 +114,7 @@ class Collector:
         scores["total"] = scores["total"] + penalty
         return {"reward/overlong_penalty_mean": float(penalty.mean())}
 
-    def submit_group(self, row: dict, batch: int) -> Any:
+    def submit_group(self, row: dict, batch: int) -> PendingGeneration | PendingEpisodes:
         """Start one prompt group of stream batch ``batch``, seeded as a whole batch
         for step ``batch`` is (``rlpost.loop.source``)."""
         return self.request([row], self.sampling, batch * 1000)

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from ray.exceptions import RayActorError
@@ -49,10 +49,16 @@ from rlpost.loop.validation import held_out_metrics
 from rlpost.plan.algo import kl_controller
 from rlpost.plan.plan import RunPlan
 from rlpost.result import RunResult
-from rlpost.rewards.scoring import RewardScorer
+from rlpost.rewards.scoring import Scorer
 from rlpost.rollout.base import GenerationResult
 from rlpost.serving.weight_sync import weight_sync
 from rlpost.trainers.batch import TrajectoryBatch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from rlpost.models.vl_inputs import ImageInputs
+    from rlpost.serving.agent_episodes import AgentRollout
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +69,13 @@ class Controller:
         plan: RunPlan,
         run_dir: Path,
         workers: Workers,
-        tokenizer: Any,
-        scorer: RewardScorer,
+        tokenizer: PreTrainedTokenizerBase,
+        scorer: Scorer,
         tracker: Tracker,
         rebuild_trainers: Callable[[], TrainerGroups] | None = None,
         stop_requested: Callable[[], int | None] | None = None,
-        agent: Any = None,
-        image_inputs: Any = None,
+        agent: AgentRollout | None = None,
+        image_inputs: ImageInputs | None = None,
     ):
         """``rebuild_trainers`` and ``stop_requested``: see ``Recovery``; ``agent`` an
         ``AgentRollout`` (samples are multi-turn episodes); ``image_inputs`` a VL
@@ -259,7 +265,12 @@ class Controller:
         )
         batch.scores_b = {k: episode_rows(v, batch) for k, v in rollouts.scores.items()}
         if self.image_inputs is not None:  # each sample carries its prompt's images
-            per_prompt = [self.image_inputs(row_images(row)) for row in rollouts.rows]
+            # A text-only row's images are None, which ImageInputs does not declare: the
+            # call is as it was before it was typed (the SFT path skips such rows).
+            per_prompt = [
+                self.image_inputs(row_images(row))  # type: ignore[arg-type]
+                for row in rollouts.rows
+            ]
             assert batch.group_ids_b is not None
             batch.mm_inputs_b = [per_prompt[g] for g in batch.group_ids_b.tolist()]
         if self.cfg.algo.filter_truncated:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,8 @@ class StopOnSignal:
         # step loop (a blocking ray.get re-raises it as a plain KeyboardInterrupt).
         self.raised: int | None = None
         self.raised_at_start = False
-        self._previous: dict[int, Any] = {}
+        # signal -> its handler before ``install`` (``signal.signal``'s answer)
+        self._previous: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():

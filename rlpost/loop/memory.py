@@ -21,9 +21,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlpost.plan.engines import sleeps
+
+if TYPE_CHECKING:
+    from rlpost.config.groups import Config
+    from rlpost.serving.rollout_group import RolloutGroup
 
 SLEEP_LEVEL = 2  # weights and KV cache dropped
 ADAPTER_SLEEP_LEVEL = 1  # weights kept in host memory: only an adapter is synced
@@ -33,7 +37,7 @@ class ColocatedMemory:
     """Around each update: ``before_training()``, the trainer's work, then
     ``after_training(sync)`` with the step's weight sync."""
 
-    def __init__(self, rollout: Any, level: int):
+    def __init__(self, rollout: RolloutGroup, level: int):
         self.rollout, self.level = rollout, level
 
     def before_training(self) -> dict[str, float]:
@@ -54,7 +58,9 @@ class ColocatedMemory:
         return {"timing/weight_sync_s": synced, "timing/rollout_wake_s": woken}
 
 
-def colocated_memory(cfg: Any, device_kind: str, rollout: Any) -> ColocatedMemory | None:
+def colocated_memory(
+    cfg: Config, device_kind: str, rollout: RolloutGroup
+) -> ColocatedMemory | None:
     if not sleeps(cfg, device_kind):
         return None
     adapter = cfg.model.lora.rank > 0 and cfg.rollout.lora_sync == "adapter"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -40,6 +40,12 @@ from rlpost.rollout.base import SamplingConfig
 from rlpost.serving.weight_sync import WeightSync
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.preference import REF_LOGPS
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from rlpost.serving.agent_episodes import PendingEpisodes
+    from rlpost.serving.pending import PendingGeneration
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +68,12 @@ class PreferenceSteps:
         self,
         cfg: Config,
         workers: Workers,
-        tokenizer: Any,
+        tokenizer: PreTrainedTokenizerBase,
         stream: PromptStream,
         val_rows: list[dict],
-        request: Callable[[list[dict], SamplingConfig, int | None], Any],
+        request: Callable[
+            [list[dict], SamplingConfig, int | None], PendingGeneration | PendingEpisodes
+        ],
         weights: WeightSync,
     ):
         self.cfg, self.workers, self.tokenizer = cfg, workers, tokenizer
@@ -125,6 +133,7 @@ class PreferenceSteps:
         results = self.request(rows, sampling, seed).result()
         texts = [[c.text for c in res.completions] for res in results]
         correct = task_correctness(self.cfg.data.name)
+        assert correct is not None  # data=arith_pref: the arith task's own check
         pairs = sampled_pairs(rows, texts, correct, answer_text, every_wrong=self.is_rm)
         if self.is_rm:  # and the near misses a policy would find unranked otherwise
             pairs += near_miss_pairs(rows, near_misses)

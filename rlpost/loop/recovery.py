@@ -14,11 +14,12 @@ import random
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from ray.exceptions import RayActorError
 
+from rlpost.algos import AdaptiveKLController, FixedKLController
 from rlpost.config.groups import Config
 from rlpost.data.rows import PromptStream
 from rlpost.loop.checkpoint import (
@@ -32,7 +33,13 @@ from rlpost.loop.roles import TrainerGroups, Workers
 from rlpost.loop.tracking import Tracker
 from rlpost.result import RunError
 
+if TYPE_CHECKING:
+    from rlpost.loop.source import InFlight
+
 log = logging.getLogger(__name__)
+# What ``rewind`` restores: the prompt stream's state, the KL coefficient, and the
+# python and torch RNG states.
+DriverSnapshot = tuple[dict, float, tuple[object, ...], torch.Tensor]
 
 
 class Recovery:
@@ -42,7 +49,7 @@ class Recovery:
         run_dir: Path,
         workers: Workers,
         stream: PromptStream,
-        kl_ctl: Any,
+        kl_ctl: FixedKLController | AdaptiveKLController,
         tracker: Tracker,
         sync_weights: Callable[..., dict[str, float]],
         rebuild_trainers: Callable[[], TrainerGroups] | None = None,
@@ -59,11 +66,11 @@ class Recovery:
         self.resumed_from: Path | None = None
         self.trainer_restarts = 0
         self.bad_steps = 0  # updates skipped in a row (NaN/Inf)
-        self.start_state: tuple[Any, ...] = ()
+        self.start_state: DriverSnapshot | None = None
         # The rollout source's generation in flight, as a checkpoint keeps it
         # (``RolloutSource.state_dict``), and the one a restore brought back.
-        self.in_flight: Callable[[], dict[str, Any] | None] | None = None
-        self.restored_in_flight: dict[str, Any] | None = None
+        self.in_flight: Callable[[], InFlight | None] | None = None
+        self.restored_in_flight: InFlight | None = None
 
     def check_logprob_gap(self, step: int, metrics: dict[str, float]) -> None:
         """The rollout must sample from the weights being trained. A gap between its
@@ -122,7 +129,11 @@ class Recovery:
             if w.critic is not None:
                 w.critic.save_checkpoint(str(tmp / "critic"))
             stream = in_flight.pop("stream") if in_flight else self.stream.state_dict()
-            state = {"step": step, "stream": stream, "kl_coef": self.kl_ctl.value}
+            state: dict[str, object] = {
+                "step": step,
+                "stream": stream,
+                "kl_coef": self.kl_ctl.value,
+            }
             if in_flight:
                 state["in_flight"] = in_flight
             save_driver_state(tmp, state)
@@ -187,7 +198,7 @@ class Recovery:
         log.warning("trainer groups rebuilt in %.1f s; redoing the steps after %d", seconds, step)
         return step
 
-    def driver_snapshot(self) -> tuple[Any, ...]:
+    def driver_snapshot(self) -> DriverSnapshot:
         """What ``rewind`` restores: data position, KL coefficient, RNG states."""
         rng = (random.getstate(), torch.get_rng_state())
         return (self.stream.state_dict(), self.kl_ctl.value, *rng)
@@ -195,6 +206,7 @@ class Recovery:
     def rewind(self) -> int:
         """No checkpoint yet: back to where the run started (data position, KL
         coefficient, RNG; rebuilt trainers hold the initial model). Returns 0."""
+        assert self.start_state is not None, "rewind before the run's start was kept"
         stream, kl_coef, python_rng, torch_rng = self.start_state
         self.stream.load_state_dict(stream)
         self.restored_in_flight = None

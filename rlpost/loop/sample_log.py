@@ -26,13 +26,35 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
 from rlpost.rollout.base import GenerationResult
 
+if TYPE_CHECKING:
+    from wandb import Run
+
 TABLE_COLUMNS = ("step", "group", "prompt", "completion", "total", "advantage", "length")
+
+
+class Sample(TypedDict, total=False):
+    """One sample of a dump (see the module docstring): a row's columns as they are,
+    an episode's ``messages`` and ``turns`` or a single ``completion``."""
+
+    step: int
+    group: int
+    prompt: object  # text or chat messages
+    answer: object
+    data_source: object
+    messages: list[dict]
+    turns: int
+    completion: str
+    rewards: dict[str, float]
+    advantage: float
+    length: int
+    finish_reason: str
+    policy_version: int | None
 
 
 def sample_rows(
@@ -43,21 +65,22 @@ def sample_rows(
     limit: int,
     advantages_bt: torch.Tensor | None = None,
     mask_bt: torch.Tensor | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Sample]:
     """The first ``limit`` samples of a step as plain dicts (see the module
     docstring). ``rows``: one per prompt, ``results`` likewise; ``scores``: one
     value per sample under each name; ``advantages_bt`` and ``mask_bt`` the
     batch's, in the same sample order (b = samples, t = response tokens)."""
-    out: list[dict[str, Any]] = []
+    out: list[Sample] = []
     b = 0
     for group, (row, result) in enumerate(zip(rows, results)):
         for completion in result.completions:
             if len(out) >= limit:
                 return out
-            sample: dict[str, Any] = {"step": step, "group": group, "prompt": row.get("prompt")}
-            for key in ("answer", "data_source"):
-                if key in row:
-                    sample[key] = row[key]
+            sample: Sample = {"step": step, "group": group, "prompt": row.get("prompt")}
+            if "answer" in row:
+                sample["answer"] = row["answer"]
+            if "data_source" in row:
+                sample["data_source"] = row["data_source"]
             episode = completion.episode
             if episode is not None:
                 sample["messages"] = episode.messages
@@ -83,7 +106,7 @@ def sample_rows(
 class SampleLog:
     """Writes the dumps of ``trainer.log_samples`` under ``run_dir/samples``."""
 
-    def __init__(self, run_dir: Path, limit: int, wandb_run: Any = None):
+    def __init__(self, run_dir: Path, limit: int, wandb_run: Run | None = None):
         self.dir = run_dir / "samples"
         self.limit, self.wandb_run = limit, wandb_run
 
@@ -91,7 +114,7 @@ class SampleLog:
     def enabled(self) -> bool:
         return self.limit > 0
 
-    def write(self, kind: str, step: int, samples: list[dict[str, Any]]) -> Path:
+    def write(self, kind: str, step: int, samples: list[Sample]) -> Path:
         """``samples/<kind>_XXXXXX.jsonl`` (``kind``: step or val), written atomically."""
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / f"{kind}_{step:06d}.jsonl"
@@ -101,10 +124,10 @@ class SampleLog:
                 f.write(json.dumps(sample, default=str) + "\n")
         os.replace(tmp, path)
         if self.wandb_run is not None:
-            self._table(kind, samples)
+            self._table(self.wandb_run, kind, samples)
         return path
 
-    def _table(self, kind: str, samples: list[dict[str, Any]]) -> None:
+    def _table(self, run: Run, kind: str, samples: list[Sample]) -> None:
         import wandb
 
         table = wandb.Table(columns=list(TABLE_COLUMNS))
@@ -118,4 +141,4 @@ class SampleLog:
                 s.get("advantage"), s["length"],
             )  # fmt: skip
         name = "samples/train" if kind == "step" else "samples/val"
-        self.wandb_run.log({name: table}, step=samples[0]["step"] if samples else None)
+        run.log({name: table}, step=samples[0]["step"] if samples else None)

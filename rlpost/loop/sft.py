@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlpost.data.rows import PromptStream
 from rlpost.data.samples import sft_batch
 from rlpost.loop.roles import Workers
 from rlpost.serving.weight_sync import WeightSync
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class SftSteps:
@@ -19,7 +22,13 @@ class SftSteps:
     assistant turns, ``response``, else ``answer``), the weights to the replicas
     (the held-out figures sample from them)."""
 
-    def __init__(self, workers: Workers, tokenizer: Any, stream: PromptStream, weights: WeightSync):
+    def __init__(
+        self,
+        workers: Workers,
+        tokenizer: PreTrainedTokenizerBase,
+        stream: PromptStream,
+        weights: WeightSync,
+    ):
         self.workers, self.tokenizer, self.stream, self.weights = (
             workers,
             tokenizer,

@@ -35,7 +35,7 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
@@ -48,7 +48,23 @@ from rlpost.loop.streaming import Group, GroupProducer
 from rlpost.rollout.base import GenerationResult
 from rlpost.serving.weight_sync import WeightSync
 
+if TYPE_CHECKING:
+    from rlpost.serving.agent_episodes import PendingEpisodes
+    from rlpost.serving.pending import PendingGeneration
+
 log = logging.getLogger(__name__)
+
+
+class InFlight(TypedDict, total=False):
+    """What a checkpoint keeps of the generation in flight (``RolloutSource.state_dict``):
+    whole batches: the next batch's ``step``, the stream before its rows and, but for
+    agent episodes, its ``results`` (``results_to_json``); groups: the stream position
+    and how many groups it does not keep."""
+
+    step: int
+    stream: dict | None
+    results: list[dict]
+    unsaved_groups: int
 
 
 @dataclasses.dataclass
@@ -58,7 +74,7 @@ class Batch:
 
     step: int
     rows: list[dict]
-    ref: Any
+    ref: PendingGeneration | PendingEpisodes | Finished
     start: float
     stream_before: dict | None = None
 
@@ -230,6 +246,7 @@ class RolloutSource:
             if len(fresh) == need:
                 self.producer.requeue(finished[i:])
                 break
+            assert g.handle is not None  # an admitted group's
             g.results = g.handle.result()
             if (
                 self.producer.staleness(g, version, sampled_versions(g.results))
@@ -306,7 +323,7 @@ class RolloutSource:
         metrics["async/inflight_groups"] = float(len(self.producer.inflight))
 
     # -- resume and the end ------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any] | None:
+    def state_dict(self) -> InFlight | None:
         """What a checkpoint keeps of the generation in flight (None: nothing).
         Whole batches: the next one, waited for; groups: the stream position."""
         if self.producer is not None:
@@ -315,12 +332,12 @@ class RolloutSource:
         if not self.ahead:
             return None
         batch = self.ahead[0]
-        state: dict[str, Any] = {"step": batch.step, "stream": batch.stream_before}
+        state: InFlight = {"step": batch.step, "stream": batch.stream_before}
         if self.collector.agent is None:  # episodes are generated again
             state["results"] = results_to_json(batch.ref.result())
         return state
 
-    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+    def load_state_dict(self, state: InFlight | None) -> None:
         """A checkpoint's ``state_dict`` (the stream is restored by the caller)."""
         if not state:
             return

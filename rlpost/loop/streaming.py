@@ -28,14 +28,19 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from rlpost.rollout.base import GenerationResult
 
 
 class Handle(Protocol):
     """A generation in flight (a ``PendingGeneration`` or ``PendingEpisodes``)."""
 
     def done(self) -> bool: ...
-    def result(self) -> list[Any]: ...
+    def result(self) -> list[GenerationResult]: ...
 
 
 @dataclass
@@ -43,12 +48,12 @@ class Group:
     index: int  # admission order, from 0
     batch: int  # the prompt-stream batch its row was drawn in, from 1 (the sync step)
     row: dict
-    handle: Any
+    handle: Handle | None  # None: its results are in hand (a whole batch's group)
     version: int  # the policy version when it was admitted
     start: float
     end: float = 0.0
-    results: list[Any] = field(default_factory=list)
-    scores: dict[str, Any] = field(default_factory=dict)  # its samples' scores, by name
+    results: list[GenerationResult] = field(default_factory=list)
+    scores: dict[str, torch.Tensor] = field(default_factory=dict)  # its samples' scores, by name
 
 
 class GroupProducer:
@@ -113,7 +118,7 @@ class GroupProducer:
     # -- completion ----------------------------------------------------------------
     def poll(self) -> int:
         """Move the groups that have finished to ``ready``; returns how many."""
-        finished = [g for g in self.inflight if g.handle.done()]
+        finished = [g for g in self.inflight if g.handle is None or g.handle.done()]
         for g in finished:
             self.inflight.remove(g)
             g.end = self.clock()

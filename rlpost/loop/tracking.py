@@ -6,23 +6,29 @@ import json
 import logging
 import math
 import os
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
+
+if TYPE_CHECKING:
+    from wandb import Run
 
 log = logging.getLogger(__name__)
 
 
 class Tracker:
-    def __init__(self, run_dir: Path, loggers: list[str], total_steps: int, config: dict[str, Any]):
+    def __init__(
+        self, run_dir: Path, loggers: list[str], total_steps: int, config: dict[str, object]
+    ):
         self.run_dir = run_dir
         self.loggers = loggers
         self.history: list[dict[str, float]] = []
         self.bar = tqdm(total=total_steps, desc="rlpost", unit="step", dynamic_ncols=True)
         self._jsonl = open(run_dir / "metrics.jsonl", "a") if "jsonl" in loggers else None
-        self._wandb = None
+        self._wandb: Run | None = None
         if "wandb" in loggers:
             os.environ.setdefault("WANDB_MODE", "offline")
             os.environ.setdefault("WANDB_SILENT", "true")
@@ -33,7 +39,7 @@ class Tracker:
             )
 
     @property
-    def wandb_run(self) -> Any:
+    def wandb_run(self) -> Run | None:
         """The wandb run when ``wandb`` is among the loggers, else None."""
         return self._wandb
 
@@ -120,7 +126,10 @@ class Tracker:
                 log.info("wandb offline run: %s; upload it with `wandb sync %s`", where, where)
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> Any:
+    """A metric as JSON holds it: a float (a tensor's or numpy's scalar too), or the
+    text of one that is not finite. The answer is left untyped: ``history`` declares
+    its values floats (``RunResult.history``) and holds those texts among them."""
     value = float(value) if hasattr(value, "__float__") else value
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
@@ -148,7 +157,7 @@ HEADLINES = (
 )
 
 
-def headline(history: list[dict[str, Any]]) -> Headline:
+def headline(history: Iterable[Mapping[str, object]]) -> Headline:
     """The run's ``Headline``: the first whose held-out figure was logged, else (a run
     without validation) the first whose training figure was; RL's is then
     ``reward/mean`` under ``val/reward_mean``."""
@@ -159,18 +168,18 @@ def headline(history: list[dict[str, Any]]) -> Headline:
     return next((h for h in HEADLINES[1:] if h.train in keys), HEADLINES[-1])
 
 
-def val_headline(history: list[dict[str, Any]]) -> tuple[str, str]:
+def val_headline(history: Iterable[Mapping[str, object]]) -> tuple[str, str]:
     """The held-out figure a run is judged by and its short name (``headline``)."""
     h = headline(history)
     return h.val, h.short
 
 
-def first_and_last(history: list[dict[str, Any]]) -> tuple[str, float, float] | None:
+def first_and_last(history: Sequence[Mapping[str, object]]) -> tuple[str, float, float] | None:
     """The headline's held-out figure (or, without validation, its training one):
     its first and last logged value; None where neither was logged."""
     h = headline(history)
     for key in (h.val, h.train):
-        values = [float(r[key]) for r in history if isinstance(r.get(key), (int, float))]
+        values = [float(v) for r in history if isinstance(v := r.get(key), (int, float))]
         if values:
             return key, values[0], values[-1]
     return None

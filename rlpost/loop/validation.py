@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from rlpost.config.groups import Config
 from rlpost.evaluation.metrics import validation_metrics
@@ -16,6 +16,11 @@ from rlpost.loop.preference import PreferenceSteps
 from rlpost.loop.roles import Workers
 from rlpost.loop.sample_log import SampleLog, sample_rows
 from rlpost.rollout.base import SamplingConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from rlpost.models.vl_inputs import ImageInputs
 
 
 class Run(Protocol):
@@ -27,9 +32,9 @@ class Run(Protocol):
     sampling: SamplingConfig
     val_rows: list[dict]
     preference: PreferenceSteps | None
-    task_correctness: Callable[[str, dict], bool] | None
-    image_inputs: Any
-    tokenizer: Any
+    task_correctness: Callable[[str, dict], float] | None
+    image_inputs: ImageInputs | None
+    tokenizer: PreTrainedTokenizerBase
     workers: Workers
 
 

@@ -37,6 +37,7 @@ VOCAB_SIZE = 512  # model vocabulary; the tokenizer is padded to exactly this ma
 INIT_STD = 0.1
 
 # Every architecture shares these; a builder adds or removes what its config needs.
+# Typed loosely: they are keyword arguments of transformers config classes of many types.
 SHAPE: dict[str, Any] = dict(
     vocab_size=VOCAB_SIZE,
     hidden_size=256,
@@ -141,7 +142,7 @@ def _ids(tok: PreTrainedTokenizerFast) -> dict[str, Any]:
     )
 
 
-def _shape(*drop: str, **extra: Any) -> dict[str, Any]:
+def _shape(*drop: str, **extra: object) -> dict[str, Any]:
     out = {k: v for k, v in SHAPE.items() if k not in drop}
     out.update(extra)
     return out

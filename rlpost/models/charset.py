@@ -14,15 +14,18 @@ import logging
 import unicodedata
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlpost.config.groups import Config
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 log = logging.getLogger(__name__)
 SHOWN = 8  # distinct characters the warning names
 
 
-def builtin_tokenizer(preset: str) -> Any:
+def builtin_tokenizer(preset: str) -> PreTrainedTokenizerFast:
     """The tokenizer the built-in model ``preset`` is built with."""
     from rlpost.models.warmup import VL_PRESETS
 
@@ -35,7 +38,7 @@ def builtin_tokenizer(preset: str) -> Any:
     return build_tokenizer()
 
 
-def model_text(row: Any) -> Iterator[str]:
+def model_text(row: object) -> Iterator[str]:
     """The strings of ``row`` that the model reads: its prompt, its SFT ``response``
     and ``messages``, the text parts of multimodal contents (not roles, not images,
     not the columns only the reward sees)."""
@@ -63,7 +66,7 @@ class Coverage:
     each one's fate found once by a round trip (``decode(encode(c)) != c``; NFC
     normalisation is not a loss)."""
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase):
         self.tokenizer = tokenizer
         self.known: dict[str, bool] = {}
 
@@ -79,7 +82,7 @@ class Coverage:
 
 
 def count_dropped_chars(
-    rows: dict[str, list[dict]], tokenizer: Any
+    rows: dict[str, list[dict]], tokenizer: PreTrainedTokenizerBase
 ) -> tuple[int, Counter[str], str | None, int]:
     """Over ``rows`` (a name such as ``data.train_files`` -> its rows): the number of
     characters ``tokenizer`` drops, each dropped character's count, the first row

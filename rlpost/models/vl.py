@@ -21,13 +21,24 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rlpost.models.archs import GEMMA_INIT_STD, GEMMA_SLIDING_WINDOW, INIT_STD, build_tokenizer
 from rlpost.models.positions import VL_TEXT_POSITIONS
 from rlpost.trainers.files import atomic_directory
+
+if TYPE_CHECKING:
+    from transformers import (
+        PretrainedConfig,
+        PreTrainedTokenizerFast,
+        ProcessorMixin,
+        Qwen2VLImageProcessor,
+    )
+
+    # what a VL builder returns: the tokenizer, the model's config and its processor
+    VLParts = tuple[PreTrainedTokenizerFast, PretrainedConfig, ProcessorMixin]
 
 IMAGE_SIDE = 56  # pixels; 14-pixel patches merged 2x2 give 4 image tokens
 
@@ -72,7 +83,7 @@ def vl_tokenizer(
     template: str = "",
     gemma: bool = False,
     plain: tuple[str, ...] = (),
-) -> Any:
+) -> PreTrainedTokenizerFast:
     """``rlpost.models.archs``' tokenizer plus special ``tokens``, of which ``named`` are also
     attributes (``tokenizer.image_token``, ... as processors look them up), and
     ``plain`` tokens that are not special."""
@@ -93,15 +104,17 @@ def vl_tokenizer(
     )  # fmt: skip
 
 
-def _text(tok: Any, **extra: Any) -> dict[str, Any]:
+def _text(tok: PreTrainedTokenizerFast, **extra: object) -> dict[str, object]:
     """The language model's config: ``TEXT`` with the tokenizer's vocabulary and ids."""
     vocab = (len(tok) + 63) // 64 * 64  # every token id has an embedding row
     ids = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
     return {**TEXT, "vocab_size": vocab, "pad_token_id": tok.pad_token_id, **ids, **extra}
 
 
-def _id(tok: Any, token: str) -> int:
-    return tok.convert_tokens_to_ids(token)
+def _id(tok: PreTrainedTokenizerFast, token: str) -> int:
+    found = tok.convert_tokens_to_ids(token)
+    assert isinstance(found, int)  # one token: one id
+    return found
 
 
 # -- Qwen2-VL, Qwen2.5-VL, Qwen3-VL -----------------------------------------------
@@ -109,7 +122,7 @@ QWEN_VL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|vide
 QWEN_VL_TEMPLATE = chat_template("<|vision_start|><|image_pad|><|vision_end|>")
 
 
-def _qwen_ids(tok: Any) -> dict[str, Any]:
+def _qwen_ids(tok: PreTrainedTokenizerFast) -> dict[str, Any]:  # a transformers config's kwargs
     return dict(
         image_token_id=_id(tok, "<|image_pad|>"), video_token_id=_id(tok, "<|video_pad|>"),
         vision_start_token_id=_id(tok, "<|vision_start|>"),
@@ -117,8 +130,9 @@ def _qwen_ids(tok: Any) -> dict[str, Any]:
     )  # fmt: skip
 
 
-def _qwen_images(side: int, patch: int, **kwargs: Any) -> Any:
-    """Qwen's image processor, resizing every image to ``side`` x ``side`` pixels."""
+def _qwen_images(side: int, patch: int, **kwargs: Any) -> Qwen2VLImageProcessor:
+    """Qwen's image processor, resizing every image to ``side`` x ``side`` pixels;
+    ``kwargs`` are more of its own arguments."""
     import transformers as T
 
     pixels = side * side
@@ -133,7 +147,7 @@ def _qwen_images(side: int, patch: int, **kwargs: Any) -> Any:
 QWEN_MROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [8, 12, 12]}
 
 
-def _qwen2_vl() -> tuple[Any, Any, Any]:
+def _qwen2_vl() -> VLParts:
     import transformers as T
 
     tok = vl_tokenizer(QWEN_VL_TOKENS, template=QWEN_VL_TEMPLATE)
@@ -153,7 +167,7 @@ def _qwen2_vl() -> tuple[Any, Any, Any]:
     return tok, config, processor
 
 
-def _qwen2_5_vl() -> tuple[Any, Any, Any]:
+def _qwen2_5_vl() -> VLParts:
     import transformers as T
 
     tok = vl_tokenizer(QWEN_VL_TOKENS, template=QWEN_VL_TEMPLATE)
@@ -178,7 +192,7 @@ def _qwen2_5_vl() -> tuple[Any, Any, Any]:
 QWEN3_VL_SIDE = 64  # 16-pixel patches merged 2x2: 4 image tokens
 
 
-def _qwen3_vl() -> tuple[Any, Any, Any]:
+def _qwen3_vl() -> VLParts:
     import transformers as T
 
     tok = vl_tokenizer(QWEN_VL_TOKENS, template=QWEN_VL_TEMPLATE)
@@ -206,7 +220,7 @@ def _qwen3_vl() -> tuple[Any, Any, Any]:
 
 
 # -- InternVL, LLaVA, Gemma 3 ------------------------------------------------------
-def _internvl() -> tuple[Any, Any, Any]:
+def _internvl() -> VLParts:
     import transformers as T
 
     named = {
@@ -233,7 +247,7 @@ def _internvl() -> tuple[Any, Any, Any]:
     return tok, config, processor
 
 
-def _llava() -> tuple[Any, Any, Any]:
+def _llava() -> VLParts:
     import transformers as T
 
     template = chat_template("<image>")
@@ -260,7 +274,7 @@ def _llava() -> tuple[Any, Any, Any]:
     return tok, config, processor
 
 
-def _gemma3() -> tuple[Any, Any, Any]:
+def _gemma3() -> VLParts:
     import transformers as T
 
     named = {
@@ -294,7 +308,7 @@ def _gemma3() -> tuple[Any, Any, Any]:
 
 # transformers class name -> (tokenizer, config, processor). Names are what
 # ``config.json`` lists under "architectures" and SUPPORT.md's rows are named by.
-VL_ARCHS: dict[str, Callable[[], tuple[Any, Any, Any]]] = {
+VL_ARCHS: dict[str, Callable[[], VLParts]] = {
     "Qwen2VLForConditionalGeneration": _qwen2_vl,
     "Qwen2_5_VLForConditionalGeneration": _qwen2_5_vl,
     "Qwen3VLForConditionalGeneration": _qwen3_vl,

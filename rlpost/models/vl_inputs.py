@@ -8,11 +8,14 @@ through sharding and micro-batching (``TrajectoryBatch.mm_inputs_b``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from rlpost.runtime.hf_format import is_vision_language
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 __all__ = ["ImageInputs", "forward_inputs", "is_vision_language"]
 
@@ -30,11 +33,13 @@ class ImageInputs:
         self.processor = AutoProcessor.from_pretrained(model_path)
         self.image_processor = self.processor.image_processor
 
-    def __call__(self, images: list[Any]) -> dict[str, torch.Tensor]:
+    def __call__(self, images: list[Image.Image] | None) -> dict[str, torch.Tensor]:
         out = self.image_processor(images=images, return_tensors="pt")
         return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
 
-    def encode(self, text: str, images: list[Any]) -> tuple[list[int], dict[str, torch.Tensor]]:
+    def encode(
+        self, text: str, images: list[Image.Image] | None
+    ) -> tuple[list[int], dict[str, torch.Tensor]]:
         """A templated prompt's token ids with each image placeholder expanded into
         the image's tokens (as the rollout engine expands it), and the image inputs."""
         out = self.processor(text=[text], images=images, return_tensors="pt")

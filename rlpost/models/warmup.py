@@ -18,7 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from tqdm import tqdm
 
@@ -27,6 +27,9 @@ from rlpost.data.rows import PromptStream
 from rlpost.data.samples import sft_batch
 from rlpost.data.tasks import TASKS, VISION_TASKS, build_task, task_name
 from rlpost.models.vl_inputs import ImageInputs
+
+if TYPE_CHECKING:
+    from rlpost.workers.trainer_worker import TrainerGroup
 
 log = logging.getLogger(__name__)
 # Bumped when the warm-up's procedure changes; 4: task arguments that cannot change
@@ -63,27 +66,40 @@ def warmup_task(cfg: Config) -> str:
     return "shapes" if vision else "arith"
 
 
-def warmup_task_args(cfg: Config) -> dict[str, Any]:
+class WarmupRecord(TypedDict):
+    """How a warm-up ended (``warmup.json``)."""
+
+    task: str
+    steps: int
+    max_steps: int
+    accuracy: float
+    target_accuracy: float
+
+
+def warmup_task_args(cfg: Config) -> dict[str, int]:
     """The warm-up task's arguments, only those its training rows depend on
     (``SFT_FIELDS``). The run's own task is built as the run builds it, so the
     warm-up never trains on the run's held-out rows; a task the run does not use is
     built with its defaults, so ``data.*`` keys meant for the user's files do not
     change the built-in model."""
     name = warmup_task(cfg)
-    args: dict[str, Any] = {"seed": cfg.trainer.seed}
+    args: dict[str, int | None] = {"seed": cfg.trainer.seed}
     if name == task_name(cfg.data.name):
         args |= {"max_operand": cfg.data.max_operand, "num_val": cfg.data.val_size}
     else:
         # A task the run does not use (a user's files) counts with the defaults the
         # built-in task's own run has: both get one base, the shipped one if any.
         args |= {"max_operand": _default(name, "max_operand"), "num_val": _default(name, "num_val")}
-    return {k: v for k, v in args.items() if k in TASKS[name].SFT_FIELDS}
+    return {k: v for k, v in args.items() if k in TASKS[name].SFT_FIELDS and v is not None}
 
 
-def _default(task: str, name: str) -> Any:
-    """The default of field ``name`` of the built-in ``task`` (None where it has none)."""
-    found = {f.name: f.default for f in dataclasses.fields(TASKS[task])}
-    return found.get(name)
+def _default(task: str, name: str) -> int | None:
+    """The default of field ``name`` of the built-in ``task`` (None where it has none;
+    every field of a built-in task is a whole number)."""
+    for f in dataclasses.fields(TASKS[task]):
+        if f.name == name and isinstance(f.default, int):
+            return f.default
+    return None
 
 
 def warmup_config(cfg: Config) -> Config:
@@ -133,7 +149,7 @@ def warmup_key(cfg: Config) -> str:
     return f"{cfg.model.preset}-{digest}"
 
 
-def builtin_model(cfg: Config, make_trainer: Callable[[str, float, int], Any]) -> str:
+def builtin_model(cfg: Config, make_trainer: Callable[[str, float, int], TrainerGroup]) -> str:
     """Path of the warmed-up tiny model; builds and caches it on first use.
 
     ``make_trainer(model_path, lr, lr_warmup_steps)`` returns a ``TrainerGroup`` on that
@@ -218,7 +234,7 @@ def builtin_model(cfg: Config, make_trainer: Callable[[str, float, int], Any]) -
         "built-in model: %s (%d warm-up steps in %.0f s, train accuracy %.3f)",
         out, step, time.perf_counter() - start, accuracy,
     )  # fmt: skip
-    record = {
+    record: WarmupRecord = {
         "task": warmup_task(cfg),
         "steps": step,
         "max_steps": w.steps,
@@ -249,7 +265,7 @@ def install_shipped(shipped: Path, out: Path) -> str:
     return str(out)
 
 
-def warn_if_short(record: dict[str, Any]) -> bool:
+def warn_if_short(record: WarmupRecord) -> bool:
     """Warn, with the figures, when the warm-up ``record`` ended below its target
     accuracy; True when it did."""
     if record["accuracy"] >= record["target_accuracy"]:

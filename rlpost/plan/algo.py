@@ -4,7 +4,6 @@ frozen configs of scalars, built from the run config once."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 from rlpost.algos import (
     AdaptiveKLController,
@@ -53,7 +52,7 @@ def algo_settings(cfg: Config, reward_weights: dict[str, float] | None = None) -
     )
 
 
-def kl_controller(cfg: Config) -> Any:
+def kl_controller(cfg: Config) -> AdaptiveKLController | FixedKLController:
     """The KL-in-reward coefficient's controller (stateful: one per run)."""
     kl = cfg.algo.kl
     if kl.adaptive:

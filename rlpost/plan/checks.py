@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlpost.config.groups import Config
 from rlpost.config.schema import ConfigError
 from rlpost.device import DeviceSpec, resolve_device
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 def check_device(cfg: Config) -> tuple[DeviceSpec | None, list[str]]:
@@ -80,7 +83,7 @@ def check_model_length(cfg: Config) -> list[str]:
     ]
 
 
-def model_config(cfg: Config) -> Any:
+def model_config(cfg: Config) -> PretrainedConfig:
     """The policy's transformers config: its config.json, or the built-in preset's."""
     if cfg.model.path is None:
         from rlpost.models.tiny import build_config, build_tokenizer

@@ -3,17 +3,52 @@ from the run config in this one place."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from rlpost.algos.spec import narrow
 from rlpost.config.groups import Config
 from rlpost.device import DeviceSpec, resolve_device
 from rlpost.workers.placement import cpu_threads
 
+if TYPE_CHECKING:
+    from rlpost.rollout.hf import HFEngineConfig
+    from rlpost.rollout.pd import PDEngineConfig
+    from rlpost.rollout.sglang.engine import SGLangEngineConfig
+    from rlpost.rollout.sglang.pd import SGLangPDConfig
+    from rlpost.rollout.vllm import VLLMEngineConfig
+    from rlpost.trainers.fsdp import FSDPEngineConfig
+    from rlpost.trainers.megatron.config import MegatronEngineConfig
+
+    RolloutEngineConfig = (
+        HFEngineConfig | SGLangPDConfig | SGLangEngineConfig | VLLMEngineConfig | PDEngineConfig
+    )
+
 FROZEN_ROLES = ("reference", "teacher")  # trainer groups that only compute log-probs
 
 
-def rollout_engine_config(cfg: Any, model_path: str, device_kind: str) -> Any:
+class EngineSettings(TypedDict):
+    """The fields every training engine's config shares (``rlpost.trainers.engine_config``)."""
+
+    model_path: str
+    dtype: str
+    lr: float
+    weight_decay: float
+    betas: tuple[float, float]
+    max_grad_norm: float
+    micro_batch_size: int
+    seed: int
+    device: str
+    backend: str
+    threads: int
+    lr_warmup_steps: int
+    lr_schedule: str
+    lr_decay_steps: int
+    lr_min_ratio: float
+    trainable: bool
+    micro_batch_tokens: int
+
+
+def rollout_engine_config(cfg: Config, model_path: str, device_kind: str) -> RolloutEngineConfig:
     """The engine config for ``cfg.rollout.name`` from the run config."""
     r = cfg.rollout
     if r.name == "hf":
@@ -85,11 +120,11 @@ def engine_settings(
     lr_warmup_steps: int,
     trainable: bool,
     device: DeviceSpec | None = None,
-) -> dict[str, Any]:
+) -> EngineSettings:
     """The fields every training engine's config shares (``rlpost.trainers.engine_config``)."""
     t = cfg.trainer
     device = device or resolve_device(t.device)
-    return dict(
+    return EngineSettings(
         model_path=model_path,
         dtype=cfg.model.dtype,
         lr=lr,
@@ -118,7 +153,7 @@ def megatron_engine_config(
     trainable: bool,
     packing: bool = True,
     device: DeviceSpec | None = None,
-) -> Any:
+) -> MegatronEngineConfig:
     """The Megatron engines' settings for ``trainer=megatron`` (policy, reference and
     critic; the critic runs padded, ``packing=False``)."""
     from rlpost.trainers.megatron.config import MegatronEngineConfig, MegatronParallel
@@ -137,7 +172,7 @@ def trainer_engine_config(
     device: DeviceSpec,
     lr: float | None = None,
     lr_warmup_steps: int | None = None,
-) -> Any:
+) -> FSDPEngineConfig | MegatronEngineConfig:
     """The engine config of trainer group ``role`` (policy, reference, teacher or
     critic): the reference and ``algo=opd``'s teacher are frozen policies, the critic
     has its own learning rate and runs padded. ``lr`` and ``lr_warmup_steps``
@@ -168,7 +203,7 @@ def trainer_engine_config(
     )
 
 
-def sleeps(cfg: Any, device_kind: str) -> bool:
+def sleeps(cfg: Config, device_kind: str) -> bool:
     """What ``rollout.sleep`` means for this run: ``auto`` is on for a colocated
     placement on an accelerator with vLLM, in sync mode."""
     r = cfg.rollout

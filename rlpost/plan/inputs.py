@@ -4,12 +4,15 @@ rows dropped counted by cause."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlpost.config.groups import PREFERENCE_PRESETS, Config
 from rlpost.data.columns import shape_rows
 from rlpost.data.images import missing_image_files
 from rlpost.data.rows import DataError, expand_paths, load_rows, validate_row
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +178,9 @@ def sft_row(row: dict) -> dict:
     }
 
 
-def drop_long_prompts(rows: list[dict], tokenizer: Any, limit: int) -> tuple[list[dict], int]:
+def drop_long_prompts(
+    rows: list[dict], tokenizer: PreTrainedTokenizerBase, limit: int
+) -> tuple[list[dict], int]:
     """Rows whose templated prompt fits ``data.max_prompt_tokens``, and how many did not."""
     from rlpost.data.rows import validate_row
     from rlpost.data.samples import encode_prompt

@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlpost.config.groups import Config
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 CHECKED = 512  # training rows measured
 WARN_SHARE = 0.5  # warn when at least this share of the prompts moves nothing
 
 
-def prompt_tokenizer(cfg: Config) -> Any | None:
+def prompt_tokenizer(cfg: Config) -> PreTrainedTokenizerBase | None:
     """The run's tokenizer when it loads without Ray or a download: the built-in
     text model's, or a local ``model.path``'s; None otherwise (a hub id, a VL model,
     whose image tokens the rows do not show)."""

@@ -8,7 +8,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -44,6 +44,15 @@ from rlpost.rewards.judge import build_parser, check_template
 from rlpost.rewards.loading import RewardError, RewardFn, load_reward_fn
 from rlpost.rewards.reward_model import check_model_folder, check_reward_model
 from rlpost.rewards.scoring import call_plan
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from rlpost.plan.engines import RolloutEngineConfig
+    from rlpost.rewards.combine import RewardSet
+    from rlpost.rewards.scoring import RewardScorer, Scorer
+    from rlpost.trainers.fsdp import FSDPEngineConfig
+    from rlpost.trainers.megatron.config import MegatronEngineConfig
 
 log = logging.getLogger(__name__)
 ROLES = ("policy", "reference", "teacher", "critic")
@@ -85,7 +94,9 @@ class RunPlan:
             return "critic"
         return "reward_model" if self.cfg.algo.name == "rm" else "policy"
 
-    def trainer_engine(self, role: str, model_path: str, cfg: Config | None = None) -> Any:
+    def trainer_engine(
+        self, role: str, model_path: str, cfg: Config | None = None
+    ) -> FSDPEngineConfig | MegatronEngineConfig:
         """The engine config of trainer group ``role`` (``cfg``: the warm-up's own); the
         teacher's model is ``teacher.path``, not the student's ``model_path``."""
         if role == "teacher":
@@ -97,16 +108,16 @@ class RunPlan:
     def reward_specs(self) -> list[str]:
         return reward_specs(self.cfg.reward.fn)
 
-    def scorer(self, extra: list[tuple[str, Any]] | None = None) -> Any:
+    def scorer(self, extra: list[tuple[str, Scorer]] | None = None) -> RewardScorer | RewardSet:
         """The scorer of ``reward.*`` (``RewardScorer``, or a ``RewardSet`` of several
         functions and the ``extra`` named members, a reward model's); its reward
         worker processes start on its first call."""
         return build_scorer(self.reward_specs, self.reward_fns, self.cfg.reward, extra or [])
 
-    def rollout_engine(self, model_path: str) -> Any:
+    def rollout_engine(self, model_path: str) -> RolloutEngineConfig:
         return rollout_engine_config(self.cfg, model_path, self.device.kind)
 
-    def fit_prompts(self, tokenizer: Any) -> None:
+    def fit_prompts(self, tokenizer: PreTrainedTokenizerBase) -> None:
         """Drop the data files' prompts longer than ``data.max_prompt_tokens`` once the
         tokenizer is known (the built-in task's prompts are short by construction)."""
         if self.cfg.data.name != "files":

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
 from rlpost.config.groups import Config
 
@@ -76,7 +75,7 @@ def tokenizer_vocab(folder: str) -> dict[str, int]:
     """Every token of the folder's tokenizer, added tokens included, with its id."""
     from transformers import AutoTokenizer
 
-    tokenizer: Any = AutoTokenizer.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
     return dict(tokenizer.get_vocab())
 
 

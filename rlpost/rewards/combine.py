@@ -13,10 +13,23 @@ a number is the total, a dict's weighted sum is.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from rlpost.rewards.loading import RewardError, RewardFn
-from rlpost.rewards.scoring import RewardScorer
+from rlpost.rewards.scoring import RewardScorer, SampleExtras, Scorer
+
+if TYPE_CHECKING:
+    from typing import Unpack  # in typing from Python 3.11 (rlpost runs on 3.10 too)
+
+    from rlpost.config.task_groups import RewardConfig
+
+
+class WorkerSettings(TypedDict):
+    """``RewardScorer``'s settings of the processes that call a reward function."""
+
+    num_workers: int
+    timeout_s: float
+    max_error_frac: float
 
 
 def reward_specs(fn: str | Sequence[str]) -> list[str]:
@@ -62,14 +75,18 @@ class RewardSet:
     function's, or a reward model's), summed by ``weights`` (those the members
     leave out weigh 1.0)."""
 
-    def __init__(self, members: list[tuple[str, Any]], weights: dict[str, float]):
+    def __init__(self, members: Sequence[tuple[str, Scorer]], weights: dict[str, float]):
         self.names = [name for name, _ in members]
         self.scorers = [scorer for _, scorer in members]
         self.weights = dict(weights)
 
     @classmethod
     def of_functions(
-        cls, specs: list[str], fns: list[RewardFn], weights: dict[str, float], **kw: Any
+        cls,
+        specs: list[str],
+        fns: list[RewardFn],
+        weights: dict[str, float],
+        **kw: Unpack[WorkerSettings],
     ) -> RewardSet:
         """Reward functions by spec; ``kw``: ``RewardScorer``'s worker settings."""
         members = [
@@ -82,7 +99,7 @@ class RewardSet:
         self,
         completions: list[str],
         rows: list[dict],
-        extras: list[dict[str, Any]] | None = None,
+        extras: list[SampleExtras] | None = None,
     ) -> tuple[dict[str, list[float]], dict[str, float]]:
         """``({"total": [...], name: [...], ...}, metrics)`` as ``RewardScorer.score``
         returns them, with every function's errors and timeouts counted under its
@@ -124,13 +141,13 @@ class RewardSet:
 def build_scorer(
     specs: list[str],
     fns: list[RewardFn],
-    reward_cfg: Any,
-    extra: Sequence[tuple[str, Any]] = (),
+    reward_cfg: RewardConfig,
+    extra: Sequence[tuple[str, Scorer]] = (),
 ) -> RewardScorer | RewardSet:
     """The scorer of ``reward.*``: one function's :class:`RewardScorer`, or a
     :class:`RewardSet` of several and of the ``extra`` named members (a reward
     model's scorer)."""
-    kw: dict[str, Any] = dict(
+    kw = WorkerSettings(
         num_workers=reward_cfg.num_workers,
         timeout_s=reward_cfg.timeout_s,
         max_error_frac=reward_cfg.max_error_frac,

@@ -22,10 +22,13 @@ import logging
 import math
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlpost.data.columns import fill_template, template_fields
 from rlpost.rewards.loading import RewardError, load_reward_fn
+
+if TYPE_CHECKING:
+    from rlpost.rewards.scoring import SampleExtras
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +36,10 @@ FUNCTION_SPEC = re.compile(r"^(\S+\.py|[A-Za-z_][\w.]*):[A-Za-z_]\w*$")
 SAMPLE_FIELDS = ("prompt", "completion", "answer")
 
 
-def build_parser(spec: str) -> Callable[[str], float | None]:
+def build_parser(spec: str) -> Callable[[str], object]:
     """``reward.judge.parse`` as a function of the verdict (see the module
-    docstring); a bad regex or function spec is a :class:`RewardError`."""
+    docstring; a user's function may return anything, which ``JudgeReward`` checks);
+    a bad regex or function spec is a :class:`RewardError`."""
     if FUNCTION_SPEC.match(spec):
         fn = load_reward_fn(spec)
         return lambda verdict: fn(verdict)
@@ -72,7 +76,7 @@ def check_template(template: str, columns: set[str]) -> list[str]:
     ]
 
 
-def prompt_text(prompt: Any) -> str:
+def prompt_text(prompt: str | list[dict] | None) -> str:
     """A row's prompt as the judge reads it: the text, or the chat's last user turn."""
     if isinstance(prompt, str):
         return prompt
@@ -92,7 +96,7 @@ class JudgeReward:
         self,
         name: str,
         template: str,
-        parse: Callable[[str], float | None],
+        parse: Callable[[str], object],
         encode: Callable[[str], list[int]],
         generate: Callable[[list[list[int]]], list[str]],
         max_error_frac: float,
@@ -106,7 +110,7 @@ class JudgeReward:
         self,
         completions: list[str],
         rows: list[dict],
-        extras: list[dict[str, Any]] | None = None,
+        extras: list[SampleExtras] | None = None,
     ) -> tuple[dict[str, list[float]], dict[str, float]]:
         prompts = [
             fill_template(

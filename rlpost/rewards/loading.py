@@ -8,13 +8,13 @@ import importlib.util
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import ModuleType
 
 from rlpost.data import reasoning_gym
 from rlpost.data.tasks import arith, calc, shapes
 from rlpost.rewards import verifiers
 
-RewardFn = Callable[..., Any]
+RewardFn = Callable[..., object]
 
 BUILTIN_REWARDS: dict[str, RewardFn] = {
     # the built-in tasks' own rewards
@@ -76,7 +76,7 @@ def load_reward_fn(spec: str) -> RewardFn:
     return fn
 
 
-def _load_file(spec: str, path: Path) -> Any:
+def _load_file(spec: str, path: Path) -> ModuleType:
     if not path.is_file():
         raise RewardError(f"reward {spec!r}: file {str(path)!r} does not exist; fix the path")
     module_name = f"rlpost_user_reward_{path.stem}"

@@ -26,9 +26,21 @@ import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from rlpost.rewards.loading import RewardFn
 
 Status = Literal["ok", "error", "timeout", "crash"]
+# One sample's extras: {"messages": a multi-turn episode's whole conversation}.
+SampleExtras = dict[str, list[dict]]
+
+
+class CallPlan(Protocol):
+    """How a worker calls the function it loaded (``rlpost.rewards.scoring.CallPlan``);
+    it crosses to the worker pickled."""
+
+    def call(self, fn: RewardFn, completion: str, row: dict, extras: SampleExtras) -> object: ...
 
 
 @dataclass
@@ -37,7 +49,7 @@ class Outcome:
     or a line saying why it was stopped)."""
 
     status: Status
-    value: Any = None
+    value: object = None
     error: str = ""
 
 
@@ -74,7 +86,7 @@ def _serve(conn: Connection) -> None:
 class _Worker:
     """One worker interpreter, talking over a socket pair."""
 
-    def __init__(self, spec: str, plan: Any):
+    def __init__(self, spec: str, plan: CallPlan):
         parent, child = socket.socketpair()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.proc = subprocess.Popen(
@@ -101,7 +113,7 @@ class RewardPool:
     """``num_workers`` processes running one reward function (by ``spec``), called
     through ``plan`` (a ``rlpost.rewards.scoring.CallPlan``)."""
 
-    def __init__(self, spec: str, plan: Any, num_workers: int, timeout_s: float):
+    def __init__(self, spec: str, plan: CallPlan, num_workers: int, timeout_s: float):
         if num_workers < 1:
             raise ValueError(f"num_workers={num_workers}: a pool needs at least one worker")
         self.spec, self.plan, self.timeout_s = spec, plan, timeout_s
@@ -109,7 +121,7 @@ class RewardPool:
         self.restarts = 0
 
     def map(
-        self, completions: list[str], rows: list[dict], extras: list[dict[str, Any]]
+        self, completions: list[str], rows: list[dict], extras: list[SampleExtras]
     ) -> list[Outcome]:
         """Outcomes in input order. Never raises for a call's sake: a raise, a timeout
         and a crashed worker are each an outcome."""

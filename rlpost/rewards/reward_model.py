@@ -20,7 +20,10 @@ import logging
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlpost.rewards.scoring import SampleExtras
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +69,9 @@ def check_reward_model(path: str) -> list[str]:
     return problems
 
 
-def chat_of(prompt: Any, completion: str, messages: list[dict] | None = None) -> list[dict]:
+def chat_of(
+    prompt: str | list[dict], completion: str, messages: list[dict] | None = None
+) -> list[dict]:
     """The conversation a reward model scores: an episode's ``messages``, else the
     prompt's messages and the completion as the assistant's turn."""
     if messages:
@@ -98,7 +103,10 @@ class SequenceRewardModel:
     def render(self, chat: list[dict]) -> list[int]:
         """The token ids of ``chat`` under the model's chat template, cut to
         ``max_length``."""
-        ids: Any = self.tokenizer.apply_chat_template(chat, tokenize=True, return_dict=True)
+        from transformers import BatchEncoding
+
+        ids = self.tokenizer.apply_chat_template(chat, tokenize=True, return_dict=True)
+        assert isinstance(ids, BatchEncoding)  # return_dict=True: the ids and the mask
         return list(ids["input_ids"])[: self.max_length]
 
     def score(self, chats: list[list[dict]]) -> list[float]:
@@ -146,7 +154,7 @@ class ModelReward:
         self,
         completions: list[str],
         rows: list[dict],
-        extras: list[dict[str, Any]] | None = None,
+        extras: list[SampleExtras] | None = None,
     ) -> tuple[dict[str, list[float]], dict[str, float]]:
         from rlpost.rewards.loading import RewardError
 

@@ -36,10 +36,12 @@ import inspect
 import logging
 import math
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal, Protocol
 
 from rlpost.rewards.loading import RewardError, RewardFn
+from rlpost.rewards.pool import Outcome, RewardPool, SampleExtras
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +77,7 @@ class CallPlan:
         )
         return f"{name}(completion: str, {names}) with the row's columns as keyword arguments"
 
-    def call(self, fn: RewardFn, completion: str, row: dict, extras: dict[str, Any]) -> Any:
+    def call(self, fn: RewardFn, completion: str, row: dict, extras: SampleExtras) -> object:
         passed = self._accepted(extras)
         if self.style == "trl":
             return _one_reward(fn(**self._accepted(_trl_arguments(completion, row, extras))))
@@ -89,11 +91,11 @@ class CallPlan:
             columns = {k: v for k, v in columns.items() if k in self.accepts}
         return fn(completion, **columns, **passed)
 
-    def _accepted(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+    def _accepted(self, kwargs: Mapping[str, object]) -> dict[str, object]:
         return {k: v for k, v in kwargs.items() if self.accepts is None or k in self.accepts}
 
 
-def _trl_arguments(completion: str, row: dict, extras: dict[str, Any]) -> dict[str, Any]:
+def _trl_arguments(completion: str, row: dict, extras: SampleExtras) -> dict[str, list]:
     """One sample as TRL passes a batch: every argument a list (here of one)."""
     prompt = row.get("prompt")
     chat = isinstance(prompt, list)
@@ -104,7 +106,7 @@ def _trl_arguments(completion: str, row: dict, extras: dict[str, Any]) -> dict[s
     return kwargs
 
 
-def _one_reward(result: Any) -> Any:
+def _one_reward(result: object) -> object:
     if not isinstance(result, list | tuple) or len(result) != 1:
         got = f"{len(result)} values" if isinstance(result, list | tuple) else type(result).__name__
         raise TypeError(
@@ -114,7 +116,7 @@ def _one_reward(result: Any) -> Any:
     return result[0]
 
 
-def _verl_arguments(completion: str, row: dict) -> dict[str, Any]:
+def _verl_arguments(completion: str, row: dict) -> dict[str, object]:
     spec = row.get("reward_model")
     if isinstance(spec, dict) and "ground_truth" in spec:
         truth = spec["ground_truth"]
@@ -216,7 +218,7 @@ def call_plan(fn: RewardFn, columns: set[str], name: str = "reward") -> CallPlan
     return CallPlan("columns", None if varkw else frozenset(keyword_names))
 
 
-def _checked(result: Any) -> dict[str, float] | float:
+def _checked(result: object) -> dict[str, float] | float:
     """A reward's return value as a number or a dict of numbers; else TypeError/ValueError."""
     if isinstance(result, dict):
         if "total" in result:
@@ -225,12 +227,28 @@ def _checked(result: Any) -> dict[str, float] | float:
     return _as_number(result)
 
 
-def _as_number(value: Any) -> float:
+def _as_number(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"returned a {type(value).__name__}, expected a number")
     if not math.isfinite(value):
         raise ValueError(f"returned {value}, expected a finite number")
     return float(value)
+
+
+class Scorer(Protocol):
+    """What scores completions: a reward function's ``RewardScorer``, a ``RewardSet``
+    of several, a reward model's ``ModelReward``, the judge's ``JudgeReward``."""
+
+    weights: dict[str, float]
+
+    def score(
+        self,
+        completions: list[str],
+        rows: list[dict],
+        extras: list[SampleExtras] | None = None,
+    ) -> tuple[dict[str, list[float]], dict[str, float]]: ...
+
+    def close(self) -> None: ...
 
 
 class RewardScorer:
@@ -264,12 +282,12 @@ class RewardScorer:
         self.spec, self.num_workers, self.timeout_s = spec, num_workers, timeout_s
         self.max_error_frac = max_error_frac
         self.plan = plan
-        self.pool: Any = None
+        self.pool: RewardPool | None = None
         self._warned: set[str] = set()
 
-    def _outcomes(self, completions: list[str], rows: list[dict], extras: list[dict]) -> list[Any]:
-        from rlpost.rewards.pool import Outcome, RewardPool
-
+    def _outcomes(
+        self, completions: list[str], rows: list[dict], extras: list[SampleExtras]
+    ) -> list[Outcome]:
         if self.plan is None:
             self.plan = call_plan(self.fn, set(rows[0]) if rows else set(), self.name)
         if self.spec is not None and self.num_workers > 0:
@@ -288,7 +306,7 @@ class RewardScorer:
         self,
         completions: list[str],
         rows: list[dict],
-        extras: list[dict[str, Any]] | None = None,
+        extras: list[SampleExtras] | None = None,
     ) -> tuple[dict[str, list[float]], dict[str, float]]:
         """Named scores per sample (always with ``"total"``) and metrics.
 

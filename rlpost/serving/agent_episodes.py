@@ -24,23 +24,35 @@ import dataclasses
 import itertools
 import logging
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from rlpost.config.groups import Config
 from rlpost.result import RunError
-from rlpost.rewards.scoring import RewardScorer
+from rlpost.rewards.scoring import Scorer
 from rlpost.rollout.agent import AgentLoopConfig, Episode, episode_metrics, load_env, run_episodes
 from rlpost.rollout.agent.capture import Segment
 from rlpost.rollout.agent.endpoint import ChatEndpoint
-from rlpost.rollout.agent.env import EnvFactory, ToolEnv, prompt_messages
+from rlpost.rollout.agent.env import Env, EnvFactory, ToolEnv, prompt_messages
 from rlpost.rollout.agent.program import Program, load_program, run_program_episodes
 from rlpost.rollout.agent.tools import load_tools
 from rlpost.rollout.base import Completion, GenerationRequest, GenerationResult, SamplingConfig
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 log = logging.getLogger(__name__)
+# One call's episodes, run on the pending call's own event loop.
+EpisodesFn = Callable[[], Coroutine[object, object, list[Episode]]]
+
+
+class TurnGenerator(Protocol):
+    """What the episodes ask of a rollout group (a ``RolloutGroup``): one model turn,
+    awaited."""
+
+    async def agenerate(self, request: GenerationRequest) -> GenerationResult: ...
 
 
 def env_factory(cfg: Config) -> EnvFactory:
@@ -58,18 +70,18 @@ def env_factory(cfg: Config) -> EnvFactory:
 class PendingEpisodes:
     """Episodes running in a thread; ``result()`` waits for them (and re-raises)."""
 
-    def __init__(self, coro_fn: Callable[[], Any], n: int):
+    def __init__(self, coro_fn: EpisodesFn, n: int):
         self.n = n
         self._episodes: list[Episode] | None = None
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[list[Episode]] | None = None
         self._cancelled = False
         self._thread = threading.Thread(target=self._run, args=(coro_fn,), daemon=True)
         self._thread.start()
 
-    def _run(self, coro_fn: Callable[[], Any]) -> None:
+    def _run(self, coro_fn: EpisodesFn) -> None:
         loop = asyncio.new_event_loop()
         try:
             with self._lock:
@@ -110,7 +122,13 @@ class AgentRollout:
     that the chat template shows the model its tools (``warn_if_tools_unseen``).
     """
 
-    def __init__(self, cfg: Config, group: Any, tokenizer: Any, example: dict | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        group: TurnGenerator,
+        tokenizer: PreTrainedTokenizerBase,
+        example: dict | None = None,
+    ):
         a = cfg.agent
         self.cfg, self.group, self.tokenizer = cfg, group, tokenizer
         self.make_env = env_factory(cfg)
@@ -159,7 +177,7 @@ class AgentRollout:
         n = sampling.n
         sampling = dataclasses.replace(sampling, max_tokens=self.turn_tokens)
 
-        def episodes() -> Any:
+        def episodes() -> Coroutine[object, object, list[Episode]]:
             if self.program is not None:
                 assert self.endpoint is not None
                 return run_program_episodes(
@@ -178,7 +196,12 @@ class AgentRollout:
 
 
 def tools_unseen_warning(
-    tokenizer: Any, tools: list[dict], messages: list[dict], *, model: str, taught: str | None
+    tokenizer: PreTrainedTokenizerBase,
+    tools: list[dict],
+    messages: list[dict],
+    *,
+    model: str,
+    taught: str | None,
 ) -> str | None:
     """What to tell the user when the chat template ignores ``tools=``: ``messages``
     render the same with and without the tool schemas ``tools``, so the model is never
@@ -189,7 +212,7 @@ def tools_unseen_warning(
     format, when something did (the built-in model's warm-up).
     """
 
-    def render(schemas: list[dict] | None) -> str:
+    def render(schemas: list[dict | Callable] | None) -> str:
         return str(
             tokenizer.apply_chat_template(
                 messages, tools=schemas, tokenize=False, add_generation_prompt=True
@@ -197,7 +220,7 @@ def tools_unseen_warning(
         )
 
     plain = render(None)
-    if render(tools) != plain:
+    if render(list(tools)) != plain:
         return None
     names = [str(t.get("function", t).get("name")) for t in tools]
     named = [x for x in names if x in plain]
@@ -220,7 +243,9 @@ def tools_unseen_warning(
     )
 
 
-def warn_if_tools_unseen(cfg: Config, tokenizer: Any, env: Any, example: dict | None) -> None:
+def warn_if_tools_unseen(
+    cfg: Config, tokenizer: PreTrainedTokenizerBase, env: Env, example: dict | None
+) -> None:
     """Log ``tools_unseen_warning`` for the run's tools (an environment's
     ``tool_schemas``) on the episode that ``example`` opens, once at start-up."""
     tools = getattr(env, "tool_schemas", None)
@@ -295,7 +320,7 @@ def segment_completion(segment: Segment) -> Completion:
 
 
 def score_episodes(
-    scorer: RewardScorer,
+    scorer: Scorer,
     results: list[GenerationResult],
     rows: list[dict],
     *,
@@ -309,7 +334,11 @@ def score_episodes(
     (gdpo), which an environment's single number does not give; an environment
     reward is then an error rather than a score dropped in favour of zeros.
     """
-    episodes: list[Episode] = [c.episode for r in results for c in r.completions]
+    episodes: list[Episode] = []
+    for r in results:
+        for c in r.completions:
+            assert c.episode is not None, "an agent rollout's completion holds its episode"
+            episodes.append(c.episode)
     own = [i for i, e in enumerate(episodes) if e.reward is None]
     if named_only and len(own) < len(episodes):
         raise RunError(

@@ -12,29 +12,34 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import ray
 
 from rlpost.rollout.base import GenerationRequest, GenerationResult
+from rlpost.workers.ray_types import ActorHandle
+
+if TYPE_CHECKING:
+    from rlpost.rollout.pd import PDEngineConfig
+    from rlpost.rollout.router import Router
 
 T = TypeVar("T")
 # The replicas one request visits, in order (PD: prefill, then decode), each with
 # its pending result.
-Hops = list[tuple[int, Any]]
+Hops = list[tuple[int, ray.ObjectRef[GenerationResult]]]
 
 
 class Replicas(Protocol):
     """What a batch in flight asks of its group (a ``RolloutGroup``)."""
 
-    pd: Any
-    router: Any
-    workers: list[Any]
+    pd: PDEngineConfig | None
+    router: Router
+    workers: list[ActorHandle]
 
     def _pick(self, pick: Callable[[], T]) -> T: ...
     def _submit(self, request: GenerationRequest) -> Hops: ...
-    def _collect(self, request: GenerationRequest, hops: Hops) -> Any: ...
-    def _on_failure(self, worker: int, exc: Any) -> None: ...
+    def _collect(self, request: GenerationRequest, hops: Hops) -> GenerationResult: ...
+    def _on_failure(self, worker: int, exc: ray.exceptions.RayActorError) -> None: ...
     def _end(self, worker: int) -> None: ...
 
 
@@ -48,7 +53,7 @@ class PendingGeneration:
         # PD: each request's hops (see ``RolloutGroup._submit``); otherwise one
         # (replica, request indices, ref) per replica.
         self._hops: list[Hops] = []
-        self._batches: list[tuple[int, list[int], Any]] = []
+        self._batches: list[tuple[int, list[int], ray.ObjectRef[list[GenerationResult]]]] = []
         if group.pd is not None:
             self._hops = [group._submit(r) for r in requests]
             return
@@ -79,8 +84,8 @@ class PendingGeneration:
             for _ in idx:
                 self.group.router.end(replica)
         for hops in self._hops:
-            for worker, ref in hops:
-                ray.cancel(ref)
+            for worker, hop in hops:
+                ray.cancel(hop)
                 self.group._end(worker)
         self._results = []
 
@@ -91,7 +96,7 @@ class PendingGeneration:
             if group.pd is not None:
                 self._results = [group._collect(r, h) for r, h in zip(self.requests, self._hops)]
                 return self._results
-            out: list[Any] = [None] * len(self.requests)
+            out: dict[int, GenerationResult] = {}  # by request index
             for replica, idx, ref in self._batches:
                 try:
                     values = ray.get(ref)
@@ -106,5 +111,5 @@ class PendingGeneration:
                               for i in idx]  # fmt: skip
                 for i, value in zip(idx, values, strict=True):
                     out[i] = value
-            self._results = out
+            self._results = [out[i] for i in range(len(self.requests))]
         return self._results

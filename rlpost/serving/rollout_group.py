@@ -36,8 +36,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Concatenate, TypeGuard, TypeVar, overload
 
 import ray
 
@@ -48,10 +48,21 @@ from rlpost.serving.pending import Hops, PendingGeneration
 from rlpost.serving.pools import Pool, route, router_of
 from rlpost.serving.replica_stats import ReplicaStats
 from rlpost.workers import WORKER_ENV
-from rlpost.workers.rollout_worker import RolloutWorker
+from rlpost.workers.ray_types import ActorClass, ActorHandle, RayOptions, Scheduling
+from rlpost.workers.rollout_worker import Adapter, NamedTensors, RolloutWorker
 
 if TYPE_CHECKING:
+    from rlpost.rollout.hf import HFEngineConfig
+    from rlpost.rollout.sglang.engine import SGLangEngineConfig
+    from rlpost.rollout.sglang.pd import SGLangPDConfig
+    from rlpost.rollout.vllm.config import VLLMEngineConfig
     from rlpost.serving.weight_group import CollectiveSync, IpcSync
+    from rlpost.workers.trainer_worker import TrainerGroup
+
+    # A replica's engine config (``rlpost.plan.engines.rollout_engine_config``).
+    RolloutEngineConfig = (
+        VLLMEngineConfig | HFEngineConfig | SGLangEngineConfig | PDEngineConfig | SGLangPDConfig
+    )
 
 log = logging.getLogger(__name__)
 QUIET = {"env_vars": WORKER_ENV}
@@ -71,19 +82,21 @@ class RolloutGroup:
 
     def __init__(
         self,
-        engine_cfg: Any,
+        engine_cfg: RolloutEngineConfig,
         replicas: int = 1,
         num_cpus: float = 1.0,
         threads: int = 1,
-        device_opts: dict | None = None,
+        device_opts: RayOptions | None = None,
         engine: str = "vllm",
-        scheduling: list[Any] | None = None,
+        scheduling: Sequence[Scheduling] | None = None,
         vnodes: int = 128,
         max_restarts: int = 3,
         wait: bool = True,
     ):
-        cls = ray.remote(num_cpus=num_cpus, runtime_env=QUIET, **(device_opts or {}))(RolloutWorker)
-        where = scheduling or [None] * replicas
+        cls: ActorClass = ray.remote(num_cpus=num_cpus, runtime_env=QUIET, **(device_opts or {}))(
+            RolloutWorker
+        )
+        where: Sequence[Scheduling] = scheduling or [None] * replicas
         assert len(where) == replicas, "one scheduling strategy per replica"
         # PD mode: set only when engine_cfg is a PDEngineConfig.
         self.pd: PDEngineConfig | None = None
@@ -95,7 +108,7 @@ class RolloutGroup:
             gpus = engine_cfg.prefill_replicas + engine_cfg.decode_replicas
             cls = ray.remote(num_cpus=num_cpus, num_gpus=gpus, runtime_env=QUIET)(RolloutWorker)
             engine, replicas, where = "sglang_pd", 1, [None]
-            configs = [engine_cfg]
+            configs: Sequence[RolloutEngineConfig] = [engine_cfg]
         elif isinstance(engine_cfg, PDEngineConfig):
             assert replicas == engine_cfg.replicas, "replicas = prefill_replicas + decode_replicas"
             engine_cfg = self._with_kv_dir(engine_cfg)
@@ -108,7 +121,7 @@ class RolloutGroup:
             configs = [
                 dataclasses.replace(engine_cfg, seed=engine_cfg.seed + i) for i in range(replicas)
             ]
-        self.workers: list[Any] = [
+        self.workers: list[ActorHandle] = [
             cls.options(scheduling_strategy=s).remote(c, threads, engine)
             for c, s in zip(configs, where)
         ]
@@ -116,13 +129,15 @@ class RolloutGroup:
         # replica has loaded (the last weights and adapter; ``_version`` counts loads).
         self._cls, self._configs, self._where = cls, configs, where
         self._threads, self._engine = threads, engine
-        self._weights: Any = None
-        self._adapter: Any = None
+        # (weights: an object-store reference, or under rollout.weight_sync=collective
+        # the call that makes one of the trainer's current weights)
+        self._weights: ray.ObjectRef | Callable[[], ray.ObjectRef] | None = None
+        self._adapter: ray.ObjectRef | None = None
         self._version = 0
         # The policy version every replica serves (``load_weights``).
         self.policy_version = 0
         # Replica -> (its start-and-resync call, the load version it syncs to, start time).
-        self._restarting: dict[int, tuple[Any, int, float]] = {}
+        self._restarting: dict[int, tuple[ray.ObjectRef, int, float]] = {}
         self.restarts = [0] * len(self.workers)
         self.max_restarts = max_restarts
         self._left_out: set[int] = set()  # died with no restarts left
@@ -156,25 +171,27 @@ class RolloutGroup:
     def _with_kv_dir(self, pd: PDEngineConfig) -> PDEngineConfig:
         """A file connector without a directory gets a fresh temporary one, removed on close."""
         spec = pd.prefill.kv_transfer
+        assert spec is not None, "a PD prefill replica's config has its kv_transfer side"
         if spec.connector not in FILE_CONNECTORS or spec.shared_dir:
             return pd
         import tempfile
 
         self._own_kv_dir = tempfile.mkdtemp(prefix="rlpost-kv-")
 
-        def side(c: Any) -> Any:
+        def side(c: VLLMEngineConfig) -> VLLMEngineConfig:
+            assert c.kv_transfer is not None  # each pool's engine has its connector
             kv = dataclasses.replace(c.kv_transfer, shared_dir=self._own_kv_dir)
             return dataclasses.replace(c, kv_transfer=kv)
 
         return dataclasses.replace(pd, prefill=side(pd.prefill), decode=side(pd.decode))
 
     @property
-    def prefill_workers(self) -> list[Any]:
+    def prefill_workers(self) -> list[ActorHandle]:
         """PD mode: the KV producers (empty otherwise)."""
         return self.workers[: self.pools[-1].first]
 
     @property
-    def decode_workers(self) -> list[Any]:
+    def decode_workers(self) -> list[ActorHandle]:
         """PD mode: the KV consumers, which return the samples; otherwise every worker."""
         return self.workers[self.pools[-1].first :]
 
@@ -217,7 +234,7 @@ class RolloutGroup:
             )
         return [*hops, (last, ref)]
 
-    def _collect(self, request: GenerationRequest, hops: Hops) -> Any:
+    def _collect(self, request: GenerationRequest, hops: Hops) -> GenerationResult:
         """The last replica's result. A replica of the route found dead is marked
         (and restarted) and the whole request sent again: its sessions fall to
         the next replica on the ring meanwhile; once none is left, ``_pick``
@@ -241,7 +258,10 @@ class RolloutGroup:
     # -- weights, health, stats --------------------------------------------
 
     def load_weights(
-        self, weights: Any, version: int | None = None, interrupt: bool = False
+        self,
+        weights: ray.ObjectRef | NamedTensors,
+        version: int | None = None,
+        interrupt: bool = False,
     ) -> float:
         """Load new weights into every replica; returns the wall seconds.
 
@@ -259,13 +279,15 @@ class RolloutGroup:
         self._drain()
         self._weights, self._version = ref, self._version + 1
         self.policy_version = self.policy_version + 1 if version is None else version
-        self._call_live("load_weights", ref, self.policy_version, interrupt and self.pd is None)
+        self._call_live(
+            RolloutWorker.load_weights, ref, self.policy_version, interrupt and self.pd is None
+        )
         return time.perf_counter() - start
 
     def load_weights_collective(
         self,
         sync: CollectiveSync | IpcSync,
-        trainer: Any,
+        trainer: TrainerGroup,
         version: int | None = None,
         interrupt: bool = False,
     ) -> dict[str, float]:
@@ -290,7 +312,7 @@ class RolloutGroup:
             self._in_flight = []
 
     def load_lora_adapter(
-        self, adapter: Any, version: int | None = None, interrupt: bool = False
+        self, adapter: ray.ObjectRef | Adapter, version: int | None = None, interrupt: bool = False
     ) -> float:
         """Serve later requests with this LoRA adapter (``rollout.lora_sync=adapter``).
 
@@ -304,7 +326,7 @@ class RolloutGroup:
         self._adapter, self._version = ref, self._version + 1
         self.policy_version = self.policy_version + 1 if version is None else version
         self._call_live(
-            "load_lora_adapter", ref, self.policy_version, interrupt and self.pd is None
+            RolloutWorker.load_lora_adapter, ref, self.policy_version, interrupt and self.pd is None
         )
         return time.perf_counter() - start
 
@@ -402,12 +424,31 @@ class RolloutGroup:
                     raise
                 self._poll_restarts(wait=True)
 
-    def _call_live(self, method: str, *args: Any) -> dict[int, Any]:
-        """``method(*args)`` on every replica not restarting, results by replica index.
-        A replica found dead is restarted and left out (it catches up by itself)."""
+    # The worker's method, typed by what its call answers; its arguments are not
+    # checked against it (an object-store reference stands for its value).
+    @overload
+    def _call_live(
+        self,
+        method: Callable[Concatenate[RolloutWorker, ...], Coroutine[object, object, T]],
+        *args: object,
+    ) -> dict[int, T]: ...
+
+    @overload
+    def _call_live(
+        self, method: Callable[Concatenate[RolloutWorker, ...], T], *args: object
+    ) -> dict[int, T]: ...
+
+    def _call_live(
+        self,
+        method: Callable[Concatenate[RolloutWorker, ...], Coroutine[object, object, T] | T],
+        *args: object,
+    ) -> dict[int, T]:
+        """``method(*args)`` (a ``RolloutWorker`` method) on every replica not restarting,
+        results by replica index. A replica found dead is restarted and left out (it
+        catches up by itself)."""
         self._poll_restarts()
         calls = {
-            i: getattr(w, method).remote(*args)
+            i: getattr(w, method.__name__).remote(*args)
             for i, w in enumerate(self.workers)
             if i not in self._restarting and i not in self._left_out
         }
@@ -442,15 +483,15 @@ class RolloutGroup:
         share is the difference between two calls.
         The first call in PD mode whose decode side computed prompt tokens and
         loaded none through the connector logs one warning with the reason."""
-        engine_stats = self._call_live("stats")  # a replica restarting has none
+        engine_stats = self._call_live(RolloutWorker.stats)  # a replica restarting has none
         return self._stats.metrics(engine_stats, self.pools, self.restarts)
 
     def sleep(self, level: int) -> None:
         """Every replica frees its device memory (``rlpost.loop.memory``)."""
-        self._call_live("sleep", level)
+        self._call_live(RolloutWorker.sleep, level)
 
     def wake(self, tags: list[str]) -> None:
-        self._call_live("wake", tags)
+        self._call_live(RolloutWorker.wake, tags)
 
     def reset_prefix_cache(self) -> None:
         """Empty every replica's prefix cache (e.g. between benchmark runs)."""
@@ -472,5 +513,5 @@ class RolloutGroup:
             self._own_kv_dir = None
 
 
-def _is_sglang_pd(engine_cfg: Any) -> bool:
+def _is_sglang_pd(engine_cfg: object) -> TypeGuard[SGLangPDConfig]:
     return type(engine_cfg).__name__ == "SGLangPDConfig"

@@ -24,11 +24,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 import ray
 
+from rlpost.workers.ray_types import ActorHandle
+
 if TYPE_CHECKING:
+    from rlpost.config.groups import Config, RolloutConfig
     from rlpost.workers.trainer_worker import TrainerGroup
 
 log = logging.getLogger(__name__)
@@ -52,7 +56,7 @@ def bucket_bytes(bucket_mb: float) -> int:
     return max(1, int(bucket_mb * 2**20))
 
 
-def vllm_transfer_backend(rollout: Any, device_kind: str) -> str | None:
+def vllm_transfer_backend(rollout: RolloutConfig, device_kind: str) -> str | None:
     """The backend of vLLM's own weight-transfer engine the collective sync goes
     through (``rlpost.runtime.vllm_transfer.BACKEND``, NCCL) where the sync is
     ``collective``, on CUDA, to vLLM replicas, and the installed vLLM has that
@@ -74,20 +78,22 @@ class Replicas(Protocol):
     (``rlpost.serving.rollout_group.RolloutGroup``): its replicas' actors, which of
     them are restarting or left out, and its restart path."""
 
-    workers: list[Any]
+    workers: list[ActorHandle]
     max_restarts: int
-    _weights: Any
-    _restarting: dict[int, Any]
+    _weights: ray.ObjectRef | Callable[[], ray.ObjectRef] | None
+    _restarting: dict[int, tuple[ray.ObjectRef, int, float]]
     _left_out: set[int]
 
     def _poll_restarts(self, wait: bool = False) -> None: ...
 
-    def _is_current(self, worker: int, exc: BaseException) -> bool: ...
+    def _is_current(self, worker: int, exc: ray.exceptions.RayActorError) -> bool: ...
 
     def _restart(self, worker: int, exc: BaseException) -> None: ...
 
 
-def collective_sync(cfg: Any, device_kind: str, rollout: Any) -> CollectiveSync | IpcSync | None:
+def collective_sync(
+    cfg: Config, device_kind: str, rollout: Replicas
+) -> CollectiveSync | IpcSync | None:
     """The run's weight sync without the object store (``collective`` or ``ipc``),
     or None where weights go through the object store (``rollout.weight_sync``; a
     rollout group of another kind, e.g. a test's stand-in, keeps the object store)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 MAX_GAP = 1e-3  # log-prob agreement required wherever two engines score the same tokens
 GRPO_STEPS = 2  # two steps: the second samples from weights the first one synced
@@ -47,13 +47,20 @@ def architectures() -> list[str]:
     return [*ARCHS, *VL_ARCHS]
 
 
+class OutcomeJson(TypedDict):
+    """An ``Outcome`` as a step's result file holds it."""
+
+    status: Status
+    text: str
+
+
 @dataclass(frozen=True)
 class Outcome:
     status: Status
     text: str  # pass: what was measured; fail: the error; skip: why it did not run
 
     @staticmethod
-    def from_json(raw: dict[str, Any]) -> Outcome:
+    def from_json(raw: OutcomeJson) -> Outcome:
         return Outcome(raw["status"], raw["text"])
 
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from rlpost.support.common import CHECKS, architectures
-from rlpost.support.runner import REPO, RESULTS_DIR, load_records
+from rlpost.support.runner import REPO, RESULTS_DIR, CheckRecord, SupportRecord, load_records
 
 MARKDOWN = REPO / "SUPPORT.md"
 TITLES = {
@@ -24,7 +23,7 @@ GPU_CHECKS = tuple(c for c in CHECKS if c != "build")
 CELL_CHARS = 48  # longer errors are cut in the table and given whole under "Failures"
 
 
-def _cell(check: dict[str, Any] | None) -> str:
+def _cell(check: CheckRecord | None) -> str:
     if check is None:
         return ""
     if check["status"] == "pass":
@@ -35,7 +34,7 @@ def _cell(check: dict[str, Any] | None) -> str:
     return "✗ " + (text if len(text) <= CELL_CHARS else text[: CELL_CHARS - 1] + "…")
 
 
-def _run_line(records: dict[str, dict[str, Any]], label: str) -> str:
+def _run_line(records: dict[str, SupportRecord], label: str) -> str:
     if not records:
         return f"- {label}: not run yet."
     dates = sorted({r["date"] for r in records.values()})
@@ -82,8 +81,8 @@ def render(results_dir: Path = RESULTS_DIR) -> str:
     ]
     rows = architectures()
     for arch in rows:
-        c = cpu.get(arch, {}).get("checks", {})
-        g = gpu.get(arch, {}).get("checks", {})
+        c = cpu[arch]["checks"] if arch in cpu else {}
+        g = gpu[arch]["checks"] if arch in gpu else {}
         cells = [_cell(c.get(k)) for k in CHECKS] + [_cell(g.get(k)) for k in GPU_CHECKS]
         lines.append(f"| {arch} | " + " | ".join(cells) + " |")
     lines += ["", "## Checks", ""]

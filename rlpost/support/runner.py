@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from rlpost.support.checks import score_hf, step_build, step_export, step_fsdp, step_lora
-from rlpost.support.common import STEPS, Outcome, child_error, describe, failed, skipped
+from rlpost.support.common import STEPS, Outcome, Status, child_error, describe, failed, skipped
 from rlpost.support.grpo_run import step_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,6 +40,25 @@ STEP_FUNCTIONS: dict[str, Callable[[str, Path], dict[str, Outcome]]] = {
     "run": step_run,
     "export": step_export,
 }
+
+
+class CheckRecord(TypedDict):
+    """One check's stored result."""
+
+    status: Status
+    text: str
+    seconds: float
+
+
+class SupportRecord(TypedDict):
+    """One architecture's stored results on one device (``<device>/<Arch>.json``)."""
+
+    arch: str
+    device: str
+    date: str
+    versions: dict[str, str]
+    seconds: float
+    checks: dict[str, CheckRecord]
 
 
 def result_path(work: Path, step: str) -> Path:
@@ -101,7 +120,7 @@ def check_architecture(
     work: Path,
     steps: Iterable[str] = tuple(STEPS),
     report: Callable[[str, Outcome, float], None] | None = None,
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, CheckRecord]:
     """Run ``steps`` (in order, each in its own process) on ``arch`` under ``work``.
 
     Returns ``{check: {"status", "text", "seconds"}}`` for every check the steps
@@ -109,7 +128,7 @@ def check_architecture(
     A step whose prerequisite failed is recorded as skipped, not run.
     """
     work.mkdir(parents=True, exist_ok=True)
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, CheckRecord] = {}
     for step in steps:
         blocked = _blocked_by(step, results)
         start = time.perf_counter()
@@ -125,7 +144,7 @@ def check_architecture(
     return results
 
 
-def _blocked_by(step: str, results: dict[str, dict[str, Any]]) -> str | None:
+def _blocked_by(step: str, results: dict[str, CheckRecord]) -> str | None:
     """The failed check that ``step`` needs, if any."""
     needs = {"fsdp": "build", "lora": "build", "run": "build", "export": "grpo"}.get(step)
     if needs is not None and needs in results and results[needs]["status"] != "pass":
@@ -157,10 +176,10 @@ def device_kind() -> str:
 
 
 def save_record(
-    arch: str, device: str, checks: dict[str, dict[str, Any]], seconds: float, results_dir: Path
+    arch: str, device: str, checks: dict[str, CheckRecord], seconds: float, results_dir: Path
 ) -> Path:
     """Write ``results_dir/<device>/<arch>.json``: the checks, date, versions, wall time."""
-    record = {
+    record: SupportRecord = {
         "arch": arch,
         "device": device,
         "date": datetime.date.today().isoformat(),
@@ -174,7 +193,7 @@ def save_record(
     return path
 
 
-def load_records(results_dir: Path, device: str) -> dict[str, dict[str, Any]]:
+def load_records(results_dir: Path, device: str) -> dict[str, SupportRecord]:
     folder = results_dir / device
     if not folder.is_dir():
         return {}

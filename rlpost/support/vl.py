@@ -12,11 +12,14 @@ Legend: b = samples, t = tokens.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from rlpost.models.vl import IMAGE_SIDE, VL_ARCHS
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # A red, green, blue or grey picture per row, so that images differ between prompts.
 COLOURS = [(220, 30, 30), (30, 200, 30), (30, 30, 220), (128, 128, 128)]
@@ -72,7 +75,9 @@ def processor_inputs(model_path: str | Path, row: dict) -> dict[str, torch.Tenso
     return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
 
 
-def reference_logprobs(model: Any, ids: list[int], inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+def reference_logprobs(
+    model: PreTrainedModel, ids: list[int], inputs: dict[str, torch.Tensor]
+) -> torch.Tensor:
     """Transformers' log-probs (t,) of each of ``ids`` given those before it, with the
     processor's image ``inputs`` (of the prompt that ``ids`` starts with); 0 at t=0.
     Token-type inputs are extended over the whole sequence (1 on image tokens). The

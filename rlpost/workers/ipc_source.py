@@ -5,9 +5,16 @@ hand-off (``rollout.weight_sync=ipc``; the driver's side is
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import ray
+
+from rlpost.workers.ray_types import ActorHandle
+
+if TYPE_CHECKING:
+    import torch
+
+    from rlpost.runtime.weight_wire import BucketPlan, SyncStats
 
 
 class IpcSource:
@@ -16,10 +23,10 @@ class IpcSource:
     time, mapped in place (``rlpost.runtime.weight_wire.open_bucket``). It asks
     for the next bucket once the model's loader has taken the last one's tensors."""
 
-    def __init__(self, sender: Any, plan: Any):
+    def __init__(self, sender: ActorHandle, plan: BucketPlan):
         self.sender, self.plan = sender, plan
 
-    def tensors(self, stats: Any) -> Iterator[tuple[str, Any]]:
+    def tensors(self, stats: SyncStats) -> Iterator[tuple[str, torch.Tensor]]:
         from rlpost.runtime import device as devices
         from rlpost.runtime.weight_wire import open_bucket, unpack
 

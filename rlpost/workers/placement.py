@@ -27,11 +27,16 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from rlpost.config.groups import Config
 from rlpost.config.schema import ConfigError
 from rlpost.workers import WORKER_ENV
+from rlpost.workers.ray_types import RayOptions
+
+if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +92,7 @@ class PlacementError(ConfigError):
     """The cluster cannot hold the placement groups the config asks for."""
 
 
-def start(cfg: Config, device_opts: dict[str, Any]) -> tuple[bool, Placement]:
+def start(cfg: Config, device_opts: RayOptions) -> tuple[bool, Placement]:
     """Connect to Ray (``connect``) and reserve the run's placement groups.
 
     Returns whether this call made the Ray connection (the caller then
@@ -221,7 +226,7 @@ def _running(pid: int) -> bool:
     return state != "Z"
 
 
-def bundles(cfg: Config, device_opts: dict[str, Any]) -> dict[str, list[dict[str, float]]]:
+def bundles(cfg: Config, device_opts: RayOptions) -> dict[str, list[dict[str, float]]]:
     """The resource bundles of each role, one per worker.
 
     ``device_opts`` is what a worker passes to ``ray.remote`` besides its CPUs
@@ -263,15 +268,29 @@ def _alive_nodes() -> list[dict[str, float]]:
 
 @dataclass
 class _Slot:
-    group: Any  # ray.util.placement_group.PlacementGroup
+    group: PlacementGroup
     offset: int  # index of the role's first bundle in its group
     count: int
+
+
+class RolePlacement(TypedDict):
+    bundles: list[dict[str, float]]
+    node_ids: list[str]
+
+
+class PlacementInfo(TypedDict):
+    """``Placement.describe()``, as ``placement.json`` holds it."""
+
+    mode: str
+    strategy: str
+    roles: dict[str, RolePlacement]
+    nodes: dict[str, str | None]  # node id -> its address
 
 
 class Placement:
     """The placement groups of one run and which bundles belong to which role."""
 
-    def __init__(self, cfg: Config, device_opts: dict[str, Any]):
+    def __init__(self, cfg: Config, device_opts: RayOptions):
         from ray.util import placement_group
 
         t = cfg.trainer
@@ -280,7 +299,7 @@ class Placement:
         self.requested = bundles(cfg, device_opts)
         self._check_fits(cfg)
         self.slots: dict[str, _Slot] = {}
-        self.groups: list[Any] = []
+        self.groups: list[PlacementGroup] = []
         if self.mode == "colocated":
             flat = [b for role in self.requested.values() for b in role]
             pg = placement_group(flat, strategy=self.strategy, name="rlpost-colocated")
@@ -362,7 +381,7 @@ class Placement:
     def has(self, role: str) -> bool:
         return role in self.slots
 
-    def scheduling(self, role: str) -> list[Any]:
+    def scheduling(self, role: str) -> list[PlacementGroupSchedulingStrategy]:
         """One scheduling strategy per worker of ``role``, in rank order."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -384,7 +403,7 @@ class Placement:
             out[role] = [table[slot.offset + i] for i in range(slot.count)]
         return out
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> PlacementInfo:
         """Mode, strategy, bundles and nodes of every role (written to ``placement.json``)."""
         import ray
 

@@ -3,13 +3,17 @@ placement bundle (role ``reward_model``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import ray
 import torch
 
 from rlpost.rewards.reward_model import SequenceRewardModel
 from rlpost.workers import WORKER_ENV
+from rlpost.workers.ray_types import ActorClass, ActorHandle, RayOptions, Scheduling
+
+if TYPE_CHECKING:
+    from rlpost.config.task_groups import RewardModelConfig
 
 
 class RewardModelWorker:
@@ -29,12 +33,16 @@ class RewardModelGroup:
     ``score`` blocks until its scores are back."""
 
     def __init__(
-        self, model_cfg: Any, threads: int, device_opts: dict | None, scheduling: Any = None
+        self,
+        model_cfg: RewardModelConfig,
+        threads: int,
+        device_opts: RayOptions | None,
+        scheduling: Scheduling = None,
     ):
-        cls: Any = ray.remote(
+        cls: ActorClass = ray.remote(
             num_cpus=model_cfg.num_cpus, runtime_env={"env_vars": WORKER_ENV}, **(device_opts or {})
         )(RewardModelWorker)
-        self.worker: Any = cls.options(scheduling_strategy=scheduling).remote(
+        self.worker: ActorHandle = cls.options(scheduling_strategy=scheduling).remote(
             model_cfg.path, model_cfg.batch_size, model_cfg.max_length, model_cfg.dtype, threads
         )
         ray.get(self.worker.ready.remote())

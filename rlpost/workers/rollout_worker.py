@@ -13,7 +13,7 @@ import logging
 import os
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,6 +26,17 @@ from rlpost.rollout.base import (
     Sleeper,
     Versioned,
 )
+from rlpost.workers.ray_types import ActorHandle
+
+if TYPE_CHECKING:
+    from rlpost.runtime.weight_wire import BucketPlan
+
+# What the replicas load: full weights as (name, tensor) pairs, and a LoRA adapter
+# as its tensors and its peft config (``PolicyEngine.named_weights``,
+# ``adapter_weights``). Ray hands an actor the values of the object-store
+# references it is called with.
+NamedTensors = list[tuple[str, torch.Tensor]]
+Adapter = tuple[dict[str, torch.Tensor], dict[str, object]]
 
 
 def prompt_hash(prompt_ids: list[int]) -> str:
@@ -38,7 +49,7 @@ class RolloutWorker:
     # Most recent requests remembered for ``served()``.
     SERVED_LOG = 100_000
 
-    def __init__(self, engine_cfg: Any, threads: int, engine: str = "vllm"):
+    def __init__(self, engine_cfg: object, threads: int, engine: str = "vllm"):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # vLLM's per-reload INFO/WARNING lines drown the progress bar.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -67,7 +78,9 @@ class RolloutWorker:
         """This replica's process id (fault-injection tests kill it)."""
         return os.getpid()
 
-    async def resync(self, weights: Any, adapter: Any, version: int = 0) -> None:
+    async def resync(
+        self, weights: NamedTensors | None, adapter: Adapter | None, version: int = 0
+    ) -> None:
         """Catch a restarted replica up: the group's last weights, then its last
         LoRA adapter (either None when none was ever sent), as policy ``version``."""
         if weights is not None:
@@ -87,14 +100,16 @@ class RolloutWorker:
                 c.versions = [version] * len(c.token_ids)
         return result
 
-    async def generate_after(self, request: GenerationRequest, prefilled: Any) -> GenerationResult:
+    async def generate_after(
+        self, request: GenerationRequest, prefilled: GenerationResult
+    ) -> GenerationResult:
         """PD's decode half: ``prefilled`` is the prefill call's ObjectRef, which Ray
         resolves before this runs, so the prompt's KV is in the connector by now."""
         del prefilled  # only the ordering matters
         return await self.generate_one(request)
 
     async def load_weights(
-        self, named_tensors: list, version: int | None = None, interrupt: bool = False
+        self, named_tensors: NamedTensors, version: int | None = None, interrupt: bool = False
     ) -> float:
         """Seconds until the new weights (policy ``version``) are in, including
         waiting for requests in flight; ``interrupt``: stop those where they are
@@ -127,7 +142,10 @@ class RolloutWorker:
         return self.group_receiver
 
     async def receive_weights(
-        self, version: int | None = None, interrupt: bool = False, layout: Any = None
+        self,
+        version: int | None = None,
+        interrupt: bool = False,
+        layout: dict[str, list] | None = None,
     ) -> float:
         """Seconds until the weights rank 0 of the weight group sends are in, as
         ``load_weights`` (``version``, ``interrupt``). ``layout``: what is sent, where
@@ -141,7 +159,11 @@ class RolloutWorker:
         return time.perf_counter() - start
 
     async def receive_weights_ipc(
-        self, sender: Any, plan: Any, version: int | None = None, interrupt: bool = False
+        self,
+        sender: ActorHandle,
+        plan: BucketPlan,
+        version: int | None = None,
+        interrupt: bool = False,
     ) -> float:
         """Seconds until the weights trainer rank 0 (``sender``) hands out as memory
         this process maps are in (``rollout.weight_sync=ipc``; ``plan``: their
@@ -162,7 +184,7 @@ class RolloutWorker:
         return time.perf_counter() - start
 
     async def load_lora_adapter(
-        self, adapter: Any, version: int | None = None, interrupt: bool = False
+        self, adapter: Adapter, version: int | None = None, interrupt: bool = False
     ) -> float:
         """Seconds to swap in a new LoRA adapter, after the requests in flight finish
         (``interrupt``: as ``load_weights``)."""

@@ -14,8 +14,8 @@ import os
 import random
 import socket
 import time
-from collections.abc import Callable
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
 
 import ray
 import torch
@@ -23,6 +23,12 @@ import torch
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.engine import PolicyEngine, RewardEngine, ValueEngine, WeightSource
 from rlpost.workers import WORKER_ENV
+from rlpost.workers.ray_types import ActorHandle, RayOptions, Scheduling
+
+if TYPE_CHECKING:
+    from rlpost.runtime.vllm_transfer import VllmNcclSender
+    from rlpost.runtime.weight_wire import BucketPlan, IpcSender, SyncGroup
+    from rlpost.trainers.engine_config import EngineConfig
 
 QUIET = {"env_vars": WORKER_ENV}
 # what an engine must have to be a WeightSource: its attributes and its methods
@@ -35,6 +41,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
 Engine = PolicyEngine | ValueEngine | RewardEngine
+E = TypeVar("E", bound=Engine)  # the engine protocol a group method comes from
 # What a worker may be asked to call on its engine: the protocols' methods.
 ENGINE_METHODS = frozenset(
     name
@@ -49,10 +56,11 @@ class TrainerWorker:
 
     def __init__(self, threads: int):
         torch.set_num_threads(threads)
-        self.engine: Any = None
+        self.engine: Engine | None = None
         self.weight_source: WeightSource | None = None  # the engine, if its weights can leave it
-        self.weight_group: Any = None  # rollout.weight_sync=collective: rank 0's sender
-        self._ipc: Any = None  # rollout.weight_sync=ipc: rank 0's hand-off in progress
+        # rollout.weight_sync=collective: rank 0's sender
+        self.weight_group: SyncGroup | VllmNcclSender | None = None
+        self._ipc: IpcSender | None = None  # rollout.weight_sync=ipc: rank 0's hand-off in progress
 
     def pid(self) -> int:
         """This rank's process id (fault-injection tests kill it)."""
@@ -79,7 +87,9 @@ class TrainerWorker:
             s.bind(("", 0))
             return f"tcp://{ip}:{s.getsockname()[1]}"
 
-    def init_engine(self, kind: str, cfg: Any, rank: int, world_size: int, init_method: str) -> int:
+    def init_engine(
+        self, kind: str, cfg: EngineConfig, rank: int, world_size: int, init_method: str
+    ) -> int:
         """Build this rank's engine: the config names the trainer (``cfg.trainer``:
         ``fsdp``, ``megatron``), ``kind`` the role (``policy`` or ``critic``)."""
         from rlpost.trainers.registry import build_engine
@@ -95,7 +105,7 @@ class TrainerWorker:
             )
         return self.engine.num_params
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def call(self, method: str, *args: object, **kwargs: object) -> object:
         """The engine's ``method`` (a name an engine protocol declares: the group's
         proxies pass ``method.__name__``)."""
         if method not in ENGINE_METHODS:
@@ -156,12 +166,13 @@ class TrainerWorker:
             for _ in items:
                 pass
             return {}
+        assert self.weight_group is not None, "send_weights before open_weight_group"
         stats = self.weight_group.send(items, bucket_bytes, specs)
         return {"buckets": stats.buckets, "bytes": stats.bytes, "peak": stats.peak_bucket_bytes}
 
     # -- rollout.weight_sync=ipc (rlpost.serving.weight_group.IpcSync) ----------
 
-    def ipc_open(self, bucket_bytes: int) -> Any:
+    def ipc_open(self, bucket_bytes: int) -> BucketPlan:
         """Rank 0: start handing the weights out in buckets of ``bucket_bytes``
         (``ipc_next``); returns their layout. Ends a hand-off left unfinished first."""
         from rlpost.runtime.weight_wire import IpcSender
@@ -171,7 +182,7 @@ class TrainerWorker:
         self._ipc = IpcSender(source, bucket_bytes, source.device)
         return self._ipc.plan
 
-    def ipc_next(self) -> Any:
+    def ipc_next(self) -> tuple:
         """Rank 0: the next bucket's handle (its tensors gathered and packed)."""
         if self._ipc is None:
             raise RuntimeError("ipc_next before ipc_open")
@@ -191,7 +202,7 @@ class TrainerWorker:
 
 
 def sharded(
-    method: Callable[Concatenate[Any, TrajectoryBatch, P], R],
+    method: Callable[Concatenate[E, TrajectoryBatch, P], R],
     combine: Callable[[list[R], int], T],
 ) -> Callable[Concatenate[TrainerGroup, TrajectoryBatch, P], T]:
     """A ``TrainerGroup`` method calling the engine protocol's ``method`` on every
@@ -239,18 +250,18 @@ class TrainerGroup:
 
     def __init__(
         self,
-        engine_cfg: Any,
+        engine_cfg: EngineConfig,
         world_size: int,
         num_cpus: float,
         threads: int,
-        device_opts: dict,
+        device_opts: RayOptions,
         kind: str = "policy",
-        scheduling: list[Any] | None = None,
+        scheduling: Sequence[Scheduling] | None = None,
     ):
         cls = ray.remote(num_cpus=num_cpus, runtime_env=QUIET, **device_opts)(TrainerWorker)
-        where = scheduling or [None] * world_size
+        where: Sequence[Scheduling] = scheduling or [None] * world_size
         assert len(where) == world_size, "one scheduling strategy per rank"
-        self.workers: list[Any] = [
+        self.workers: list[ActorHandle] = [
             cls.options(scheduling_strategy=s).remote(threads) for s in where
         ]
         self.world_size = world_size
@@ -265,7 +276,7 @@ class TrainerGroup:
 
     def _sharded(
         self,
-        method: Callable[Concatenate[Any, TrajectoryBatch, P], R],
+        method: Callable[Concatenate[E, TrajectoryBatch, P], R],
         batch: TrajectoryBatch,
         *args: P.args,
         **kwargs: P.kwargs,
@@ -279,7 +290,7 @@ class TrainerGroup:
         )
 
     def _each(
-        self, method: Callable[Concatenate[Any, P], R], *args: P.args, **kwargs: P.kwargs
+        self, method: Callable[Concatenate[E, P], R], *args: P.args, **kwargs: P.kwargs
     ) -> list[R]:
         return _gather([w.call.remote(method.__name__, *args, **kwargs) for w in self.workers])
 
@@ -368,7 +379,7 @@ class TrainerGroup:
                 ray.kill(w)
 
 
-def _gather(refs: list[Any], settle_s: float = 10.0) -> list[Any]:
+def _gather(refs: list[ray.ObjectRef[T]], settle_s: float = 10.0) -> list[T]:
     """``ray.get(refs)``, but raising as soon as one rank fails: the others may be
     waiting for the dead one in a collective until the backend's timeout.
 
@@ -393,7 +404,7 @@ def _gather(refs: list[Any], settle_s: float = 10.0) -> list[Any]:
     return ray.get(refs)
 
 
-def _dead_rank(refs: list[Any], timeout_s: float) -> ray.exceptions.RayActorError | None:
+def _dead_rank(refs: list[ray.ObjectRef], timeout_s: float) -> ray.exceptions.RayActorError | None:
     """The error of the first of ``refs`` whose rank died within ``timeout_s``, if any."""
     deadline = time.monotonic() + timeout_s
     pending = list(refs)

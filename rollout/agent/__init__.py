@@ -7,7 +7,7 @@ process (which imports ``rlpost.rollout.agent.tools``) does not pay for torch.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     )
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'rlpost.rollout.agent' has no attribute {name!r}")
     return getattr(importlib.import_module(f"rlpost.rollout.agent.{_EXPORTS[name]}"), name)

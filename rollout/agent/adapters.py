@@ -36,11 +36,13 @@ import asyncio
 import hashlib
 import importlib
 import inspect
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from types import ModuleType
+from typing import Any, Protocol
 
 from rlpost.rollout.agent.env_base import (
     EnvError,
+    EnvFactory,
     StepResult,
     prompt_messages,
     tool_calls_of,
@@ -53,7 +55,7 @@ from rlpost.rollout.agent.tools import Tool, ToolOutcome, run_tool_calls
 EXTRAS = {"skyrl_gym": "skyrl-gym", "textarena": "textarena"}
 
 
-def _import(library: str, spec: str) -> Any:
+def _import(library: str, spec: str) -> ModuleType:
     try:
         return importlib.import_module(library)
     except ImportError as exc:
@@ -75,9 +77,9 @@ def _unknown(spec: str, kind: str, ident: str, known: list[str]) -> EnvError:
 class SkyRLGymEnv:
     """One skyrl-gym environment per episode, made at ``reset`` from the row's extras."""
 
-    def __init__(self, env_id: str, env_config: Mapping[str, Any], extras: Mapping[str, Any]):
+    def __init__(self, env_id: str, env_config: Mapping[str, object], extras: Mapping[str, object]):
         self.env_id, self.env_config, self.extras = env_id, dict(env_config), dict(extras)
-        self.env: Any = None
+        self.env: Any = None  # skyrl-gym's, made at reset (an optional package)
 
     def reset(self, row: dict) -> list[dict]:
         import skyrl_gym
@@ -100,7 +102,11 @@ class SkyRLGymEnv:
         )
 
 
-def skyrl_gym_factory(spec: str, env_id: str, kwargs: Mapping[str, Any]) -> Callable[[], Any]:
+def skyrl_gym_factory(
+    spec: str,
+    env_id: str,
+    kwargs: Mapping[str, Any],  # agent.env_kwargs: plain config values
+) -> Callable[[], SkyRLGymEnv]:
     skyrl_gym = _import("skyrl_gym", spec)
     known = sorted(skyrl_gym.envs.registration.registry.keys())
     if env_id not in known:
@@ -119,9 +125,9 @@ def skyrl_gym_factory(spec: str, env_id: str, kwargs: Mapping[str, Any]) -> Call
 class TextArenaEnv:
     """A single-player TextArena game per episode."""
 
-    def __init__(self, game_id: str, kwargs: Mapping[str, Any]):
+    def __init__(self, game_id: str, kwargs: Mapping[str, object]):
         self.game_id, self.kwargs = game_id, dict(kwargs)
-        self.env: Any = None
+        self.env: Any = None  # TextArena's, made at reset (an optional package)
         self.seen = ""
 
     def reset(self, row: dict) -> list[dict]:
@@ -152,7 +158,9 @@ class TextArenaEnv:
         return [{"role": "user", "content": self._new_observation()}], False, 0.0
 
 
-def textarena_factory(spec: str, game_id: str, kwargs: Mapping[str, Any]) -> Callable[[], Any]:
+def textarena_factory(
+    spec: str, game_id: str, kwargs: Mapping[str, object]
+) -> Callable[[], TextArenaEnv]:
     _import("textarena", spec)
     from textarena.envs.registration import ENV_REGISTRY
 
@@ -161,7 +169,7 @@ def textarena_factory(spec: str, game_id: str, kwargs: Mapping[str, Any]) -> Cal
     return lambda: TextArenaEnv(game_id, kwargs)
 
 
-LIBRARIES: dict[str, Callable[[str, str, Mapping[str, Any]], Callable[[], Any]]] = {
+LIBRARIES: dict[str, Callable[[str, str, Mapping[str, object]], EnvFactory]] = {
     "skyrl_gym": skyrl_gym_factory,
     "textarena": textarena_factory,
     "openenv": openenv_factory,
@@ -179,10 +187,17 @@ def is_trl_style(cls: type) -> bool:
     )
 
 
+class TrlStyleInstance(Protocol):
+    """An instance of a TRL-style environment class: ``reset`` takes the row's columns
+    it names and may return text; its other public methods are its tools."""
+
+    reset: Callable[..., object]
+
+
 class TrlStyleEnv:
     """Wraps an instance of a TRL-style environment class (see the module docstring)."""
 
-    def __init__(self, env: Any, timeout_s: float = 30.0):
+    def __init__(self, env: TrlStyleInstance, timeout_s: float = 30.0):
         self.env, self.timeout_s = env, timeout_s
         self.tools = method_tools(env)
         self.tool_schemas = [t.schema for t in self.tools.values()]
@@ -218,7 +233,7 @@ class TrlStyleEnv:
         return tool_replies(outcomes, errors), False, None
 
 
-def method_tools(env: Any) -> dict[str, Tool]:
+def method_tools(env: object) -> dict[str, Tool]:
     """The public methods of ``env`` (all but ``reset``) as tools, run in a thread."""
     tools: dict[str, Tool] = {}
     problems = []
@@ -239,11 +254,11 @@ def method_tools(env: Any) -> dict[str, Tool]:
     return tools
 
 
-def _threaded(method: Callable[..., Any]) -> Callable[..., Any]:
+def _threaded(method: Callable[..., object]) -> Callable[..., Awaitable[object]]:
     if inspect.iscoroutinefunction(method):
         return method
 
-    async def call(**arguments: Any) -> Any:
+    async def call(**arguments: object) -> object:
         return await asyncio.to_thread(method, **arguments)
 
     return call

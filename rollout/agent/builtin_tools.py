@@ -5,9 +5,8 @@ from __future__ import annotations
 import ast
 import operator
 from collections.abc import Callable
-from typing import Any
 
-_OPS: dict[type, Callable[..., Any]] = {
+_OPS: dict[type, Callable[..., int | float]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
     ast.Mult: operator.mul,

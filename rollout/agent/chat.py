@@ -31,7 +31,11 @@ would hide it.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 PROBE = "\u27e6assistant-content-probe\u27e7"
 
@@ -43,9 +47,10 @@ class ChatTemplateError(ValueError):
 class ChatTokens:
     """One tokenizer's chat template, with the tool schemas of one environment."""
 
-    def __init__(self, tokenizer: Any, tools: list[dict] | None = None):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, tools: list[dict] | None = None):
         self.tokenizer = tokenizer
-        self.tools = tools or None
+        # a copy, typed as transformers takes it (schemas or functions)
+        self.tools: list[dict | Callable[..., object]] | None = list(tools) if tools else None
         probe = self.render(
             [{"role": "user", "content": "x"}, {"role": "assistant", "content": PROBE}], False
         )

@@ -17,7 +17,7 @@ messages are the previous call's messages + the assistant message it returned +
 new messages, the prompt is the previous prompt + the sampled ids + the new
 messages' tokens as the chat template lays them out after them
 (``ChatTokens.delta_ids``, as the native episode loop does): the model's earlier
-turns are never re-tokenised. Any other request (edited or dropped history) is
+turns are never re-tokenised. Every other request (edited or dropped history) is
 rendered afresh, and ``capture.segments`` splits the trajectory there.
 
 **What it does not do.** Sampling follows the run, not the request: the policy's
@@ -46,7 +46,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlpost.rollout.agent.capture import Call
 from rlpost.rollout.agent.chat import ChatTokens
@@ -60,6 +60,10 @@ from rlpost.rollout.agent.openai_messages import (
 from rlpost.rollout.agent.parsers import ParsedTurn, get_parser
 from rlpost.rollout.agent.sessions import Session, SessionRegistry
 from rlpost.rollout.base import Completion, SamplingConfig
+
+if TYPE_CHECKING:
+    from aiohttp import web
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +81,7 @@ class ChatEndpoint:
     def __init__(
         self,
         generate: GenerateFn,
-        tokenizer: Any,
+        tokenizer: PreTrainedTokenizerBase,
         *,
         parser: str | None = "hermes",
         model_name: str = "rlpost-policy",
@@ -91,7 +95,7 @@ class ChatEndpoint:
         self._chats: dict[str, ChatTokens] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._runner: Any = None
+        self._runner: web.AppRunner | None = None
         self._warned: set[str] = set()
 
     # -- lifecycle ----------------------------------------------------------
@@ -116,7 +120,8 @@ class ChatEndpoint:
                 return
             ready.set()
             loop.run_forever()
-            loop.run_until_complete(self._runner.cleanup())
+            if self._runner is not None:  # set once the site started
+                loop.run_until_complete(self._runner.cleanup())
             loop.close()
 
         self._thread = threading.Thread(target=serve, name="rlpost-endpoint", daemon=True)
@@ -136,11 +141,11 @@ class ChatEndpoint:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_route("*", "/{tail:.*}", self._not_found)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
+        runner = self._runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port)
         await site.start()
-        self.port = int(self._runner.addresses[0][1])
+        self.port = int(runner.addresses[0][1])
 
     def close(self) -> None:
         if self._loop is not None and self._thread is not None and self._thread.is_alive():
@@ -148,7 +153,7 @@ class ChatEndpoint:
             self._thread.join(timeout=10)
 
     # -- handlers -----------------------------------------------------------
-    async def _models(self, request: Any) -> Any:
+    async def _models(self, request: web.Request) -> web.Response:
         from aiohttp import web
 
         try:
@@ -158,14 +163,14 @@ class ChatEndpoint:
         model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "rlpost"}
         return web.json_response({"object": "list", "data": [model]})
 
-    async def _not_found(self, request: Any) -> Any:
+    async def _not_found(self, request: web.Request) -> web.Response:
         from aiohttp import web
 
         e = RequestError(404, f"no route {request.method} {request.path}; this endpoint serves "
                          "POST /v1/chat/completions and GET /v1/models")  # fmt: skip
         return web.json_response(e.body(), status=404)
 
-    async def _chat_completions(self, request: Any) -> Any:
+    async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
         from aiohttp import web
 
         try:
@@ -183,7 +188,7 @@ class ChatEndpoint:
             return web.json_response(reply)
         return await self._stream(request, reply, body)
 
-    def _session(self, request: Any) -> Session:
+    def _session(self, request: web.Request) -> Session:
         auth = request.headers.get("Authorization", "")
         key = auth[7:].strip() if auth.startswith("Bearer ") else ""
         session = self.sessions.get(key) if key else None
@@ -196,7 +201,7 @@ class ChatEndpoint:
             )
         return session
 
-    async def _stream(self, request: Any, reply: dict, body: dict) -> Any:
+    async def _stream(self, request: web.Request, reply: dict, body: dict) -> web.StreamResponse:
         from aiohttp import web
 
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -376,7 +381,7 @@ class ChatEndpoint:
     def _reply(
         self, body: dict, content: str, message: dict | None, finish: str, prompt: int, sampled: int
     ) -> dict:
-        out: dict[str, Any] = {"role": "assistant", "content": content}
+        out: dict[str, object] = {"role": "assistant", "content": content}
         if message is not None and message.get("tool_calls"):
             out["tool_calls"] = openai_tool_calls(message)
         return {

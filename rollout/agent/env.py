@@ -23,7 +23,6 @@ import asyncio
 import inspect
 import random
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from rlpost.rollout.agent.env_base import (  # noqa: F401 (re-exported)
     Env,
@@ -57,7 +56,7 @@ class ToolEnv:
 
     def __init__(
         self,
-        tools: Sequence[str | Tool | Callable[..., Any]] | Mapping[str, Tool],
+        tools: Sequence[str | Tool | Callable[..., object]] | Mapping[str, Tool],
         timeout_s: float = 30.0,
         pool: ToolWorkerPool | None = None,
         latency_s: tuple[float, float] | None = None,
@@ -90,7 +89,7 @@ class ToolEnv:
         return tool_replies(outcomes, errors), False, None
 
 
-def _as_tools(items: Sequence[str | Tool | Callable[..., Any]]) -> dict[str, Tool]:
+def _as_tools(items: Sequence[str | Tool | Callable[..., object]]) -> dict[str, Tool]:
     specs = [t for t in items if isinstance(t, str)]
     tools = load_tools(specs)
     for item in items:
@@ -107,7 +106,7 @@ def _as_tools(items: Sequence[str | Tool | Callable[..., Any]]) -> dict[str, Too
 ENVS: dict[str, type] = {"tools": ToolEnv}
 
 
-def load_env(spec: str, kwargs: Mapping[str, Any] | None = None) -> EnvFactory:
+def load_env(spec: str, kwargs: Mapping[str, object] | None = None) -> EnvFactory:
     """A factory of fresh environments (one per episode): ``cls(**kwargs)`` for the class
     ``spec`` names (a name in ``ENVS``, ``file.py:Class`` or ``module:Class``).
 
@@ -120,6 +119,7 @@ def load_env(spec: str, kwargs: Mapping[str, Any] | None = None) -> EnvFactory:
     library, _, ident = spec.partition(":")
     if library in adapters.LIBRARIES and ident:
         return adapters.LIBRARIES[library](spec, ident, dict(kwargs or {}))
+    cls: object
     if spec in ENVS:
         cls = ENVS[spec]
     elif ":" in spec:
@@ -158,7 +158,7 @@ def load_env(spec: str, kwargs: Mapping[str, Any] | None = None) -> EnvFactory:
     return make
 
 
-def _trl_style_factory(spec: str, cls: type, kwargs: dict[str, Any]) -> EnvFactory:
+def _trl_style_factory(spec: str, cls: type, kwargs: dict[str, object]) -> EnvFactory:
     from rlpost.rollout.agent.adapters import TrlStyleEnv
 
     try:

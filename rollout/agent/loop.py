@@ -33,13 +33,16 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from rlpost.rollout.agent.capture import Segment
 from rlpost.rollout.agent.chat import ChatTokens
 from rlpost.rollout.agent.env import Env, EnvFactory
 from rlpost.rollout.agent.parsers import ParsedTurn, get_parser
 from rlpost.rollout.base import AsyncRolloutEngine, Completion, GenerationRequest, SamplingConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 GenerateFn = Callable[[list[int], SamplingConfig, str], Awaitable[Completion]]
 T = TypeVar("T")
@@ -131,7 +134,7 @@ async def run_episodes(
     n: int,
     *,
     generate: GenerateFn,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     make_env: EnvFactory,
     sampling: SamplingConfig,
     config: AgentLoopConfig,
@@ -161,7 +164,7 @@ async def run_episodes(
     return list(await asyncio.gather(*(one(i, j) for i in range(len(rows)) for j in range(n))))
 
 
-async def _close(env: Any) -> None:
+async def _close(env: object) -> None:
     """``env.close()`` when the environment has one (a server session, a process);
     its failure is logged, never the episode's."""
     close = getattr(env, "close", None)
@@ -180,7 +183,7 @@ async def _episode(
     session_id: str,
     index: int,
     generate: GenerateFn,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     env: Env,
     sampling: SamplingConfig,
     config: AgentLoopConfig,
@@ -280,7 +283,7 @@ async def _episode(
 
 def assistant_message(parsed: ParsedTurn) -> dict:
     """The chat message of a parsed turn, tool calls in the OpenAI form."""
-    message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    message: dict[str, object] = {"role": "assistant", "content": parsed.content}
     if parsed.tool_calls:
         message["tool_calls"] = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}

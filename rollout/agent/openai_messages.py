@@ -6,7 +6,6 @@ tool calls sent back as OpenAI sends them, and the error a refused request retur
 from __future__ import annotations
 
 import json
-from typing import Any
 
 
 class RequestError(Exception):
@@ -27,13 +26,16 @@ class RequestError(Exception):
         }
 
 
-def normalise_message(message: Any, where: str) -> dict:
+def normalise_message(message: object, where: str) -> dict:
     """A request message in the form the chat template and the history match use:
     text content (``None`` -> ``""``, text parts joined), tool-call arguments parsed
     from their JSON string into a dict."""
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         raise RequestError(400, f"{where} must be an object with a 'role'", "messages")
-    out: dict[str, Any] = {"role": message["role"], "content": _text(message.get("content"), where)}
+    out: dict[str, object] = {
+        "role": message["role"],
+        "content": _text(message.get("content"), where),
+    }
     for key in ("name", "tool_call_id"):
         if message.get(key) is not None:
             out[key] = message[key]
@@ -45,7 +47,7 @@ def normalise_message(message: Any, where: str) -> dict:
     return out
 
 
-def _text(content: Any, where: str) -> str:
+def _text(content: object, where: str) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
@@ -63,9 +65,13 @@ def _text(content: Any, where: str) -> str:
     raise RequestError(400, f"{where}.content must be a string or a list of text parts", "messages")
 
 
-def _tool_call(call: Any, where: str) -> dict:
+def _tool_call(call: object, where: str) -> dict:
     fn = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+    if (
+        not isinstance(call, dict)
+        or not isinstance(fn, dict)
+        or not isinstance(fn.get("name"), str)
+    ):
         raise RequestError(400, f"{where} must hold a function with a name", "messages")
     args = fn.get("arguments")
     if isinstance(args, str):

@@ -43,12 +43,16 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Protocol, get_args, get_origin
 
 from rlpost.rollout.agent.env_base import EnvError, StepResult, prompt_messages
+from rlpost.rollout.agent.json_types import JSONObject
 from rlpost.rollout.agent.parsers import ToolCall
 from rlpost.rollout.agent.specs import load_object
 from rlpost.rollout.agent.tools import Status, ToolOutcome
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 URL_SCHEMES = ("http://", "https://", "ws://", "wss://")
 # agent.env_kwargs an OpenEnv environment takes (docs/agents.md says what each does)
@@ -68,11 +72,35 @@ class OpenEnvSettings:
     client_cls: type
     action_cls: type | None  # the typed client's action model; None: a JSON dict
     action_field: str
-    action_defaults: dict[str, Any]
+    action_defaults: dict[str, object]
     observation_field: str | None  # None: the observation's fields as JSON
     reward: str  # "sum" or "last"
     timeout_s: float
     session_wait_s: float
+
+
+class OpenEnvStep(Protocol):
+    """What OpenEnv's ``StepResult`` holds: the observation (a typed client's model,
+    else plain JSON), the step's reward and whether the episode is done."""
+
+    @property
+    def observation(self) -> BaseModel | Mapping[str, object]: ...
+
+    @property
+    def reward(self) -> float | None: ...
+
+    @property
+    def done(self) -> bool: ...
+
+
+class OpenEnvSession(Protocol):
+    """An OpenEnv ``EnvClient``, as an episode uses it: one session on the server."""
+
+    async def reset(self, **kwargs: object) -> OpenEnvStep: ...
+
+    async def step(self, action: object) -> OpenEnvStep: ...
+
+    async def disconnect(self) -> None: ...
 
 
 class OpenEnvEnv:
@@ -80,7 +108,7 @@ class OpenEnvEnv:
 
     def __init__(self, settings: OpenEnvSettings):
         self.settings = settings
-        self.client: Any = None
+        self.client: OpenEnvSession | None = None
         self.reward = 0.0
         self.outcomes: list[ToolOutcome] = []
 
@@ -100,13 +128,13 @@ class OpenEnvEnv:
             messages.append({"role": "user", "content": text})
         return messages
 
-    async def _open(self, reset_kwargs: dict[str, Any]) -> Any:
+    async def _open(self, reset_kwargs: dict[str, object]) -> OpenEnvStep:
         from websockets.exceptions import ConnectionClosed
 
         s = self.settings
         deadline, delay = time.monotonic() + s.session_wait_s, 0.05
         while True:
-            client = s.client_cls(base_url=s.url, message_timeout_s=s.timeout_s)
+            client: OpenEnvSession = s.client_cls(base_url=s.url, message_timeout_s=s.timeout_s)
             try:
                 result = await client.reset(**reset_kwargs)
             except Exception as exc:  # retried while the server is full; else named
@@ -143,6 +171,7 @@ class OpenEnvEnv:
         text = message.get("text", message.get("content") or "")
         start = time.monotonic()
         try:
+            assert self.client is not None, "a step after the session closed"
             fields = {**s.action_defaults, s.action_field: text}
             result = await self.client.step(
                 fields if s.action_cls is None else s.action_cls(**fields)
@@ -178,7 +207,7 @@ class OpenEnvEnv:
             await client.disconnect()
 
 
-def observation_text(observation: Any, field: str | None) -> str:
+def observation_text(observation: BaseModel | Mapping[str, object], field: str | None) -> str:
     """What the model reads of an observation: ``field``'s value, or all its fields
     (but done, reward and metadata) as JSON."""
     if hasattr(observation, "model_dump"):
@@ -190,7 +219,11 @@ def observation_text(observation: Any, field: str | None) -> str:
 
 
 # -- the factory: spec, options and the server's schema, checked once ----------------
-def openenv_factory(spec: str, ident: str, kwargs: Mapping[str, Any]) -> Callable[[], OpenEnvEnv]:
+def openenv_factory(
+    spec: str,
+    ident: str,
+    kwargs: Mapping[str, Any],  # agent.env_kwargs: plain config values
+) -> Callable[[], OpenEnvEnv]:
     """``agent.env=openenv:<ident>``: a factory of ``OpenEnvEnv``s, or an ``EnvError``
     naming every problem of the spec and its ``agent.env_kwargs``."""
     try:
@@ -297,7 +330,7 @@ def _action_class(cls: type, env_client: type) -> type | None:
     return None
 
 
-def fetch_schema(spec: str, url: str) -> dict[str, Any]:
+def fetch_schema(spec: str, url: str) -> JSONObject:
     """The server's ``/schema``: the JSON schemas of its action and observation."""
     http = url.replace("ws://", "http://", 1).replace("wss://", "https://", 1)
     try:
@@ -316,14 +349,14 @@ def fetch_schema(spec: str, url: str) -> dict[str, Any]:
     return schema
 
 
-def _is_text(prop: Mapping[str, Any]) -> bool:
+def _is_text(prop: JSONObject) -> bool:
     return prop.get("type") == "string" or any(
         p.get("type") == "string" for p in prop.get("anyOf", [])
     )
 
 
 def _action_field(
-    schema: Mapping[str, Any], field: str | None, defaults: Mapping[str, Any], problems: list[str]
+    schema: JSONObject, field: str | None, defaults: Mapping[str, object], problems: list[str]
 ) -> str:
     props = {k: v for k, v in schema.get("properties", {}).items() if k != "metadata"}
     required = set(schema.get("required", []))
@@ -354,9 +387,7 @@ def _action_field(
     return field
 
 
-def _observation_field(
-    schema: Mapping[str, Any], field: str | None, problems: list[str]
-) -> str | None:
+def _observation_field(schema: JSONObject, field: str | None, problems: list[str]) -> str | None:
     props = {k: v for k, v in schema.get("properties", {}).items() if k not in SERVER_FIELDS}
     if field is not None:
         if field not in props:

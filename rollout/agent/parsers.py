@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from rlpost.rollout.agent.specs import SPEC_FORMS, load_object
 
@@ -19,7 +18,7 @@ from rlpost.rollout.agent.specs import SPEC_FORMS, load_object
 @dataclass(frozen=True)
 class ToolCall:
     name: str
-    arguments: dict[str, Any]
+    arguments: dict[str, object]
     id: str
 
 

@@ -23,10 +23,10 @@ import asyncio
 import inspect
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlpost.rollout.agent.capture import segments
 from rlpost.rollout.agent.chat import ChatTokens
@@ -36,6 +36,9 @@ from rlpost.rollout.agent.loop import AgentLoopConfig, Episode, Turn
 from rlpost.rollout.agent.sessions import Session
 from rlpost.rollout.agent.specs import SPEC_FORMS, load_object
 from rlpost.rollout.base import SamplingConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 # The openai client's HTTP library logs every request at INFO: thousands a step.
@@ -49,12 +52,12 @@ class ProgramError(ValueError):
 
 @dataclass(frozen=True)
 class Program:
-    fn: Callable[..., Any]
+    fn: Callable[..., Any]  # async or plain: a call returns an awaitable or the outcome
     spec: str
     is_async: bool
 
 
-def load_program(spec: str, env_kwargs: dict[str, Any] | None = None) -> Program:
+def load_program(spec: str, env_kwargs: Mapping[str, object] | None = None) -> Program:
     """The program ``spec`` names, checked now: callable with ``(client, row)``.
     ``verifiers:<taskset>`` is a verifiers environment, configured by ``env_kwargs``
     (``agent.env_kwargs``; ``verifiers_adapter``)."""
@@ -62,10 +65,10 @@ def load_program(spec: str, env_kwargs: dict[str, Any] | None = None) -> Program
 
     if verifiers_adapter.is_verifiers_spec(spec):
         try:
-            fn = verifiers_adapter.load_verifiers_program(spec, dict(env_kwargs or {}))
+            episode = verifiers_adapter.load_verifiers_program(spec, dict(env_kwargs or {}))
         except verifiers_adapter.VerifiersError as exc:
             raise ProgramError(f"agent program {spec!r}: {exc}") from None
-        return Program(fn, spec, True)
+        return Program(episode, spec, True)
     if ":" not in spec:
         raise ProgramError(f"agent program {spec!r} is malformed; use {SPEC_FORMS}")
     fn = load_object(spec, "agent program", ProgramError)
@@ -84,7 +87,7 @@ def load_program(spec: str, env_kwargs: dict[str, Any] | None = None) -> Program
     return Program(fn, spec, inspect.iscoroutinefunction(fn))
 
 
-def _outcome(value: Any) -> tuple[float | None, str | None]:
+def _outcome(value: object) -> tuple[float | None, str | None]:
     """(reward, final answer) from what a program returned; raises ``TypeError``."""
     if value is None:
         return None, None
@@ -111,7 +114,7 @@ async def run_program_episodes(
     *,
     program: Program,
     endpoint: ChatEndpoint,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     sampling: SamplingConfig,
     config: AgentLoopConfig,
     session_prefix: str,
@@ -131,6 +134,7 @@ async def run_program_episodes(
     threads = None if program.is_async else ThreadPoolExecutor(max(len(rows) * n, 1))
     # One connection pool for the batch: a client's own costs ~20 ms of CPU to build
     # (its TLS context), seconds a step over a hundred episodes.
+    # Loosely typed: an async client for an async program, else a sync one (is_async says).
     http: Any = (
         openai.DefaultAsyncHttpxClient() if program.is_async else openai.DefaultHttpxClient()
     )
@@ -170,7 +174,7 @@ async def _run(
     row: dict,
     timeout_s: float,
     threads: ThreadPoolExecutor | None,
-    http: Any,
+    http: Any,  # as run_program_episodes made it for the program
 ) -> tuple[str, float | None, str | None]:
     import openai
 

@@ -37,7 +37,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Literal, TypedDict
 
 from rlpost.rollout.agent import sandbox_child
 
@@ -53,6 +54,15 @@ _CHILD_ENV = {
 }
 # Run as a script, not with -m, so no package __init__ runs in the sandbox.
 _CHILD_SCRIPT = os.path.abspath(sandbox_child.__file__)
+
+
+class _Report(TypedDict, total=False):
+    """A line the child writes on the status pipe: the isolation in force, or how
+    the code's process exited and the CPU time it used."""
+
+    isolation: dict[str, str]
+    wait_status: int
+    cpu_s: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,7 +204,7 @@ def _run_in(workdir: str, code: str, limits: SandboxLimits) -> SandboxResult:
 
 def _collect(
     proc: subprocess.Popen[bytes], out_fd: int, status_fd: int, clip: _Clip, deadline: float
-) -> tuple[list[dict[str, Any]], bool]:
+) -> tuple[list[_Report], bool]:
     """Read output and status reports until both pipes close and the child exits,
     or the deadline passes. Returns (reports, timed_out)."""
     status_buf = b""
@@ -223,7 +233,7 @@ def _collect(
 
 
 def _verdict(
-    reports: list[dict[str, Any]], timed_out: bool, proc_rc: int | None, limits: SandboxLimits
+    reports: list[_Report], timed_out: bool, proc_rc: int | None, limits: SandboxLimits
 ) -> tuple[Status, int | None, str]:
     if timed_out:
         return "timeout", None, f"error: time limit of {limits.wall_s:g} s exceeded"
@@ -306,7 +316,7 @@ def _kill_group(pgid: int, timeout_s: float = 2.0) -> None:
 
 
 def _remove_tree(path: str) -> None:
-    def make_writable_and_retry(func: Any, p: str, _exc: Any) -> None:
+    def make_writable_and_retry(func: Callable[[str], object], p: str, _exc: object) -> None:
         os.chmod(os.path.dirname(p), 0o700)
         if os.path.isdir(p) and not os.path.islink(p):
             os.chmod(p, 0o700)

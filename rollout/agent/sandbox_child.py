@@ -21,7 +21,35 @@ import math
 import os
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import ctypes
+    import traceback
+    from collections.abc import Callable
+    from typing import NotRequired, TypedDict
+
+    class ChildConfig(TypedDict):
+        """What the parent (``sandbox._run_in``) passes, as JSON: the ``SandboxLimits``
+        fields, then where and as whom the code runs and where to report."""
+
+        wall_s: float
+        cpu_s: float
+        memory_mb: int
+        max_output_chars: int
+        max_file_mb: int
+        max_processes: int
+        python_guard: bool
+        workdir: str
+        ids: list[int] | None  # (uid, gid) to drop to: nobody's, when started as root
+        status_fd: int
+        parent_pid: int
+        read_all: NotRequired[bool]  # set here: nobody kept CAP_DAC_READ_SEARCH
+
+    # sys.addaudithook's hook: an event's arguments are whatever that event passes.
+    AuditHook = Callable[[str, tuple[Any, ...]], None]
+    # What the audit hook sees as a path: a descriptor, or a str, bytes or path-like name.
+    PathArg = int | str | bytes | os.PathLike[str] | os.PathLike[bytes]
 
 _CODE_NAME = "<code>"
 
@@ -78,7 +106,7 @@ class SandboxViolation(PermissionError):
 SandboxViolation.__module__ = "builtins"  # tracebacks show a bare name to the model
 
 
-def _child_main(config: dict[str, Any]) -> int:
+def _child_main(config: ChildConfig) -> int:
     import ctypes
     import io
     import resource
@@ -132,7 +160,7 @@ def _child_main(config: dict[str, Any]) -> int:
     return _run_user_code(code, config)
 
 
-def _unshare(libc: Any) -> set[str]:
+def _unshare(libc: ctypes.CDLL) -> set[str]:
     """Enter new network and PID namespaces where the kernel allows it."""
     attempts = [(_CLONE_NEWNET | _CLONE_NEWPID, {"net", "pid"}), (_CLONE_NEWNET, {"net"})]
     if os.geteuid() != 0:
@@ -152,7 +180,7 @@ def _unshare(libc: Any) -> set[str]:
     return set()
 
 
-def _drop_privileges(libc: Any, uid: int, gid: int) -> str:
+def _drop_privileges(libc: ctypes.CDLL, uid: int, gid: int) -> str:
     """Become ``uid`` (nobody), which may write only in the working directory.
 
     If nobody cannot read the interpreter's own files (it may live under a
@@ -188,11 +216,11 @@ def _drop_privileges(libc: Any, uid: int, gid: int) -> str:
     return "uid-read-all"
 
 
-def _make_guard(workdir: str) -> Any:
+def _make_guard(workdir: str) -> AuditHook:
     root = os.path.realpath(workdir)
     me = os.getpid()
 
-    def resolve(path: Any, dir_fd: Any) -> str:
+    def resolve(path: PathArg, dir_fd: object) -> str:
         if isinstance(path, int):
             return os.readlink(f"/proc/self/fd/{path}")
         path = os.fsdecode(path)
@@ -200,7 +228,7 @@ def _make_guard(workdir: str) -> Any:
             path = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path)
         return os.path.realpath(path)
 
-    def check_path(path: Any, dir_fd: Any = None) -> None:
+    def check_path(path: PathArg, dir_fd: object = None) -> None:
         real = resolve(path, dir_fd)
         if real != root and not real.startswith(root + os.sep):
             shown = path if isinstance(path, int) else os.fsdecode(path)
@@ -226,7 +254,7 @@ def _make_guard(workdir: str) -> Any:
     return guard
 
 
-def _run_user_code(code: str, config: dict[str, Any]) -> int:
+def _run_user_code(code: str, config: ChildConfig) -> int:
     import builtins
     import linecache
     import traceback
@@ -272,7 +300,7 @@ def _exception_chain(exc: BaseException) -> list[BaseException]:
     return chain
 
 
-def _strip_sandbox_frames(te: Any) -> None:
+def _strip_sandbox_frames(te: traceback.TracebackException | None) -> None:
     """Drop this file's frames (the exec call, the audit hook) from a traceback."""
     import traceback
 
@@ -284,7 +312,7 @@ def _strip_sandbox_frames(te: Any) -> None:
         te = te.__cause__ or te.__context__
 
 
-def _explain(chain: list[BaseException], config: dict[str, Any]) -> str:
+def _explain(chain: list[BaseException], config: ChildConfig) -> str:
     """The sandbox rule or limit behind an exception, if any, in words for the model."""
     for e in chain:
         if isinstance(e, SandboxViolation):

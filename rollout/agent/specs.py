@@ -12,7 +12,7 @@ import importlib.util
 import sys
 import zlib
 from pathlib import Path
-from typing import Any
+from types import ModuleType
 
 SPEC_FORMS = "'path/to/file.py:name' or 'package.module:name'"
 
@@ -25,7 +25,7 @@ def split_spec(spec: str) -> tuple[str, str] | None:
     return target, name
 
 
-def load_object(spec: str, kind: str, error: type[Exception]) -> Any:
+def load_object(spec: str, kind: str, error: type[Exception]) -> object:
     """The attribute a spec names; any failure raises ``error`` with a message that starts
     with ``"{kind} {spec!r}: "``. A file target is imported under a private module name,
     once per path (a second load reuses it)."""
@@ -49,7 +49,7 @@ def load_object(spec: str, kind: str, error: type[Exception]) -> Any:
     return getattr(module, name)
 
 
-def _load_file(spec: str, kind: str, path: Path, error: type[Exception]) -> Any:
+def _load_file(spec: str, kind: str, path: Path, error: type[Exception]) -> ModuleType:
     if not path.is_file():
         raise error(f"{kind} {spec!r}: file {str(path)!r} does not exist; fix the path")
     resolved = path.resolve()

@@ -25,7 +25,6 @@ import sys
 import tempfile
 from collections import deque
 from pathlib import Path
-from typing import Any
 
 READY = b'{"ready": true}\n'
 START_TIMEOUT_S = 60.0
@@ -91,7 +90,7 @@ class _Worker:
         line, _, self.buffer = self.buffer.partition(b"\n")
         return line
 
-    def send(self, request: dict[str, Any]) -> None:
+    def send(self, request: dict[str, object]) -> None:
         self.stdin.write(json.dumps(request).encode() + b"\n")
         self.stdin.flush()
 
@@ -128,7 +127,9 @@ class ToolWorkerPool:
     def pids(self) -> list[int]:
         return [w.proc.pid for w in [*self._idle, *self._busy]]
 
-    async def call(self, spec: str, arguments: dict[str, Any], timeout_s: float) -> tuple[str, str]:
+    async def call(
+        self, spec: str, arguments: dict[str, object], timeout_s: float
+    ) -> tuple[str, str]:
         worker = await self._acquire()
         try:
             worker.send({"spec": spec, "arguments": arguments})

@@ -14,9 +14,11 @@ import re
 import types
 import typing
 from collections.abc import Callable
-from typing import Any, Literal, Union
+from typing import Literal, Union
 
-JSON_TYPES: dict[Any, str] = {
+from rlpost.rollout.agent.json_types import JSONObject
+
+JSON_TYPES: dict[type, str] = {
     str: "string",
     int: "integer",
     float: "number",
@@ -34,7 +36,7 @@ class SchemaError(TypeError):
     """A function cannot be described as a tool; the message says what to change."""
 
 
-def tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
+def tool_schema(fn: Callable[..., object]) -> JSONObject:
     """``{"type": "function", "function": {"name", "description", "parameters"}}`` for ``fn``.
 
     Raises ``SchemaError`` for a missing docstring, a parameter without a type
@@ -51,7 +53,7 @@ def tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
         hints = typing.get_type_hints(fn)
     except Exception as e:  # unresolvable forward references and the like
         raise SchemaError(f"{name}: cannot resolve its type hints ({e})") from e
-    properties: dict[str, Any] = {}
+    properties: dict[str, JSONObject] = {}
     required: list[str] = []
     for param in inspect.signature(fn).parameters.values():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
@@ -80,9 +82,9 @@ def tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
     }
 
 
-def json_schema(hint: Any) -> dict[str, Any]:
+def json_schema(hint: object) -> JSONObject:
     """The JSON schema of one type hint (``{"type": ...}`` plus ``items``/``enum``/``nullable``)."""
-    if hint in JSON_TYPES:
+    if isinstance(hint, type) and hint in JSON_TYPES:
         return {"type": JSON_TYPES[hint]}
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is Literal:
@@ -143,7 +145,7 @@ def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     return " ".join(first), arg_docs
 
 
-def check_arguments(schema: dict[str, Any], arguments: dict[str, Any]) -> list[str]:
+def check_arguments(schema: JSONObject, arguments: dict[str, object]) -> list[str]:
     """Every problem with ``arguments`` against a ``tool_schema`` result: missing required,
     unexpected and wrongly typed arguments. Empty when the call may go ahead."""
     params = schema["function"]["parameters"]
@@ -164,7 +166,7 @@ def check_arguments(schema: dict[str, Any], arguments: dict[str, Any]) -> list[s
     return problems
 
 
-def _check_value(schema: dict[str, Any], value: Any) -> str | None:
+def _check_value(schema: JSONObject, value: object) -> str | None:
     if value is None:
         return None if schema.get("nullable") else "must not be null"
     if "anyOf" in schema:
@@ -189,7 +191,7 @@ def _check_value(schema: dict[str, Any], value: Any) -> str | None:
     return None
 
 
-def _is_kind(value: Any, kind: str) -> bool:
+def _is_kind(value: object, kind: str) -> bool:
     if isinstance(value, bool):
         return kind == "boolean"
     if kind == "number":
@@ -199,7 +201,7 @@ def _is_kind(value: Any, kind: str) -> bool:
     return {"string": str, "boolean": bool, "array": list, "object": dict}.get(kind) is type(value)
 
 
-def _json_kind(value: Any) -> str:
+def _json_kind(value: object) -> str:
     for py, kind in JSON_TYPES.items():
         if type(value) is py:
             return kind

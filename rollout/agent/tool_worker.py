@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from collections.abc import Callable
 
 from rlpost.rollout.agent.tool_pool import READY
 from rlpost.rollout.agent.tools import ToolError, ToolFailed, ToolTimeout, load_tool, result_text
@@ -22,7 +22,7 @@ def serve() -> None:
     channel = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)  # whatever the tool prints goes to stderr, not into the reply channel
     channel.write(READY)
-    loaded: dict[str, Any] = {}
+    loaded: dict[str, Callable[..., object]] = {}
     for raw in sys.stdin.buffer:
         request = json.loads(raw)
         spec = request["spec"]

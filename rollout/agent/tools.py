@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from rlpost.rollout.agent.json_types import JSONObject
 from rlpost.rollout.agent.parsers import ToolCall
 from rlpost.rollout.agent.specs import SPEC_FORMS, load_object
 from rlpost.rollout.agent.tool_pool import ToolWorkerPool, default_pool
@@ -52,8 +53,8 @@ class ToolTimeout(Exception):
 @dataclass(frozen=True)
 class Tool:
     name: str  # what the model calls it: the function's name
-    fn: Callable[..., Any]
-    schema: dict[str, Any]  # OpenAI-style function schema, see ``tool_schema``
+    fn: Callable[..., Any]  # sync or async: a call returns the value, or an awaitable of it
+    schema: JSONObject  # OpenAI-style function schema, see ``tool_schema``
     spec: str  # how a worker process imports it again
     is_async: bool
 
@@ -94,7 +95,7 @@ def load_tool(spec: str) -> Tool:
     return Tool(schema["function"]["name"], fn, schema, spec, inspect.iscoroutinefunction(fn))
 
 
-def tool_from_function(fn: Callable[..., Any]) -> Tool:
+def tool_from_function(fn: Callable[..., object]) -> Tool:
     """A ``Tool`` for a function object: async functions run in-process; a sync one must
     be importable by a worker (a module-level function of an importable module)."""
     try:
@@ -134,7 +135,7 @@ def load_tools(specs: Iterable[str]) -> dict[str, Tool]:
     return tools
 
 
-def result_text(value: Any) -> tuple[Status, str]:
+def result_text(value: object) -> tuple[Status, str]:
     """A tool's return value as text for the model: a str as is, else its JSON."""
     if isinstance(value, str):
         return "ok", value
@@ -191,7 +192,9 @@ async def _run(
     return outcome("ok", text)
 
 
-async def _run_async(tool: Tool, arguments: dict[str, Any], timeout_s: float) -> tuple[Status, str]:
+async def _run_async(
+    tool: Tool, arguments: dict[str, object], timeout_s: float
+) -> tuple[Status, str]:
     try:
         value = await asyncio.wait_for(tool.fn(**arguments), timeout_s)
     except asyncio.TimeoutError:

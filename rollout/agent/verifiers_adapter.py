@@ -40,11 +40,20 @@ import os
 import shutil
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeGuard
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeGuard
 
+from rlpost.rollout.agent.json_types import JSONObject
 from rlpost.rollout.agent.specs import _load_file
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
+# verifiers' own objects (its config, taskset, environment and episode results) are
+# typed loosely: it is an optional package, and their attributes are read as
+# verifiers 0.4 defines them.
 
 PREFIX = "verifiers:"
 EXTRA = "pip install 'rlpost[verifiers]'"
@@ -63,7 +72,7 @@ def is_verifiers_spec(spec: str | None) -> TypeGuard[str]:
     return spec is not None and spec.startswith(PREFIX)
 
 
-def _vf() -> Any:
+def _vf() -> ModuleType:
     try:
         import verifiers.v1 as vf
     except ImportError as exc:
@@ -95,11 +104,11 @@ def taskset_id(spec: str) -> str:
     return stem
 
 
-def env_config(spec: str, env_kwargs: dict[str, Any]) -> Any:
+def env_config(spec: str, env_kwargs: Mapping[str, object]) -> Any:
     """The verifiers ``EnvConfig`` of ``spec`` and ``agent.env_kwargs``, validated."""
     vf = _vf()
     ident = taskset_id(spec)
-    raw: dict[str, Any] = {k: _plain(v) for k, v in env_kwargs.items()}
+    raw: JSONObject = {k: _plain(v) for k, v in env_kwargs.items()}
     taskset = dict(raw.get("taskset") or {})
     if taskset.get("id", ident) != ident:
         raise VerifiersError(
@@ -124,7 +133,7 @@ def env_config(spec: str, env_kwargs: dict[str, Any]) -> Any:
         raise VerifiersError(f"{spec!r} with agent.env_kwargs={env_kwargs}: {exc}") from exc
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     """OmegaConf containers as plain dicts and lists (pydantic validates those)."""
     if isinstance(value, dict) or hasattr(value, "items"):
         return {str(k): _plain(v) for k, v in value.items()}
@@ -178,10 +187,10 @@ class _Loop:
         self.handed = self.running = 0
         self.idle: asyncio.Condition | None = None
 
-    def submit(self, task: Any, ctx: Any) -> concurrent.futures.Future:
+    def submit(self, task: object, ctx: object) -> concurrent.futures.Future:
         return asyncio.run_coroutine_threadsafe(self._episode(task, ctx), self.loop)
 
-    async def _episode(self, task: Any, ctx: Any) -> Any:
+    async def _episode(self, task: object, ctx: object) -> Any:
         if self.idle is None:
             self.idle = asyncio.Condition()
         async with self.idle:
@@ -218,7 +227,9 @@ def _ensure_uv_on_path() -> None:
     os.environ["PATH"] = os.pathsep.join([str(found.parent), os.environ.get("PATH", "")])
 
 
-def load_verifiers_program(spec: str, env_kwargs: dict[str, Any]) -> Callable[..., Any]:
+def load_verifiers_program(
+    spec: str, env_kwargs: Mapping[str, object]
+) -> Callable[[AsyncOpenAI, dict], Awaitable[float]]:
     """``async fn(client, row) -> reward``: one verifiers episode per call, its task the
     row's (``vf_idx``, or built from the row's columns), its model rlpost's endpoint
     under the client's key. Raises ``VerifiersError`` now for a bad spec or config."""
@@ -234,7 +245,7 @@ def load_verifiers_program(spec: str, env_kwargs: dict[str, Any]) -> Callable[..
     state: dict[str, Any] = {}
     keys = itertools.count()
 
-    def task_for(row: dict) -> Any:
+    def task_for(row: dict) -> object:
         if IDX in row:
             if "tasks" not in state:
                 state["tasks"] = list(env.taskset)
@@ -244,7 +255,7 @@ def load_verifiers_program(spec: str, env_kwargs: dict[str, Any]) -> Callable[..
         fields = {k: v for k, v in row.items() if k in data_cls.model_fields}
         return task_cls(data_cls(**fields), env.taskset.config.task)
 
-    async def episode(client: Any, row: dict) -> float:
+    async def episode(client: AsyncOpenAI, row: dict) -> float:
         if "loop" not in state:
             state["loop"] = _Loop(env)
         task = task_for(row)

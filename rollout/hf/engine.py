@@ -12,11 +12,14 @@ import asyncio
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rlpost.rollout.base import Completion, GenerationRequest, GenerationResult
+
+if TYPE_CHECKING:
+    from rlpost.runtime.hf_format import CheckpointLayout
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,8 @@ class HFEngine:
         start = time.perf_counter()
         self.cfg = cfg
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
+        # Loosely typed: as transformers annotates it, ``to`` takes no device string and
+        # ``generate`` is a module attribute (a tensor or a module), not a method.
         model: Any = AutoModelForCausalLM.from_pretrained(
             cfg.model_path, dtype=getattr(torch, cfg.dtype)
         )
@@ -46,7 +51,7 @@ class HFEngine:
         self._lock = asyncio.Lock()  # one generate or load at a time
         self._requests = 0
         self._weight_loads = 0
-        self._layout: Any = None  # built on the first load_weights
+        self._layout: CheckpointLayout | None = None  # built on the first load_weights
         self.start_s = time.perf_counter() - start
 
     @torch.no_grad()

@@ -25,12 +25,15 @@ import asyncio
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rlpost.rollout.base import Completion, GenerationRequest, GenerationResult
 from rlpost.runtime import device as devices
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
 
 
 @dataclass(frozen=True)
@@ -45,10 +48,10 @@ class SGLangEngineConfig:
     enable_memory_saver: bool = True
 
 
-def sampling_params(request: GenerationRequest, k: int) -> dict[str, Any]:
+def sampling_params(request: GenerationRequest, k: int) -> dict[str, int | float]:
     """SGLang sampling params for sample ``k`` of ``request`` (temperature 0 = greedy)."""
     s = request.sampling
-    params: dict[str, Any] = {
+    params: dict[str, int | float] = {
         "max_new_tokens": s.max_tokens,
         "min_new_tokens": min(s.min_tokens, s.max_tokens),
         "temperature": s.temperature,
@@ -60,7 +63,7 @@ def sampling_params(request: GenerationRequest, k: int) -> dict[str, Any]:
 
 
 def completion(out: dict[str, Any]) -> Completion:
-    """One SGLang output (``return_logprob=True``) as a ``Completion``."""
+    """One SGLang output (``return_logprob=True``), JSON as SGLang gives it, as a ``Completion``."""
     meta = out["meta_info"]
     # (logprob, token_id, text) per generated token: the sampled token's log-prob.
     pairs = meta["output_token_logprobs"]
@@ -138,7 +141,9 @@ class SGLangEngine:
 
     # -- weights -------------------------------------------------------------
 
-    def _weights_request(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Any:
+    def _weights_request(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]]
+    ) -> UpdateWeightsFromTensorReqInput:
         from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
         from sglang.srt.utils import MultiprocessingSerializer
 
@@ -205,7 +210,7 @@ class SGLangEngine:
         self.engine.shutdown()
 
 
-def _check(result: Any, what: str) -> None:
+def _check(result: object, what: str) -> None:
     """SGLang answers weight calls with (success, message) or an object with those."""
     ok, message = (
         (result[0], result[1])

@@ -96,7 +96,7 @@ def router_command(
     return cmd + ["--host", cfg.host, "--port", str(port)]
 
 
-def _post(url: str, payload: dict[str, Any], timeout: float = 600.0) -> Any:
+def _post(url: str, payload: dict[str, object], timeout: float = 600.0) -> Any:  # the JSON body
     req = urllib.request.Request(
         url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
     )

@@ -45,6 +45,7 @@ class VLLMEngineConfig:
 def engine_args(cfg: VLLMEngineConfig, image_limit: int) -> dict[str, Any]:
     """The keyword arguments of vLLM's ``EngineArgs`` for ``cfg``; ``image_limit``:
     images per prompt a vision-language model accepts (0: a text model)."""
+    # Loosely typed: each value goes to its own ``EngineArgs`` field, of its own type.
     kwargs: dict[str, Any] = dict(
         model=cfg.model_path,
         dtype=cfg.dtype,
@@ -127,7 +128,7 @@ ASCEND_ENV = {
 }
 
 
-def ascend_engine_args() -> dict[str, Any]:
+def ascend_engine_args() -> dict[str, bool]:
     """Engine arguments for Ascend: eager mode, because a captured ACL graph keeps
     the weights' addresses and an in-place weight update breaks its replay
     (vllm-project/vllm-ascend RFC #10072; verl and ms-swift run eager for RL)."""

@@ -22,16 +22,27 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from rlpost.rollout.base import Completion, GenerationRequest, GenerationResult
+from rlpost.rollout.base import (
+    Completion,
+    GenerationRequest,
+    GenerationResult,
+    IpcTensorSource,
+    LoraAdapter,
+    WeightLayout,
+)
 from rlpost.rollout.pd import clear_kv_store
 from rlpost.rollout.vllm.config import ASCEND_ENV, VLLMEngineConfig, engine_args
 from rlpost.rollout.vllm.outputs import Interrupted, child_sampling, continuation, to_result
 from rlpost.rollout.vllm.stats import PrefixCacheCounter, no_prometheus
 from rlpost.runtime import device as devices
+
+if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
+    from vllm.outputs import RequestOutput
 
 
 class VLLMEngine:
@@ -76,9 +87,11 @@ class VLLMEngine:
             config, _ = PretrainedConfig.get_config_dict(cfg.model_path)
             self._never_sample = {i: -100.0 for i in placeholder_token_ids(config)}
         self._cache = PrefixCacheCounter()
-        self._lora_request: Any = None  # set by load_lora_adapter
+        self._lora_request: LoRARequest | None = None  # set by load_lora_adapter
         self._lora_dir: str | None = None
         self._lora_version = 0
+        # Loosely typed: vLLM's stat logger factory returns its StatLoggerBase, which the
+        # counter is by shape only (a subclass would import vLLM with its module).
         counter: Any = lambda vllm_config, engine_index=0: self._cache  # noqa: E731
         self.engine = LLMEngine.from_engine_args(
             EngineArgs(**engine_args(cfg, self._image_limit)),
@@ -86,8 +99,8 @@ class VLLMEngine:
         )
         self.tokenizer = self.engine.get_tokenizer()
         self._ids = itertools.count()
-        self._done: dict[str, Any] = {}  # finished outputs of sync requests
-        self._waiting: dict[str, asyncio.Future] = {}  # async requests
+        self._done: dict[str, RequestOutput] = {}  # finished outputs of sync requests
+        self._waiting: dict[str, asyncio.Future[RequestOutput | Interrupted]] = {}  # async requests
         self._stepper: asyncio.Task | None = None
         self._open = asyncio.Event()  # cleared while weights load
         self._open.set()
@@ -141,7 +154,7 @@ class VLLMEngine:
             "rlpost_open_weight_group", args=(address, base_rank, world_size, generation, timeout_s)
         )
 
-    def receive_weights(self, layout: dict[str, list] | None = None) -> dict[str, int]:
+    def receive_weights(self, layout: WeightLayout | None = None) -> dict[str, int]:
         """Load the weights rank 0 sends, bucket by bucket; call with no request in
         flight. Returns the first worker's bucket counts. ``layout``: the names,
         dtypes and shapes sent, which vLLM's own weight transfer receives by (the
@@ -160,7 +173,7 @@ class VLLMEngine:
         self._weights_changed()
         return stats
 
-    def receive_weights_ipc(self, source: Any) -> dict[str, int]:
+    def receive_weights_ipc(self, source: IpcTensorSource) -> dict[str, int]:
         """Load the buckets ``source`` maps one at a time (``rollout.weight_sync=ipc``:
         ``rlpost.workers.ipc_source.IpcSource``); call with no request in flight.
         Returns the worker's bucket counts."""
@@ -171,7 +184,7 @@ class VLLMEngine:
         return stats
 
     async def areceive_weights_ipc(
-        self, source: Any, version: int | None = None, interrupt: bool = False
+        self, source: IpcTensorSource, version: int | None = None, interrupt: bool = False
     ) -> None:
         """``receive_weights_ipc`` between two engine steps, as ``aload_weights``."""
         await self._paused(
@@ -182,7 +195,7 @@ class VLLMEngine:
         self,
         version: int | None = None,
         interrupt: bool = False,
-        layout: dict[str, list] | None = None,
+        layout: WeightLayout | None = None,
     ) -> None:
         """``receive_weights`` between two engine steps, as ``aload_weights``."""
         await self._paused(
@@ -307,7 +320,7 @@ class VLLMEngine:
         )
 
     async def aload_lora_adapter(
-        self, adapter: Any, version: int | None = None, interrupt: bool = False
+        self, adapter: LoraAdapter, version: int | None = None, interrupt: bool = False
     ) -> None:
         """Pause new requests, let those in flight finish (or interrupt them), swap
         the adapter, resume."""
@@ -405,7 +418,9 @@ class VLLMEngine:
         return rid
 
     def _step(self) -> None:
-        for out in self.engine.step():
+        for step_out in self.engine.step():
+            # A generating model's outputs (a pooling model's are the other kind vLLM types).
+            out = cast("RequestOutput", step_out)
             if not out.finished:
                 continue
             future = self._waiting.pop(out.request_id, None)
@@ -415,7 +430,7 @@ class VLLMEngine:
                 future.set_result(out)
 
     # -- LoRA adapter sync (rollout.lora_sync=adapter) ---------------------------
-    def load_lora_adapter(self, adapter: str | tuple[dict[str, torch.Tensor], dict] | None) -> None:
+    def load_lora_adapter(self, adapter: LoraAdapter) -> None:
         """Serve every later request with this LoRA adapter on top of the base weights.
 
         ``adapter`` is a PEFT adapter directory, or ``(tensors, adapter_config)`` as

@@ -5,9 +5,12 @@ request continued after a weight load interrupted it (partial rollout)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlpost.rollout.base import Completion, GenerationRequest, GenerationResult, SamplingConfig
+
+if TYPE_CHECKING:
+    from vllm.outputs import RequestOutput
 
 
 @dataclass
@@ -38,7 +41,11 @@ def continuation(request: GenerationRequest, ids: list[int], segment: int) -> Ge
     return replace(request, prompt_ids=request.prompt_ids + ids, sampling=sampling)
 
 
-def to_result(request: GenerationRequest, out: Any, tokenizer: Any) -> GenerationResult:
+def to_result(
+    request: GenerationRequest,
+    out: RequestOutput,
+    tokenizer: Any,  # transformers': vLLM types it as its TokenizerLike, without batch_decode
+) -> GenerationResult:
     """vLLM's finished ``out`` for ``request``: each sample's ids, log-probs and text."""
     completions = []
     all_ids = [list(c.token_ids) for c in out.outputs]
@@ -56,4 +63,5 @@ def to_result(request: GenerationRequest, out: Any, tokenizer: Any) -> Generatio
         )
     # With images the engine expanded their placeholders: its prompt ids are the real ones.
     prompt = out.prompt_token_ids if request.images else request.prompt_ids
+    assert prompt is not None, "vLLM returns a token prompt's ids"
     return GenerationResult(prompt_ids=list(prompt), completions=completions)

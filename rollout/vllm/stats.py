@@ -4,7 +4,12 @@ vLLM's Prometheus logger that records nothing."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+    from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
 
 
 class PrefixCacheCounter:
@@ -23,9 +28,9 @@ class PrefixCacheCounter:
 
     def record(
         self,
-        scheduler_stats: Any,
-        iteration_stats: Any,
-        mm_cache_stats: Any = None,
+        scheduler_stats: SchedulerStats | None,
+        iteration_stats: IterationStats | None,
+        mm_cache_stats: MultiModalCacheStats | None = None,
         engine_idx: int = 0,
     ) -> None:
         stats = getattr(scheduler_stats, "prefix_cache_stats", None)
@@ -47,23 +52,25 @@ class PrefixCacheCounter:
         pass
 
 
-def no_prometheus() -> Any:
+def no_prometheus() -> type[PrometheusStatLogger]:
     """A stand-in for vLLM's Prometheus stat logger, which the engine adds unless
     given one: nothing reads its metrics here, and recording them took ~10 % of a
     short-completion batch on the CPU (the prefix-cache counter needs the stats on)."""
     from vllm.v1.metrics.loggers import PrometheusStatLogger
 
     class NoPrometheus(PrometheusStatLogger):
-        def __init__(self, vllm_config: Any, engine_indexes: Any = None) -> None:
+        def __init__(
+            self, vllm_config: VllmConfig, engine_indexes: list[int] | None = None
+        ) -> None:
             pass
 
-        def record(self, *args: Any, **kwargs: Any) -> None:
+        def record(self, *args: object, **kwargs: object) -> None:
             pass
 
-        def record_sleep_state(self, *args: Any, **kwargs: Any) -> None:
+        def record_sleep_state(self, *args: object, **kwargs: object) -> None:
             pass
 
-        def record_admission_rejection(self, *args: Any, **kwargs: Any) -> None:
+        def record_admission_rejection(self, *args: object, **kwargs: object) -> None:
             pass
 
         def log_engine_initialized(self) -> None:

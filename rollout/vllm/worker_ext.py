@@ -5,10 +5,13 @@ Names are prefixed ``rlpost_`` so they never clash with the worker's own.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from rlpost.rollout.base import IpcTensorSource, WeightLayout
 
 # Parameters vLLM computes from loaded ones after loading, with no checkpoint name:
 # multi-head latent attention's (DeepSeek) W_UK_T and W_UV, split from kv_b_proj.
@@ -55,7 +58,7 @@ class WeightSyncExtension:
         self._rlpost_reload(self._rlpost_weight_group.receive(stats))
         return {"buckets": stats.buckets, "bytes": stats.bytes, "peak": stats.peak_bucket_bytes}
 
-    def rlpost_receive_weights_ipc(self, source: Any) -> dict[str, int]:
+    def rlpost_receive_weights_ipc(self, source: IpcTensorSource) -> dict[str, int]:
         """Reload from the buckets a colocated trainer hands out (``source``:
         ``rlpost.workers.ipc_source.IpcSource``), each mapped in place and read by
         the model's loader before the next is asked for. The engine runs its workers
@@ -67,7 +70,7 @@ class WeightSyncExtension:
         self._rlpost_reload(source.tensors(stats))
         return {"buckets": stats.buckets, "bytes": stats.bytes, "peak": stats.peak_bucket_bytes}
 
-    def rlpost_open_vllm_transfer(self, init_info: dict[str, Any]) -> None:
+    def rlpost_open_vllm_transfer(self, init_info: Mapping[str, object]) -> None:
         """Join the trainer's weight group through vLLM's own weight-transfer engine
         (the engine's ``weight_transfer_config``; ``init_info``:
         ``rlpost.runtime.vllm_transfer.worker_init_info``), after releasing the
@@ -76,7 +79,7 @@ class WeightSyncExtension:
         self.init_weight_transfer_engine(init_info)  # type: ignore[attr-defined]
 
     def rlpost_receive_weights_vllm(
-        self, layout: dict[str, list], timeout_s: float, bucket_bytes: int
+        self, layout: WeightLayout, timeout_s: float, bucket_bytes: int
     ) -> dict[str, int]:
         """Reload through vLLM's own weight transfer: its start, the packed broadcast
         (``layout``: the names, dtypes and shapes sent) into the model's loader, its
@@ -128,7 +131,9 @@ class WeightSyncExtension:
         }
         written: set[str] = set()
         checked = True
-        loader: Any = model.load_weights  # the vLLM model's own, not torch's
+        # the vLLM model's own, not torch's (which types a module's attributes as
+        # tensors or modules)
+        loader: Any = model.load_weights
 
         def load_and_record(weights):  # what the model's own loader reports it wrote
             nonlocal checked

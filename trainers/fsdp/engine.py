@@ -125,7 +125,8 @@ class FSDPEngine(PolicyUpdates):
         self.model = model
         # What the transformers model's forward takes (under LoRA too, whose wrapper
         # passes image inputs on as keyword arguments).
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        unwrap = getattr(model, "get_base_model", None)  # a LoRA wrapper's
+        base = model if unwrap is None else unwrap()
         self._forward_args = set(inspect.signature(base.forward).parameters)
         self._never_sample = placeholder_token_ids(model.config)
         # the output layer whose logits the log-probs compute a chunk at a time

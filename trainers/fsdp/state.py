@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from rlpost.trainers.checkpointing import read_meta as read_meta  # re-exported: rlpost.export
+from rlpost.trainers.engine_config import EngineConfig
 from rlpost.trainers.files import check_dcp_metadata
 
 
@@ -38,8 +39,8 @@ class FSDPState:
         self,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer | None,
-        scheduler: Any | None,
-        config: Any,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+        config: EngineConfig,
         rank: int,
         world_size: int,
         frozen_base: bool,
@@ -48,7 +49,7 @@ class FSDPState:
         self.config, self.rank, self.world_size = config, rank, world_size
         self.frozen_base = frozen_base
 
-    def write(self, tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    def write(self, tmp: Path) -> tuple[dict[str, object], dict[str, object]]:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
@@ -59,11 +60,13 @@ class FSDPState:
         if with_optim:
             assert self.optimizer is not None
             model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=opts)
-            state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+            state: dict[str, object] = {"model": model_sd, "optim": optim_sd}
         else:
             state = {"model": get_model_state_dict(self.model, options=opts)}
         dcp.save(state, checkpoint_id=str(tmp / "state"))
-        own = {"scheduler": self.scheduler.state_dict() if self.scheduler is not None else None}
+        own: dict[str, object] = {
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None
+        }
         return own, {"optimizer": with_optim, "frozen_base": self.frozen_base}
 
     def check(self, path: Path, meta: dict[str, Any]) -> None:

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -48,7 +48,7 @@ class Slices:
     """What one forward pass's attention layers need to know: the group, and the
     samples' lengths in a packed row (None: padded rows, plain causal attention)."""
 
-    group: Any
+    group: dist.ProcessGroup
     size: int
     segments: list[int] | None
 
@@ -57,14 +57,14 @@ _ACTIVE: ContextVar[Slices | None] = ContextVar("rlpost_ulysses", default=None)
 _CALLS = [0]  # attention calls made under a group (the engine checks the model uses it)
 
 
-def _all_to_all(x: torch.Tensor, group: Any) -> torch.Tensor:
+def _all_to_all(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """Chunk i of ``x``'s dim 0 goes to rank i; chunk j of the result came from rank j."""
     from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
 
     return wait_tensor(all_to_all_single_autograd(x.contiguous(), None, None, group))
 
 
-def seq_to_heads(x_bhld: torch.Tensor, n: int, group: Any) -> torch.Tensor:
+def seq_to_heads(x_bhld: torch.Tensor, n: int, group: dist.ProcessGroup) -> torch.Tensor:
     """(b, H, l, d) on each rank -> (b, H / n, s, d): this rank's heads, every token."""
     b, heads, span, d = x_bhld.shape
     x = x_bhld.reshape(b, n, heads // n, span, d).permute(1, 0, 2, 3, 4)  # (n, b, H/n, l, d)
@@ -72,7 +72,7 @@ def seq_to_heads(x_bhld: torch.Tensor, n: int, group: Any) -> torch.Tensor:
     return y.permute(1, 2, 0, 3, 4).reshape(b, heads // n, n * span, d)
 
 
-def heads_to_seq(x_bshd: torch.Tensor, n: int, group: Any) -> torch.Tensor:
+def heads_to_seq(x_bshd: torch.Tensor, n: int, group: dist.ProcessGroup) -> torch.Tensor:
     """(b, s, H / n, d) on each rank -> (b, l, H, d): this rank's tokens, every head."""
     b, s, hn, d = x_bshd.shape
     x = x_bshd.reshape(b, n, s // n, hn, d).permute(1, 0, 2, 3, 4)  # (n, b, l, H/n, d)
@@ -88,7 +88,7 @@ def attention(
     attention_mask: torch.Tensor | None,
     dropout: float = 0.0,
     scaling: float | None = None,
-    **kwargs: Any,
+    **kwargs: Any,  # on to transformers' sdpa, whose keywords are typed one by one
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention interface: sdpa over the whole sequence for this rank's
     heads while a group is active (``slices``), plain sdpa otherwise (a forward that
@@ -139,6 +139,13 @@ def register() -> None:
     AttentionMaskInterface.register(ATTENTION, sdpa_mask)
 
 
+class _GatherContext(Protocol):
+    """What ``_GatherTokens.forward`` keeps on torch's ``ctx`` for the backward."""
+
+    rank: int
+    width: int
+
+
 class _GatherTokens(torch.autograd.Function):
     """All-gather along the token dim; the backward keeps this rank's slice.
 
@@ -147,12 +154,16 @@ class _GatherTokens(torch.autograd.Function):
     each, and its slice ``rank`` is what this rank's tokens are owed."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any, n: int, rank: int) -> torch.Tensor:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx: _GatherContext, x: torch.Tensor, group: dist.ProcessGroup, n: int, rank: int
+    ) -> torch.Tensor:
         ctx.rank, ctx.width = rank, x.shape[1]
         return torch.cat(all_gather(x, group), dim=1)
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:  # type: ignore[override]
+    def backward(  # type: ignore[override]
+        ctx: _GatherContext, g: torch.Tensor
+    ) -> tuple[torch.Tensor, None, None, None]:
         return g.narrow(1, ctx.rank * ctx.width, ctx.width).contiguous(), None, None, None
 
 
@@ -165,11 +176,8 @@ class SequenceParallel:
         if world_size % size:
             raise ValueError(f"ulysses={size} does not divide the {world_size} trainer ranks")
         self.size, self.rank = size, rank % size
-        self.group = None
-        for first in range(0, world_size, size):
-            group = dist.new_group(list(range(first, first + size)))
-            if first <= rank < first + size:
-                self.group = group
+        groups = [dist.new_group(list(range(f, f + size))) for f in range(0, world_size, size)]
+        self.group: dist.ProcessGroup = groups[rank // size]  # the one holding this rank
         register()
 
     def padded(self, width: int) -> int:

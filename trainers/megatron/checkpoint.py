@@ -35,9 +35,9 @@ class MegatronState:
         self.config, self.rank, self.world_size = m.cfg, m.rank, m.world_size
 
     @cpu_shim.runs_on_cpu
-    def write(self, tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    def write(self, tmp: Path) -> tuple[dict[str, object], dict[str, object]]:
         m = self.m
-        own: dict[str, Any] = {
+        own: dict[str, object] = {
             "model": {n: p.detach().clone() for n, p in m.local_params().items()},
             "steps": m.steps,
         }

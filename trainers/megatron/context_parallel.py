@@ -32,7 +32,7 @@ attention's key/value memory (a ring would; Transformer Engine's does).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -62,7 +62,9 @@ class _GatherSequence(torch.autograd.Function):
     keeps the gradient of its own piece."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, dim: int, group: Any, reduce: bool) -> torch.Tensor:
+    def forward(
+        ctx, x: torch.Tensor, dim: int, group: dist.ProcessGroup | None, reduce: bool
+    ) -> torch.Tensor:
         ctx.dim, ctx.group, ctx.reduce = dim, group, reduce
         ctx.rank, ctx.size = dist.get_rank(group), dist.get_world_size(group)
         return torch.cat(all_gather(x, group), dim=dim)
@@ -76,7 +78,9 @@ class _GatherSequence(torch.autograd.Function):
         return grad.narrow(ctx.dim, ctx.rank * piece, piece).contiguous(), None, None, None
 
 
-def gather_sequence(x: torch.Tensor, dim: int, group: Any, reduce: bool) -> torch.Tensor:
+def gather_sequence(
+    x: torch.Tensor, dim: int, group: dist.ProcessGroup | None, reduce: bool
+) -> torch.Tensor:
     return _GatherSequence.apply(x, dim, group, reduce)
 
 
@@ -100,7 +104,7 @@ def pad_inputs(
 
 
 def split_inputs(
-    ids_bS: torch.Tensor, pos_bS: torch.Tensor, group: Any
+    ids_bS: torch.Tensor, pos_bS: torch.Tensor, group: dist.ProcessGroup | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's token ids and positions (b, s) of a sequence padded to a multiple
     of 2 x cp (``pad_inputs``)."""
@@ -109,12 +113,20 @@ def split_inputs(
     return ids_bS[:, mine], pos_bS[:, mine]
 
 
-def gather_output(out_bs: torch.Tensor, group: Any) -> torch.Tensor:
+def gather_output(out_bs: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """The last stage's output (b, s, ...) of every rank -> (b, S, ...) in sequence
     order; the backward keeps this rank's tokens' gradient."""
     cp = dist.get_world_size(group)
     full = gather_sequence(out_bs, 1, group, reduce=False)
     return full[:, torch.argsort(gathered_positions(full.shape[1], cp))]
+
+
+class AttentionConfig(Protocol):
+    """What ``ContextParallelAttention`` reads of megatron-core's ``TransformerConfig``."""
+
+    attention_dropout: float
+    kv_channels: int
+    apply_query_key_layer_scaling: bool
 
 
 class ContextParallelAttention(torch.nn.Module):
@@ -128,14 +140,14 @@ class ContextParallelAttention(torch.nn.Module):
 
     def __init__(
         self,
-        config: Any,
+        config: AttentionConfig,
         layer_number: int,
-        attn_mask_type: Any,
+        attn_mask_type: object,
         attention_type: str,
         attention_dropout: float | None = None,
         softmax_scale: float | None = None,
         cp_comm_type: str | None = None,
-        pg_collection: Any = None,
+        pg_collection: object = None,
     ):
         from megatron.core import parallel_state as mpu
 
@@ -157,9 +169,9 @@ class ContextParallelAttention(torch.nn.Module):
         key: torch.Tensor,
         value: torch.Tensor,
         attention_mask: torch.Tensor | None,
-        attn_mask_type: Any = None,
-        attention_bias: Any = None,
-        packed_seq_params: Any = None,
+        attn_mask_type: object = None,
+        attention_bias: object = None,
+        packed_seq_params: object = None,
     ) -> torch.Tensor:
         if attention_mask is None or packed_seq_params is not None or attention_bias is not None:
             raise ValueError(

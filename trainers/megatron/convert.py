@@ -34,9 +34,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 FAMILIES = ("qwen2", "qwen3", "llama", "mistral", "qwen3_moe")
 
@@ -72,7 +75,7 @@ class ModelShape:
         return self.kv_heads
 
 
-def shape_from_hf(config: Any) -> ModelShape:
+def shape_from_hf(config: PreTrainedConfig) -> ModelShape:
     """Read a transformers config; a feature the conversion does not map is a
     ``NotImplementedError`` naming it."""
     family = config.model_type

@@ -42,13 +42,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from functools import wraps
-from typing import Any, TypeVar
+from typing import ParamSpec, TypeVar
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 _applied = False
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def cpu_only() -> bool:
@@ -82,30 +83,30 @@ def on_cpu() -> Iterator[None]:
         yield
 
 
-def runs_on_cpu(method: F) -> F:
+def runs_on_cpu(method: Callable[P, R]) -> Callable[P, R]:
     """Decorator: run ``method`` inside ``on_cpu()``."""
 
     @wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         with on_cpu():
             return method(*args, **kwargs)
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 class _CpuStream:
     """Patch 5: a CUDA stream (and its events) on the CPU, where every op is synchronous."""
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    def __init__(self, *args: object, **kwargs: object):
         pass
 
-    def wait_stream(self, stream: Any) -> None:
+    def wait_stream(self, stream: object) -> None:
         pass
 
-    def wait_event(self, event: Any) -> None:
+    def wait_event(self, event: object) -> None:
         pass
 
-    def record_event(self, event: Any = None) -> _CpuStream:
+    def record_event(self, event: object = None) -> _CpuStream:
         return self  # the event: its synchronize() returns at once
 
     def synchronize(self) -> None:
@@ -134,7 +135,7 @@ def apply() -> None:
 
     from megatron.core.transformer.moe import token_dispatcher
 
-    def to_host(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+    def to_host(tensor: object, as_numpy: bool = False, record_stream: bool = False) -> object:
         if as_numpy and torch.is_tensor(tensor):
             return tensor.numpy()
         return tensor

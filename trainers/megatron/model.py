@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -49,13 +49,18 @@ from rlpost.trainers.megatron.convert import (
     tp_views,
 )
 from rlpost.trainers.megatron.schedule import (
-    OnOutput,
+    R,
+    StageOutput,
     all_keys,
     dp_batch,
     rows_from_last_stage,
     run_schedule,
 )
 from rlpost.trainers.micro_batching import micro_batches
+from rlpost.trainers.update import OnOutput
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 
 class ValueHead(torch.nn.Module):
@@ -135,8 +140,9 @@ class MegatronModel:
         self.expert_offset = mpu.get_expert_model_parallel_rank() * (self.shape.experts // p.ep)
         self.load_hf_weights()
         self.num_params = _hf_num_params(self.hf_config, value_head)
-        self.chunks: list[Any] = list(self.models)  # DDP wrappers once an optimizer is built
-        self.optimizer: Any = None
+        # megatron-core's DDP wrappers once an optimizer is built (no type information)
+        self.chunks: list[Any] = list(self.models)
+        self.optimizer: Any = None  # megatron-core's optimizer (no type information)
         self.steps = 0
         if cfg.trainable:
             self._build_optimizer()
@@ -146,7 +152,8 @@ class MegatronModel:
 
     def _build_chunk(self, vp_stage: int | None) -> Any:
         """megatron-core's ``GPTModel`` for virtual stage ``vp_stage`` of this rank's
-        pipeline stage (None: no virtual stages), with the local layer spec."""
+        pipeline stage (None: no virtual stages), with the local layer spec. Untyped:
+        megatron-core ships no type information, and its modules are used by name."""
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
@@ -158,7 +165,7 @@ class MegatronModel:
         )
         if p.cp > 1:  # megatron's local attention refuses cp > 1
             spec.submodules.self_attention.submodules.core_attention = ContextParallelAttention
-        block: Any = spec
+        block = spec  # the layer's spec, or (sequence parallelism) the block's submodules
         if p.sequence_parallel:  # megatron's local torch norms refuse it
             block = sequence_parallel.block_spec(spec, self.tconfig, vp_stage)
         stage = dict(ignore_virtual=vp_stage is None, vp_stage=vp_stage)
@@ -281,7 +288,7 @@ class MegatronModel:
         for chunk in self.chunks:
             chunk.eval()
 
-    def run(self, mbs: list[TrajectoryBatch], on_output: OnOutput) -> list[Any]:
+    def run(self, mbs: list[TrajectoryBatch], on_output: StageOutput[R]) -> list[R]:
         """``run_schedule`` of this model over ``mbs``."""
         c = self.cfg
         return run_schedule(
@@ -425,7 +432,7 @@ class MegatronModel:
                 full.copy_(local)
             state[name] = full
         if self.cfg.parallel.ep > 1:  # every expert-parallel rank's experts
-            shares: list[Any] = [None] * self.cfg.parallel.ep
+            shares: list[Any] = [None] * self.cfg.parallel.ep  # all_gather_object fills them
             experts = {k: v for k, v in state.items() if is_expert(k)}
             dist.all_gather_object(shares, experts, group=mpu.get_expert_model_parallel_group())
             state.update({k: v for share in shares for k, v in share.items()})
@@ -437,6 +444,7 @@ class MegatronModel:
             return None
         if self.cfg.parallel.pp > 1:
             group = mpu.get_pipeline_model_parallel_group()
+            # placeholders gather_object fills on rank 0
             parts: list[Any] | None = [None] * self.cfg.parallel.pp if self.rank == 0 else None
             dist.gather_object(state, parts, dst=0, group=group)
             if self.rank != 0:
@@ -452,7 +460,7 @@ class MegatronModel:
             dist.destroy_process_group()
 
 
-def _hf_num_params(config: Any, value_head: bool) -> int:
+def _hf_num_params(config: PreTrainedConfig, value_head: bool) -> int:
     """The HF model's parameter count: the causal LM's, or the body's and a value head's."""
     from transformers import AutoModel, AutoModelForCausalLM
 

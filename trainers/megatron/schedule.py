@@ -2,14 +2,16 @@
 data-parallel batch, each micro-batch's inputs, and results moved off the last
 pipeline stage.
 
-Legend: b = samples, t = tokens, T = tokens of one packed row.
+Legend: b = samples, t = tokens, T = tokens of one packed row. ``mpu``: megatron-core's
+``parallel_state`` module, as ``MegatronModel`` holds it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from types import ModuleType
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -19,12 +21,15 @@ from rlpost.trainers.distributed import broadcast_
 from rlpost.trainers.megatron.context_parallel import gather_output, pad_inputs, split_inputs
 from rlpost.trainers.micro_batching import pack
 
+R = TypeVar("R", bound=torch.Tensor | None)
+
 # What the last stage does with one micro-batch's model output: (loss, result). The
-# losses are summed and back-propagated; the results are returned in order.
-OnOutput = Callable[[TrajectoryBatch, torch.Tensor], tuple[torch.Tensor, Any]]
+# losses are summed and back-propagated; the results are returned in order
+# (``rlpost.trainers.update.OnOutput`` is one, its results rows or None).
+StageOutput = Callable[[TrajectoryBatch, torch.Tensor], tuple[torch.Tensor, R]]
 
 
-def dp_batch(batch: TrajectoryBatch, mpu: Any) -> tuple[TrajectoryBatch, slice]:
+def dp_batch(batch: TrajectoryBatch, mpu: ModuleType) -> tuple[TrajectoryBatch, slice]:
     """The model-parallel group's shares joined into one batch, and this rank's rows.
 
     The ranks of one model copy (tp x pp x cp ranks holding it between them) must
@@ -58,13 +63,13 @@ def model_inputs(mb: TrajectoryBatch, packing: bool) -> tuple[torch.Tensor, ...]
 
 
 def run_schedule(
-    chunks: list[Any],
+    chunks: list[torch.nn.Module],
     mbs: list[TrajectoryBatch],
-    on_output: OnOutput,
+    on_output: StageOutput[R],
     packing: bool,
-    mpu: Any,
+    mpu: ModuleType,
     sequence_parallel: bool = False,
-) -> list[Any]:
+) -> list[R]:
     """Forward (and, with grad enabled, backward) of the model ``chunks`` over ``mbs``
     through megatron's schedule (1F1B across pipeline stages, interleaved over
     virtual stages when there are several chunks); returns ``on_output``'s results
@@ -105,9 +110,8 @@ def run_schedule(
 
         def loss_func(output):
             loss, result = on_output(mb, output)
-            if isinstance(result, torch.Tensor):
-                result = result[:rows]
-            return loss, torch.tensor(0, dtype=torch.int), result
+            kept = result[:rows] if isinstance(result, torch.Tensor) else result
+            return loss, torch.tensor(0, dtype=torch.int), kept
 
         return out, loss_func
 
@@ -132,7 +136,7 @@ def rows_from_last_stage(
     mbs: list[TrajectoryBatch],
     pieces: list[torch.Tensor | None],
     shape: torch.Size,
-    mpu: Any,
+    mpu: ModuleType,
     pp: int,
 ) -> torch.Tensor:
     """The per-micro-batch (rows, width) ``pieces`` of the last stage laid out as one
@@ -149,7 +153,7 @@ def rows_from_last_stage(
     return from_last_stage(out, mpu, pp)
 
 
-def from_last_stage(tensor: torch.Tensor, mpu: Any, pp: int) -> torch.Tensor:
+def from_last_stage(tensor: torch.Tensor, mpu: ModuleType, pp: int) -> torch.Tensor:
     """``tensor`` as the last pipeline stage has it, on every stage."""
     if pp == 1:
         return tensor
@@ -159,7 +163,7 @@ def from_last_stage(tensor: torch.Tensor, mpu: Any, pp: int) -> torch.Tensor:
 
 def all_keys(keys: list[str]) -> list[str]:
     """The union of every rank's metric names, in one order (ranks off the last stage have none)."""
-    everyone: list[Any] = [None] * dist.get_world_size()
+    everyone: list[Any] = [None] * dist.get_world_size()  # placeholders all_gather_object fills
     dist.all_gather_object(everyone, keys)
     return sorted({k for ks in everyone for k in ks})
 

@@ -16,17 +16,24 @@ spec when sequence parallelism is on (the output is identical).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
+
+
+class NormConfig(Protocol):
+    """What ``RMSNorm`` reads of megatron-core's ``TransformerConfig``."""
+
+    params_dtype: torch.dtype
+    sequence_parallel: bool
 
 
 class RMSNorm(torch.nn.Module):
     """``torch.nn.RMSNorm`` built from megatron's norm arguments, its weight marked
     for the tensor-parallel gradient sum when sequence parallelism is on."""
 
-    def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any):
+    def __init__(self, config: NormConfig, hidden_size: int, eps: float = 1e-5, **_: object):
         super().__init__()
         self.eps = eps
         self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
@@ -36,6 +43,7 @@ class RMSNorm(torch.nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
+# megatron-core's ``ModuleSpec``, ``TransformerConfig`` and block submodules: no type information
 def block_spec(layer_spec: Any, config: Any, vp_stage: int | None = None) -> Any:
     """This (virtual) stage's transformer block submodules: ``layer_spec`` (a layer's
     ``ModuleSpec``, changed in place) with ``RMSNorm`` in every norm slot it

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Callable
 
 from rlpost.data.tasks.arith import ArithTask
 from rlpost.data.tasks.calc import CalcTask
 from rlpost.data.tasks.shapes import ShapesTask
 
-TASKS: dict[str, Any] = {"arith": ArithTask, "calc": CalcTask, "shapes": ShapesTask}
+BuiltinTask = ArithTask | CalcTask | ShapesTask
+TASKS: dict[str, type[BuiltinTask]] = {"arith": ArithTask, "calc": CalcTask, "shapes": ShapesTask}
 VISION_TASKS = ("shapes",)  # prompts with images: a vision-language model is needed
 # Data presets built from a task's rows (its prompts, answers and held-out split).
 TASK_OF_DATA = {"arith_pref": "arith"}
@@ -20,7 +21,7 @@ def task_name(data_name: str) -> str:
     return TASK_OF_DATA.get(data_name, data_name)
 
 
-def task_correctness(data_name: str) -> Any:
+def task_correctness(data_name: str) -> Callable[[str, dict], float] | None:
     """The built-in task's ``correctness(completion, row)`` for ``data.name``, or None
     (user files, reasoning-gym, tasks without one)."""
     import importlib
@@ -32,7 +33,7 @@ def task_correctness(data_name: str) -> Any:
     return getattr(module, "correctness", None)
 
 
-def build_task(name: str, **kwargs: Any) -> Any:
+def build_task(name: str, **kwargs: int) -> BuiltinTask:
     """Instantiate the task registered as ``name`` with those of ``kwargs`` that are
     its fields (``max_operand`` means nothing to an image task)."""
     if name not in TASKS:
@@ -47,6 +48,7 @@ __all__ = [
     "TASK_OF_DATA",
     "VISION_TASKS",
     "ArithTask",
+    "BuiltinTask",
     "CalcTask",
     "ShapesTask",
     "build_task",

@@ -62,11 +62,11 @@ def extract_program(completion: str) -> str | None:
     return blocks[-1] if blocks else None
 
 
-def _json(value: Any) -> Any:
+def _json(value: object) -> Any:  # a JSON document's value
     return json.loads(value) if isinstance(value, str) else value
 
 
-def _io_cases(value: Any) -> list[Case]:
+def _io_cases(value: object) -> list[Case]:
     spec = _json(value)
     if not isinstance(spec, dict) or not {"inputs", "outputs"} <= set(spec):
         raise ValueError(f"input_output must hold 'inputs' and 'outputs', got {str(value)[:80]!r}")
@@ -81,7 +81,7 @@ def _io_cases(value: Any) -> list[Case]:
     return [_stdio_case(i, o) for i, o in zip(inputs, outputs)]
 
 
-def _stdio_case(stdin: Any, stdout: Any) -> Case:
+def _stdio_case(stdin: object, stdout: object) -> Case:
     if isinstance(stdout, list):  # APPS sometimes stores the output as its lines
         stdout = "\n".join(map(str, stdout))
     if not isinstance(stdin, str) or not isinstance(stdout, str):
@@ -89,7 +89,7 @@ def _stdio_case(stdin: Any, stdout: Any) -> Case:
     return Case(stdin=stdin, stdout=stdout)
 
 
-def _listed_cases(value: Any) -> list[Case]:
+def _listed_cases(value: object) -> list[Case]:
     cases = []
     for item in _json(value):
         if isinstance(item, str):

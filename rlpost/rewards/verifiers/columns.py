@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 ANSWER_COLUMNS = "'answer', 'ground_truth' or reward_model['ground_truth'] (verl's layout)"
 # Chat models spell their special tokens "<|...|>" (Qwen's "<|im_end|>"); a
 # completion decoded with special tokens is cut at the first one.
 SPECIAL_TOKEN_PREFIX = "<|"
 
 
-def reference_answer(row: dict) -> Any:
+def reference_answer(row: dict) -> object:
     """The row's ``answer``, else its ``ground_truth``, else ``reward_model["ground_truth"]``.
 
     A row with none of them (or only None) is a ValueError naming the columns

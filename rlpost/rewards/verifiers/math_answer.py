@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any
+from types import ModuleType
 
 from rlpost.rewards.verifiers.columns import reference_answer, without_special_tokens
 
@@ -43,7 +43,7 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-def _math_verify() -> Any:
+def _math_verify() -> ModuleType:
     try:
         import math_verify
     except ImportError as e:
