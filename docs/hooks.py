@@ -10,6 +10,13 @@
   each such file under ``repo/`` (and of the files those link, if Markdown),
   and the links are pointed there; a link to a file that does not exist fails
   the build.
+- A measured figure on a page is written between figure markers naming the
+  committed results file the command beside it writes, the key in it and a
+  format: ``<!-- fig bench/results/quickstart.json eval.overall.greedy .3f
+  -->0.590<!-- /fig -->``. The site renders the figure from that file; the
+  text between the markers (what GitHub shows) is kept equal to it by
+  ``tests/unit/test_docs_figures.py``, so a page's figure cannot drift from
+  its results file. ``python docs/hooks.py`` rewrites both kinds of block.
 - ``RlpostLayers`` is a griffe extension for the API reference: the folders
   ``algos/``, ``rollout/`` and ``trainers/`` install as ``rlpost.algos`` ...
   (``setup.py``), which static analysis of ``rlpost/`` cannot see, so it
@@ -32,6 +39,53 @@ KEYS_RE = re.compile(r"(<!-- keys:start -->\n)(.*?)(\n<!-- keys:end -->)", re.S)
 # ](target) of a Markdown link, with an optional #anchor; external links have a scheme.
 LINK_RE = re.compile(r"\]\((?![a-z][a-z0-9+.-]*:|#)([^)\s#]+)(#[^)\s]*)?\)")
 MIRROR = "repo"
+# <!-- fig FILE KEY [FORMAT] -->TEXT<!-- /fig -->: KEY is a dotted path into FILE's
+# JSON, FORMAT a format spec (".3f", ".1f", "d"; none: str()).
+FIG_RE = re.compile(r"<!-- fig (\S+) (\S+)(?: (\S+))? -->(.*?)<!-- /fig -->", re.S)
+# The Markdown files outside docs/ that carry figures.
+FIGURE_PAGES_OUTSIDE = ("README.md",)
+
+
+class FigureError(ValueError):
+    """A figure marker whose file or key does not exist."""
+
+
+def figure(path: str, key: str, fmt: str | None = None) -> str:
+    """The value at ``key`` (dotted) of the JSON file ``path`` (repository-relative),
+    formatted with ``fmt``."""
+    import json
+
+    file = ROOT / path
+    if not file.is_file():
+        raise FigureError(f"figure {path} {key}: {path} does not exist")
+    value = json.loads(file.read_text())
+    walked = []
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            have = sorted(value) if isinstance(value, dict) else type(value).__name__
+            raise FigureError(
+                f"figure {path} {key}: no {part!r} under {'.'.join(walked) or 'the top'} "
+                f"(there: {have})"
+            )
+        walked.append(part)
+        value = value[part]
+    return format(value, fmt) if fmt else str(value)
+
+
+def with_figures(markdown: str) -> str:
+    """``markdown`` with the text of every figure marker rendered from its results file."""
+
+    def one(m: re.Match[str]) -> str:
+        path, key, fmt, _ = m.groups()
+        spec = f" {fmt}" if fmt else ""
+        return f"<!-- fig {path} {key}{spec} -->{figure(path, key, fmt)}<!-- /fig -->"
+
+    return FIG_RE.sub(one, markdown)
+
+
+def figure_pages() -> list[Path]:
+    """Every page that may carry figures: the docs and the Markdown files beside them."""
+    return sorted(DOCS.rglob("*.md")) + [ROOT / p for p in FIGURE_PAGES_OUTSIDE]
 
 
 def with_keys_table(markdown: str) -> str:
@@ -100,6 +154,7 @@ def on_page_markdown(markdown, page, config, files):
     real = _real_path(src_uri)
     if real == KEYS_PAGE.relative_to(ROOT).as_posix():
         markdown = with_keys_table(markdown)
+    markdown = with_figures(markdown)
     out, last = [], 0
     for m, target in _link_targets(real, markdown):
         if not (ROOT / target).is_file():
@@ -127,3 +182,9 @@ class RlpostLayers(griffe.Extension):
 if __name__ == "__main__":
     KEYS_PAGE.write_text(with_keys_table(KEYS_PAGE.read_text()))
     print(f"wrote {KEYS_PAGE.relative_to(ROOT)}")
+    for page in figure_pages():
+        text = page.read_text()
+        rendered = with_figures(text)
+        if rendered != text:
+            page.write_text(rendered)
+            print(f"wrote {page.relative_to(ROOT)}")
