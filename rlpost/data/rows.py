@@ -114,20 +114,23 @@ def _read_rows(path: Path) -> list[dict]:
 LENGTH_COLUMNS = ("max_tokens", "min_tokens")
 
 
-def validate_row(row: object) -> str | None:
-    """Why ``row`` cannot be used as a prompt, or None when it can."""
+def validate_row(row: object, needs_prompt: bool = True) -> str | None:
+    """Why ``row`` cannot be used as a prompt, or None when it can. Without
+    ``needs_prompt`` (an ``agent.program`` builds its own messages from the row) a
+    row without a ``prompt`` is whole; one it has is still checked."""
     if not isinstance(row, dict):
         return f"row has type {type(row).__name__}, expected an object with a 'prompt' field"
+    if "prompt" not in row and not needs_prompt:
+        return _check_lengths(row) or check_images(row)
     if "prompt" not in row:
         return (
             f"row has no 'prompt' field (fields: {sorted(row)}); name the column that holds "
             "it with data.prompt_key=<column>, or build it from the row's fields with "
-            "data.prompt_template (an agent.program gets the whole row, and its prompt too)"
+            "data.prompt_template (an agent.program takes rows without one: it gets the whole row)"
         )
-    for key in LENGTH_COLUMNS:
-        value = row.get(key)
-        if value is not None and (type(value) is not int or value < 0):
-            return f"'{key}' is {value!r}, expected a whole number >= 0 (or leave it out)"
+    reason = _check_lengths(row)
+    if reason is not None:
+        return reason
     prompt = row["prompt"]
     if isinstance(prompt, str):
         return check_images(row) if prompt else "'prompt' is an empty string"
@@ -154,6 +157,14 @@ def validate_row(row: object) -> str | None:
     return check_images(row)
 
 
+def _check_lengths(row: dict) -> str | None:
+    for key in LENGTH_COLUMNS:
+        value = row.get(key)
+        if value is not None and (type(value) is not int or value < 0):
+            return f"'{key}' is {value!r}, expected a whole number >= 0 (or leave it out)"
+    return None
+
+
 def prompt_messages(row: dict) -> list[dict]:
     """The row's prompt as chat messages; a string is one user message."""
     prompt = row["prompt"]
@@ -172,13 +183,20 @@ class PromptStream:
     uninterrupted one would have produced.
     """
 
-    def __init__(self, rows: list[dict], seed: int, batch_size: int, source: str = "rows"):
+    def __init__(
+        self,
+        rows: list[dict],
+        seed: int,
+        batch_size: int,
+        source: str = "rows",
+        needs_prompt: bool = True,
+    ):
         if batch_size < 1:
             raise DataError(f"batch_size must be >= 1, got {batch_size}")
         self.rows: list[dict] = []
         reasons: list[str] = []
         for i, row in enumerate(rows):
-            reason = validate_row(row)
+            reason = validate_row(row, needs_prompt)
             if reason is None:
                 self.rows.append(row)
             else:

@@ -88,7 +88,10 @@ class Controller:
         self.val_rows = plan.val_rows
         self.agent, self.image_inputs = agent, image_inputs
         self.stream = PromptStream(
-            plan.train_rows, seed=cfg.trainer.seed, batch_size=cfg.data.prompts_per_step
+            plan.train_rows,
+            seed=cfg.trainer.seed,
+            batch_size=cfg.data.prompts_per_step,
+            needs_prompt=cfg.agent.program is None,
         )
         self.malformed_rows = plan.malformed_rows + self.stream.num_malformed
         self.long_prompts = plan.long_prompts

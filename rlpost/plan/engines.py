@@ -3,7 +3,7 @@ from the run config in this one place."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rlpost.algos.spec import narrow
 from rlpost.config.groups import Config
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from rlpost.rollout.sglang.engine import SGLangEngineConfig
     from rlpost.rollout.sglang.pd import SGLangPDConfig
     from rlpost.rollout.vllm import VLLMEngineConfig
+    from rlpost.trainers.engine_config import EngineConfig
     from rlpost.trainers.fsdp import FSDPEngineConfig
     from rlpost.trainers.megatron.config import MegatronEngineConfig
 
@@ -24,28 +25,7 @@ if TYPE_CHECKING:
     )
 
 FROZEN_ROLES = ("reference", "teacher")  # trainer groups that only compute log-probs
-
-
-class EngineSettings(TypedDict):
-    """The fields every training engine's config shares (``rlpost.trainers.engine_config``)."""
-
-    model_path: str
-    dtype: str
-    lr: float
-    weight_decay: float
-    betas: tuple[float, float]
-    max_grad_norm: float
-    micro_batch_size: int
-    seed: int
-    device: str
-    backend: str
-    threads: int
-    lr_warmup_steps: int
-    lr_schedule: str
-    lr_decay_steps: int
-    lr_min_ratio: float
-    trainable: bool
-    micro_batch_tokens: int
+E = TypeVar("E", bound="EngineConfig")
 
 
 def rollout_engine_config(cfg: Config, model_path: str, device_kind: str) -> RolloutEngineConfig:
@@ -113,18 +93,22 @@ def rollout_engine_config(cfg: Config, model_path: str, device_kind: str) -> Rol
     )
 
 
-def engine_settings(
+def engine_config(
+    cls: type[E],
     cfg: Config,
     model_path: str,
     lr: float,
     lr_warmup_steps: int,
     trainable: bool,
     device: DeviceSpec | None = None,
-) -> EngineSettings:
-    """The fields every training engine's config shares (``rlpost.trainers.engine_config``)."""
+    **own: Any,
+) -> E:
+    """A training engine's config: the fields every engine shares
+    (``rlpost.trainers.engine_config.EngineConfig``), from the run config, and
+    ``own``, the fields of that engine's config alone."""
     t = cfg.trainer
     device = device or resolve_device(t.device)
-    return EngineSettings(
+    return cls(
         model_path=model_path,
         dtype=cfg.model.dtype,
         lr=lr,
@@ -142,6 +126,7 @@ def engine_settings(
         lr_min_ratio=t.lr_min_ratio,
         trainable=trainable,
         micro_batch_tokens=t.micro_batch_tokens,
+        **own,
     )
 
 
@@ -158,8 +143,14 @@ def megatron_engine_config(
     critic; the critic runs padded, ``packing=False``)."""
     from rlpost.trainers.megatron.config import MegatronEngineConfig, MegatronParallel
 
-    return MegatronEngineConfig(
-        **engine_settings(cfg, model_path, lr, lr_warmup_steps, trainable, device),
+    return engine_config(
+        MegatronEngineConfig,
+        cfg,
+        model_path,
+        lr,
+        lr_warmup_steps,
+        trainable,
+        device,
         packing=cfg.trainer.packing and packing,
         parallel=narrow(cfg.trainer.megatron, MegatronParallel),
     )
@@ -190,8 +181,14 @@ def trainer_engine_config(
         return megatron_engine_config(
             cfg, model_path, lr, lr_warmup_steps, trainable, kind == "policy", device
         )
-    return FSDPEngineConfig(
-        **engine_settings(cfg, model_path, lr, lr_warmup_steps, trainable, device),
+    return engine_config(
+        FSDPEngineConfig,
+        cfg,
+        model_path,
+        lr,
+        lr_warmup_steps,
+        trainable,
+        device,
         lora=m.lora if role == "policy" else LoraSettings(),
         gradient_checkpointing=m.gradient_checkpointing,
         param_offload=m.param_offload,

@@ -62,7 +62,9 @@ def load_data(cfg: Config) -> tuple[list[dict], list[dict], int]:
                 continue
             if cfg.algo.name == "sft":
                 rows = [sft_row(r) for r in rows]
-            kept, dropped = _usable_rows(rows, f"data.{key}: {path}", problems)
+            kept, dropped = _usable_rows(
+                rows, f"data.{key}: {path}", problems, needs_prompt=cfg.agent.program is None
+            )
             out.extend(kept)
             bad += dropped
     if problems:
@@ -137,13 +139,16 @@ def load_preference_files(cfg: Config) -> tuple[list[dict], list[dict], int]:
     return out["train_files"], out["val_files"][: cfg.data.val_size], bad
 
 
-def _usable_rows(rows: list[dict], source: str, problems: list[str]) -> tuple[list[dict], int]:
+def _usable_rows(
+    rows: list[dict], source: str, problems: list[str], needs_prompt: bool = True
+) -> tuple[list[dict], int]:
     """The well-formed rows of one file, and how many were not (warned about once,
     naming the file). An image file that is not there is a problem to fix before
-    the run starts, not a row to drop."""
+    the run starts, not a row to drop. An agent program takes a row without a
+    prompt (``needs_prompt=False``): it builds its messages from the row."""
     kept, reasons = [], []
     for i, row in enumerate(rows):
-        reason = validate_row(row)
+        reason = validate_row(row, needs_prompt)
         if reason is not None:
             reasons.append(f"row {i}: {reason}")
             continue

@@ -225,10 +225,12 @@ def session_episode(
     their sampled tokens are counted in ``dropped_tokens``, not trained."""
     parts = segments(session.calls)
     if not parts:  # the program never called the model: nothing it sampled to train
-        prompt = chat.prompt_ids(prompt_messages(row))
+        # A row without a prompt (the program builds its messages) stands as an empty
+        # user turn, so the episode still has the template's prompt tokens.
+        opening = prompt_messages(row) if "prompt" in row else [{"role": "user", "content": ""}]
         return Episode(
-            prompt_ids=prompt, response_ids=[], response_mask=[], logprobs=[],
-            messages=prompt_messages(row), reward=0.0 if reward is None else reward,
+            prompt_ids=chat.prompt_ids(opening), response_ids=[], response_mask=[], logprobs=[],
+            messages=opening, reward=0.0 if reward is None else reward,
             final_text=answer or "", num_turns=0, tool_calls=0, tool_errors=0, tool_timeouts=0,
             truncated=False, model_tokens=0, env_tokens=0, session_id=session.session_id,
             group=group, program="no_calls" if status == "ok" else status,

@@ -115,7 +115,8 @@ def test_turns_cut_at_agent_max_turn_tokens_count_as_clipped(model, tmp_path):
 
 def test_an_agent_program_trains_on_exactly_what_its_calls_sampled(model, tmp_path):
     modes = ["tool", "tool", "edit", "raise"]
-    rows = [{"prompt": f"{10 + i}*3=", "mode": m, "split": "train"} for i, m in enumerate(modes)]
+    # no 'prompt' column: the program builds its messages from the row as it is
+    rows = [{"question": f"{10 + i}*3=", "mode": m, "split": "train"} for i, m in enumerate(modes)]
     train = _jsonl(tmp_path / "prog.jsonl", rows)
     val = _jsonl(tmp_path / "prog_val.jsonl", [{**r, "split": "val"} for r in rows])
     tokens = tmp_path / "tokens.jsonl"

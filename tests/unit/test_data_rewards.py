@@ -58,7 +58,7 @@ def test_load_rows_errors_name_the_problem(tmp_path):
             {"question": "hi"},
             "row has no 'prompt' field (fields: ['question']); name the column that holds it "
             "with data.prompt_key=<column>, or build it from the row's fields with "
-            "data.prompt_template (an agent.program gets the whole row, and its prompt too)",
+            "data.prompt_template (an agent.program takes rows without one: it gets the whole row)",
         ),
         ({"prompt": ""}, "'prompt' is an empty string"),
         ({"prompt": 3}, "'prompt' has type int, expected a string or a list of messages"),
@@ -77,6 +77,23 @@ def test_load_rows_errors_name_the_problem(tmp_path):
 )
 def test_validate_row(row, reason):
     assert validate_row(row) == reason
+
+
+@pytest.mark.parametrize(
+    ("row", "reason"),
+    [
+        ({"question": "hi", "mode": "tool"}, None),
+        ({"prompt": ""}, "'prompt' is an empty string"),
+        (
+            {"question": "hi", "max_tokens": -1},
+            "'max_tokens' is -1, expected a whole number >= 0 (or leave it out)",
+        ),
+    ],
+)
+def test_a_row_for_an_agent_program_needs_no_prompt(row, reason):
+    assert validate_row(row, needs_prompt=False) == reason
+    stream = PromptStream([row, {"prompt": "a"}], seed=0, batch_size=1, needs_prompt=False)
+    assert stream.num_malformed == (reason is not None)
 
 
 def test_prompt_messages():

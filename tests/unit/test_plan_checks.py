@@ -120,3 +120,19 @@ def test_the_malformed_row_warning_names_its_file(tmp_path, caplog):
     assert f"data.train_files: {train}: skipped 1 malformed of 3 rows" in caplog.text
     assert f"data.val_files: {val}: skipped 1 malformed of 3 rows" in caplog.text
     assert "row 1: row has no 'prompt' field" in caplog.text
+
+
+def test_an_agent_program_takes_rows_without_a_prompt(tmp_path):
+    from rlpost.data.rows import DataError
+    from rlpost.plan.inputs import load_data
+
+    rows = [{"question": "1+1=", "answer": "2"}, {"prompt": ""}, {"question": "2+2="}]
+    train = _rows_file(tmp_path / "train.jsonl", rows)
+    args = ["data=files", f"data.train_files=[{train}]", f"data.val_files=[{train}]"]
+    # without a program, a row needs its prompt
+    with pytest.raises(DataError, match="no valid training rows"):
+        load_data(compose(args))
+    program = "agent.program=tests/integration/programs/tool_agent.py:run"
+    kept, held_out, dropped = load_data(compose([*args, program]))
+    # the program gets the rows as they are; a prompt it has is still checked
+    assert kept == [rows[0], rows[2]] and held_out == kept and dropped == 2

@@ -8,7 +8,7 @@ import dataclasses
 from rlpost.config.compose import compose
 from rlpost.config.groups import TrainerConfig
 from rlpost.models.warmup import warmup_config, warmup_key
-from rlpost.plan.engines import engine_settings
+from rlpost.plan.engines import engine_config
 
 PLAIN = ["trainer.device=cpu"]
 # Settings of the RL run that must not reach the warm-up.
@@ -44,9 +44,11 @@ def test_the_warmup_recipe_is_one_float32_rank_with_full_fine_tuning():
     t = w.trainer
     assert (t.name, t.world_size, t.mixed_precision) == ("fsdp", 1, "none")
     assert (w.model.dtype, w.model.lora.rank, w.model.freeze_vision) == ("float32", 0, True)
-    settings = engine_settings(w, "/m", 1e-3, 0, True)
-    assert settings["dtype"] == "float32"
-    assert (settings["weight_decay"], settings["betas"], settings["max_grad_norm"]) == (
+    from rlpost.trainers.fsdp import FSDPEngineConfig
+
+    settings = engine_config(FSDPEngineConfig, w, "/m", 1e-3, 0, True)
+    assert settings.dtype == "float32"
+    assert (settings.weight_decay, settings.betas, settings.max_grad_norm) == (
         0.0,
         (0.9, 0.99),
         1.0,

@@ -1,5 +1,6 @@
 """An agent program for the CLI test: a tool round trip per episode, with rows that
-edit their history (a prefix break) or fail (a program error). Each episode's
+edit their history (a prefix break) or fail (a program error). Its rows have no
+'prompt': it writes the messages from the row's 'question'. Each episode's
 sampled token counts go to the file in RLPOST_TEST_TOKENS, one JSON line each."""
 
 import json
@@ -15,7 +16,7 @@ MULTIPLY = {
 
 
 async def run(client, row):
-    messages = [{"role": "user", "content": row["prompt"]}]
+    messages = [{"role": "user", "content": row["question"]}]
     first = await client.chat.completions.create(
         model="policy", messages=messages, tools=[MULTIPLY], max_tokens=12
     )
@@ -24,7 +25,7 @@ async def run(client, row):
         log(row, [first.usage.completion_tokens])
         raise RuntimeError("the agent's own bug")
     if row["mode"] == "edit":  # the agent summarises: it drops the turns so far
-        messages = [{"role": "user", "content": row["prompt"] + " again"}]
+        messages = [{"role": "user", "content": row["question"] + " again"}]
     else:
         messages.append({"role": "tool", "tool_call_id": "call_0", "content": "42"})
     second = await client.chat.completions.create(model="policy", messages=messages, max_tokens=12)
