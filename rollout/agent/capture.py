@@ -33,6 +33,7 @@ class Call:
     request_messages: list[dict]  # the request's messages, normalised
     tool_calls: int = 0
     tool_errors: int = 0  # malformed tool-call blocks
+    stop: str | None = None  # the request's stop string the text was cut at
 
 
 @dataclass

@@ -1,9 +1,11 @@
-"""An OpenAI-compatible chat-completions endpoint in front of the rollout engines.
+"""An OpenAI- and Anthropic-compatible endpoint in front of the rollout engines.
 
 Agent programs (``agent.program``) talk to the policy through it with an
 unchanged ``openai`` client: ``POST /v1/chat/completions`` (``tools``,
 ``tool_choice``, ``temperature``, ``max_tokens`` / ``max_completion_tokens``,
-``stop``, ``stream``) and ``GET /v1/models``, on localhost by default.
+``stop``, ``stream``) and ``GET /v1/models``, on localhost by default; or an
+unchanged ``anthropic`` client: ``POST /v1/messages``, translated to the same
+chat request and captured the same way (``anthropic_messages``).
 
 **Sessions.** Each episode opens a session; its random API key *is* the session.
 A request with an unknown key, or the key of an episode that has ended, is
@@ -48,6 +50,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from rlpost.rollout.agent import anthropic_messages as am
 from rlpost.rollout.agent.capture import Call
 from rlpost.rollout.agent.chat import ChatTokens
 from rlpost.rollout.agent.loop import _seed, assistant_message
@@ -102,7 +105,12 @@ class ChatEndpoint:
     @property
     def url(self) -> str:
         """The OpenAI ``base_url``: ``http://host:port/v1``."""
-        return f"http://{self.host}:{self.port}/v1"
+        return f"{self.root_url}/v1"
+
+    @property
+    def root_url(self) -> str:
+        """The Anthropic ``base_url`` (its client adds ``/v1/messages``): ``http://host:port``."""
+        return f"http://{self.host}:{self.port}"
 
     def start(self) -> ChatEndpoint:
         ready = threading.Event()
@@ -140,6 +148,7 @@ class ChatEndpoint:
         app = web.Application(client_max_size=64 * 1024**2)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
+        app.router.add_post("/v1/messages", self._messages)
         app.router.add_route("*", "/{tail:.*}", self._not_found)
         runner = self._runner = web.AppRunner(app, access_log=None)
         await runner.setup()
@@ -167,7 +176,7 @@ class ChatEndpoint:
         from aiohttp import web
 
         e = RequestError(404, f"no route {request.method} {request.path}; this endpoint serves "
-                         "POST /v1/chat/completions and GET /v1/models")  # fmt: skip
+                         "POST /v1/chat/completions, POST /v1/messages and GET /v1/models")  # fmt: skip
         return web.json_response(e.body(), status=404)
 
     async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -175,12 +184,7 @@ class ChatEndpoint:
 
         try:
             session = self._session(request)
-            try:
-                body = await request.json()
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise RequestError(400, f"the request body is not JSON ({exc})") from None
-            if not isinstance(body, dict):
-                raise RequestError(400, "the request body must be a JSON object")
+            body = await _json_body(request)
             reply = await self.complete(session, body)
         except RequestError as e:
             return web.json_response(e.body(), status=e.status)
@@ -188,9 +192,33 @@ class ChatEndpoint:
             return web.json_response(reply)
         return await self._stream(request, reply, body)
 
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        """Anthropic's ``POST /v1/messages``, answered as the chat completion it
+        translates to (``anthropic_messages``)."""
+        from aiohttp import web
+
+        try:
+            session = self._session(request)
+            body = await _json_body(request)
+            reply, call = await self._complete(session, am.chat_request(body))
+        except RequestError as e:
+            return web.json_response(am.error_body(e), status=e.status)
+        message = am.message_reply(reply, None if call is None else call.stop)
+        if not body.get("stream"):
+            return web.json_response(message)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for event, data in am.stream_events(message):
+            await response.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
+        await response.write_eof()
+        return response
+
     def _session(self, request: web.Request) -> Session:
+        """The session of the request's key: ``Authorization: Bearer KEY`` (OpenAI's
+        clients, Anthropic's) or ``x-api-key: KEY`` (Anthropic's API)."""
         auth = request.headers.get("Authorization", "")
         key = auth[7:].strip() if auth.startswith("Bearer ") else ""
+        key = key or request.headers.get("x-api-key", "").strip()
         session = self.sessions.get(key) if key else None
         if session is None:
             raise RequestError(
@@ -234,6 +262,11 @@ class ChatEndpoint:
     # -- one call -----------------------------------------------------------
     async def complete(self, session: Session, body: dict) -> dict:
         """Answer one chat-completions request of ``session`` and record the call."""
+        reply, _ = await self._complete(session, body)
+        return reply
+
+    async def _complete(self, session: Session, body: dict) -> tuple[dict, Call | None]:
+        """The reply, and the call recorded (None: the session's budget was spent)."""
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise RequestError(400, "'messages' must be a non-empty list", "messages")
@@ -277,7 +310,7 @@ class ChatEndpoint:
         )
         if len(session.calls) >= limits.max_turns or room < 1:
             session.truncated = True
-            return self._reply(body, "", None, "length", len(prompt), 0)
+            return self._reply(body, "", None, "length", len(prompt), 0), None
         seed = None if s.seed is None else _seed(s.seed, session.index, len(session.calls))
         sampling = replace(s, n=1, max_tokens=room, seed=seed)
         try:
@@ -291,9 +324,10 @@ class ChatEndpoint:
         finish = "length" if call.finish_reason == "length" else "stop"
         if call.message.get("tool_calls"):
             finish = "tool_calls"
-        return self._reply(
+        reply = self._reply(
             body, call.message["content"], call.message, finish, len(prompt), len(call.sampled_ids)
         )
+        return reply, call
 
     def _note_overrides(self, session: Session, body: dict) -> None:
         s = session.sampling
@@ -361,7 +395,7 @@ class ChatEndpoint:
         text = chat.decode(sampled[:-1] if ended else sampled)
         cut = _stop_cut(chat, sampled, text, stops)
         if cut is not None:
-            keep, text = cut
+            keep, text, _ = cut
             sampled, logps, versions, ended = sampled[:keep], logps[:keep], versions[:keep], False
         parsed = (
             self.parse(text) if (self.parse is not None and tools_on) else ParsedTurn(content=text)
@@ -374,6 +408,7 @@ class ChatEndpoint:
             finish_reason="stop" if cut is not None else completion.finish_reason, ended=ended,
             text=text, message=message, request_messages=msgs,
             tool_calls=len(parsed.tool_calls), tool_errors=len(parsed.errors),
+            stop=None if cut is None else cut[2],
         )  # fmt: skip
         session.calls.append(call)
         return call
@@ -398,16 +433,27 @@ class ChatEndpoint:
         }
 
 
+async def _json_body(request: web.Request) -> dict:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(400, f"the request body is not JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise RequestError(400, "the request body must be a JSON object")
+    return body
+
+
 def _stop_cut(
     chat: ChatTokens, sampled: list[int], text: str, stops: list[str]
-) -> tuple[int, str] | None:
-    """``(ids to keep, text before the stop)`` for the earliest stop string in ``text``:
-    the fewest sampled ids whose decoding holds it. None when no stop string occurs."""
+) -> tuple[int, str, str] | None:
+    """``(ids to keep, text before the stop, the stop)`` for the earliest stop string
+    in ``text``: the fewest sampled ids whose decoding holds it. None when no stop
+    string occurs."""
     hits = [(text.find(s), s) for s in stops if s in text]
     if not hits:
         return None
     at, stop = min(hits)
     for keep in range(1, len(sampled) + 1):
         if chat.decode(sampled[:keep]).find(stop) == at:
-            return keep, text[:at]
-    return len(sampled), text[:at]
+            return keep, text[:at], stop
+    return len(sampled), text[:at], stop

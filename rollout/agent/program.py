@@ -2,9 +2,11 @@
 
 An agent program is ``fn(client, row)``, ``async def`` (given an
 ``openai.AsyncOpenAI``) or plain (given an ``openai.OpenAI``, run in a thread),
-named by ``agent.program=file.py:fn`` or ``module:fn``. The client is bound to
-the episode's session on the endpoint (``endpoint.py``); whatever the program
-does with it is the episode. What it returns:
+named by ``agent.program=file.py:fn`` or ``module:fn``. A program whose
+``client`` parameter is annotated with Anthropic's client (``anthropic.AsyncAnthropic``
+or ``anthropic.Anthropic``) is given that one, speaking the Messages API. The
+client is bound to the episode's session on the endpoint (``endpoint.py``);
+whatever the program does with it is the episode. What it returns:
 
 - a number: the episode's reward;
 - ``None``: ``reward.fn`` scores the last assistant message's text;
@@ -20,13 +22,14 @@ trains on the tokens its calls captured up to then.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import inspect
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from rlpost.rollout.agent.capture import segments
 from rlpost.rollout.agent.chat import ChatTokens
@@ -55,6 +58,16 @@ class Program:
     fn: Callable[..., Any]  # async or plain: a call returns an awaitable or the outcome
     spec: str
     is_async: bool
+    api: Literal["openai", "anthropic"] = "openai"  # the client it is given
+
+
+def client_api(fn: Callable[..., object]) -> Literal["openai", "anthropic"]:
+    """Which client a program takes: Anthropic's when its first parameter is
+    annotated with it (as a class or a string), else OpenAI's."""
+    params = list(inspect.signature(fn).parameters.values())
+    note = params[0].annotation if params else inspect.Parameter.empty
+    name = note if isinstance(note, str) else getattr(note, "__qualname__", "")
+    return "anthropic" if "Anthropic" in name else "openai"
 
 
 def load_program(spec: str, env_kwargs: Mapping[str, object] | None = None) -> Program:
@@ -84,7 +97,7 @@ def load_program(spec: str, env_kwargs: Mapping[str, object] | None = None) -> P
             f"agent program {spec!r}: {getattr(fn, '__name__', fn)}{inspect.signature(fn)} cannot "
             "be called as fn(client, row); it takes the episode's OpenAI client and the data row"
         ) from None
-    return Program(fn, spec, inspect.iscoroutinefunction(fn))
+    return Program(fn, spec, inspect.iscoroutinefunction(fn), client_api(fn))
 
 
 def _outcome(value: object) -> tuple[float | None, str | None]:
@@ -126,8 +139,6 @@ async def run_program_episodes(
     ``limit`` allows across every batch sharing it); row by row, like ``run_episodes``.
     ``all_segments``: a trajectory split by prefix breaks trains every segment
     (``agent.train_segments=all``), else only its last."""
-    import openai
-
     chat = ChatTokens(tokenizer)
     # Plain programs run in threads of their own: the loop's default executor is
     # small and also resolves the async clients' host names.
@@ -135,9 +146,8 @@ async def run_program_episodes(
     # One connection pool for the batch: a client's own costs ~20 ms of CPU to build
     # (its TLS context), seconds a step over a hundred episodes.
     # Loosely typed: an async client for an async program, else a sync one (is_async says).
-    http: Any = (
-        openai.DefaultAsyncHttpxClient() if program.is_async else openai.DefaultHttpxClient()
-    )
+    sdk: Any = importlib.import_module(program.api)  # openai or anthropic: their pools
+    http: Any = sdk.DefaultAsyncHttpxClient() if program.is_async else sdk.DefaultHttpxClient()
 
     async def one(i: int, j: int) -> Episode:
         if limit is not None:  # polled: a thread blocked on it would hold an executor's worker
@@ -176,22 +186,13 @@ async def _run(
     threads: ThreadPoolExecutor | None,
     http: Any,  # as run_program_episodes made it for the program
 ) -> tuple[str, float | None, str | None]:
-    import openai
-
-    kwargs = dict(
-        base_url=endpoint.url, api_key=session.key, max_retries=0, timeout=timeout_s,
-        http_client=http,
-    )  # fmt: skip
+    client = _client(program, endpoint, session.key, timeout_s, http)
     row = dict(row)  # the program may change its copy
     try:
         if program.is_async:
-            client = openai.AsyncOpenAI(**kwargs)
             value = await asyncio.wait_for(program.fn(client, row), timeout_s)
         else:
-            sync_client = openai.OpenAI(**kwargs)
-            running = asyncio.get_running_loop().run_in_executor(
-                threads, program.fn, sync_client, row
-            )
+            running = asyncio.get_running_loop().run_in_executor(threads, program.fn, client, row)
             value = await asyncio.wait_for(running, timeout_s)
     except asyncio.TimeoutError:
         log.warning("agent program %s: episode %s ran past %ss; it ends with reward 0",
@@ -207,6 +208,21 @@ async def _run(
         log.warning("agent program %s: %s; the episode ends with reward 0", program.spec, exc)
         return "error", 0.0, None
     return "ok", reward, answer
+
+
+def _client(program: Program, endpoint: ChatEndpoint, key: str, timeout_s: float, http: Any) -> Any:
+    """The episode's client, as the program takes it (``Program.api``, ``is_async``)."""
+    kwargs = dict(api_key=key, max_retries=0, timeout=timeout_s, http_client=http)
+    if program.api == "anthropic":
+        import anthropic
+
+        cls = anthropic.AsyncAnthropic if program.is_async else anthropic.Anthropic
+        return cls(base_url=endpoint.root_url, **kwargs)
+    import openai
+
+    return (openai.AsyncOpenAI if program.is_async else openai.OpenAI)(
+        base_url=endpoint.url, **kwargs
+    )
 
 
 def session_episode(
