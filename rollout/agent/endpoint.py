@@ -3,9 +3,10 @@
 Agent programs (``agent.program``) talk to the policy through it with an
 unchanged ``openai`` client: ``POST /v1/chat/completions`` (``tools``,
 ``tool_choice``, ``temperature``, ``max_tokens`` / ``max_completion_tokens``,
-``stop``, ``stream``) and ``GET /v1/models``, on localhost by default; or an
-unchanged ``anthropic`` client: ``POST /v1/messages``, translated to the same
-chat request and captured the same way (``anthropic_messages``).
+``stop``, ``stream``), ``POST /v1/responses`` (``openai_responses``) and ``GET
+/v1/models``, on localhost by default; or an unchanged ``anthropic`` client:
+``POST /v1/messages`` (``anthropic_messages``). The last two are translated to
+the chat request they mean and captured the same way.
 
 **Sessions.** Each episode opens a session; its random API key *is* the session.
 A request with an unknown key, or the key of an episode that has ended, is
@@ -51,6 +52,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from rlpost.rollout.agent import anthropic_messages as am
+from rlpost.rollout.agent import openai_responses as ro
 from rlpost.rollout.agent.capture import Call
 from rlpost.rollout.agent.chat import ChatTokens
 from rlpost.rollout.agent.loop import _seed, assistant_message
@@ -149,6 +151,7 @@ class ChatEndpoint:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_post("/v1/messages", self._messages)
+        app.router.add_post("/v1/responses", self._responses)
         app.router.add_route("*", "/{tail:.*}", self._not_found)
         runner = self._runner = web.AppRunner(app, access_log=None)
         await runner.setup()
@@ -176,7 +179,7 @@ class ChatEndpoint:
         from aiohttp import web
 
         e = RequestError(404, f"no route {request.method} {request.path}; this endpoint serves "
-                         "POST /v1/chat/completions, POST /v1/messages and GET /v1/models")  # fmt: skip
+                         "POST /v1/chat/completions, /v1/responses, /v1/messages and GET /v1/models")  # fmt: skip
         return web.json_response(e.body(), status=404)
 
     async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -206,12 +209,28 @@ class ChatEndpoint:
         message = am.message_reply(reply, None if call is None else call.stop)
         if not body.get("stream"):
             return web.json_response(message)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for event, data in am.stream_events(message):
-            await response.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
-        await response.write_eof()
-        return response
+        return await _events(request, am.stream_events(message))
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        """OpenAI's ``POST /v1/responses``, answered as the chat completion it translates
+        to (``openai_responses``); each response is kept for ``previous_response_id``."""
+        from aiohttp import web
+
+        try:
+            session = self._session(request)
+            body = await _json_body(request)
+            chat = ro.chat_request(body, session.responses)
+            reply, _ = await self._complete(session, chat)
+        except RequestError as e:
+            return web.json_response(e.body(), status=e.status)
+        response_id = f"resp_{uuid.uuid4().hex}"
+        messages = chat["messages"]
+        assert isinstance(messages, list)
+        session.responses.add(response_id, [*messages, reply["choices"][0]["message"]])
+        response = ro.response_reply(reply, body, response_id)
+        if not body.get("stream"):
+            return web.json_response(response)
+        return await _events(request, ro.stream_events(response))
 
     def _session(self, request: web.Request) -> Session:
         """The session of the request's key: ``Authorization: Bearer KEY`` (OpenAI's
@@ -431,6 +450,18 @@ class ChatEndpoint:
                 "total_tokens": prompt + sampled,
             },
         }
+
+
+async def _events(request: web.Request, events: list[tuple[str, dict]]) -> web.StreamResponse:
+    """``events`` sent as named server-sent events (Anthropic's and the Responses API's form)."""
+    from aiohttp import web
+
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for event, data in events:
+        await response.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
+    await response.write_eof()
+    return response
 
 
 async def _json_body(request: web.Request) -> dict:

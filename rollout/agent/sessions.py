@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from rlpost.rollout.agent.capture import Call
 from rlpost.rollout.agent.loop import AgentLoopConfig
+from rlpost.rollout.agent.openai_responses import ResponseStore
 from rlpost.rollout.base import SamplingConfig
 
 
@@ -27,6 +28,7 @@ class Session:
     truncated: bool = False  # a call hit the budget
     sampling_overridden: int = 0  # requests whose temperature / top_p were ignored
     segment_start: int = 0  # prompt length of the current segment's first call
+    responses: ResponseStore = field(default_factory=ResponseStore)  # for previous_response_id
 
 
 class SessionRegistry:
