@@ -149,7 +149,9 @@ def stream_events(response: dict) -> list[tuple[str, dict]]:
         ("response.in_progress", {"response": opening}),
     ]
     for index, item in enumerate(response["output"]):
-        empty = {"content": []} if item["type"] == "message" else {"arguments": ""}
+        empty: dict[str, object] = (
+            {"content": []} if item["type"] == "message" else {"arguments": ""}
+        )
         added = {**item, "status": "in_progress", **empty}
         events.append(("response.output_item.added", {"output_index": index, "item": added}))
         if item["type"] == "message":
@@ -205,7 +207,8 @@ def _input(items: object) -> list[dict]:
         where = f"input[{i}]"
         kind = item.get("type", "message") if isinstance(item, dict) else type(item).__name__
         if kind == "message" and isinstance(item, dict):
-            role = {"developer": "system"}.get(item.get("role"), item.get("role"))
+            role = item.get("role")
+            role = "system" if role == "developer" else role
             if role not in ("user", "assistant", "system"):
                 raise RequestError(400, f"{where}.role={item.get('role')!r}: user, assistant, "
                                    "system or developer", "input")  # fmt: skip
