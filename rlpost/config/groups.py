@@ -352,7 +352,7 @@ class TrainerConfig:
 class AgentConfig:
     tools: list[str] = spec(
         [],
-        help="tools the model may call: built-in names (calculator, multiply, python), file.py:fn or module:fn",
+        help="tools the model may call: built-in names (calculator, multiply, python), file.py:fn or module:fn, or mcp:<server.py or URL> for every tool of an MCP server (a session per episode)",
     )
     env: str | None = spec(
         None, help="environment class (file.py:Class or module:Class), one instance per episode"

@@ -20,7 +20,9 @@ counted into the episode's tool errors and timeouts).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
+import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
 
@@ -33,6 +35,7 @@ from rlpost.rollout.agent.env_base import (  # noqa: F401 (re-exported)
     tool_calls_of,
     tool_replies,
 )
+from rlpost.rollout.agent.mcp_tools import EpisodeSessions, McpServer, McpToolFn
 from rlpost.rollout.agent.specs import SPEC_FORMS, load_object
 from rlpost.rollout.agent.tool_pool import ToolWorkerPool
 from rlpost.rollout.agent.tools import (
@@ -42,6 +45,8 @@ from rlpost.rollout.agent.tools import (
     run_tool_calls,
     tool_from_function,
 )
+
+log = logging.getLogger(__name__)
 
 
 class ToolEnv:
@@ -66,6 +71,15 @@ class ToolEnv:
         in ``[lo, hi]`` seconds (a slow tool or API, for benchmarks), drawn from a
         generator seeded ``seed``."""
         self.tools = dict(tools) if isinstance(tools, Mapping) else _as_tools(tools)
+        # MCP servers' tools call through this episode's own sessions (mcp_tools).
+        self._mcp_servers = {
+            name: t.fn.server for name, t in self.tools.items() if isinstance(t.fn, McpToolFn)
+        }
+        self.mcp = EpisodeSessions() if self._mcp_servers else None
+        if self.mcp is not None:
+            for name, tool in list(self.tools.items()):
+                if isinstance(tool.fn, McpToolFn):
+                    self.tools[name] = dataclasses.replace(tool, fn=self.mcp.bind(tool.fn))
         self.timeout_s = timeout_s
         self.pool = pool
         self.latency_s = latency_s
@@ -84,9 +98,28 @@ class ToolEnv:
             return [], True, None
         if self.latency_s is not None and calls:
             await asyncio.sleep(self._rng.uniform(*self.latency_s))
+        if self.mcp is not None:
+            await self._open_mcp(
+                {self._mcp_servers[c.name] for c in calls if c.name in self._mcp_servers}
+            )
         outcomes = await run_tool_calls(calls, self.tools, self.timeout_s, self.pool)
         self.outcomes += outcomes
         return tool_replies(outcomes, errors), False, None
+
+    async def _open_mcp(self, servers: set[McpServer]) -> None:
+        """This episode's sessions with ``servers``, opened here, in the episode's task;
+        one that fails to open leaves its calls to fail on their own, as a tool error."""
+        assert self.mcp is not None
+        try:  # (no timeout scope around it: the sessions it opens outlive the call)
+            await self.mcp.open(servers)
+        except Exception as exc:  # noqa: BLE001 - the calls report it to the model
+            log.warning("agent.tools: an MCP session could not be opened (%s: %s)",
+                        type(exc).__name__, exc)  # fmt: skip
+
+    async def close(self) -> None:
+        """End the episode's MCP sessions (a server script it started stops)."""
+        if self.mcp is not None:
+            await self.mcp.aclose()
 
 
 def _as_tools(items: Sequence[str | Tool | Callable[..., object]]) -> dict[str, Tool]:

@@ -1,7 +1,8 @@
 """Tools: plain Python functions (sync or async) with type hints and a docstring.
 
 A tool is named by a spec: a registered name (``TOOLS``), ``'path/to/file.py:fn'``
-or ``'package.module:fn'``. ``run_tool_calls`` runs the calls of one assistant
+or ``'package.module:fn'``; ``'mcp:<server script or URL>'`` names every tool of
+an MCP server (``mcp_tools``). ``run_tool_calls`` runs the calls of one assistant
 turn concurrently. Sync tools run in worker processes (``tool_pool``) that are
 killed when a call passes its timeout; async tools run on the caller's event
 loop and are cancelled at the timeout (an async tool that blocks the loop cannot
@@ -114,22 +115,36 @@ def tool_from_function(fn: Callable[..., object]) -> Tool:
     return Tool(schema["function"]["name"], fn, schema, spec, is_async)
 
 
+def load_mcp_server_tools(spec: str) -> list[Tool]:
+    """The tools of the MCP server ``mcp:<script or URL>`` (``mcp_tools``), listed now."""
+    from rlpost.rollout.agent.mcp_tools import McpError, load_mcp_tools
+
+    try:
+        listed = load_mcp_tools(spec)
+    except McpError as e:
+        raise ToolError(str(e)) from None
+    return [Tool(name, fn, schema, spec, True) for name, fn, schema in listed]
+
+
 def load_tools(specs: Iterable[str]) -> dict[str, Tool]:
-    """``{name: Tool}`` for every spec; one ``ToolError`` lists every problem at once."""
+    """``{name: Tool}`` for every spec (``mcp:<server>`` gives each of the server's
+    tools); one ``ToolError`` lists every problem at once."""
     tools: dict[str, Tool] = {}
     problems: list[str] = []
     for spec in specs:
         try:
-            tool = load_tool(spec)
+            loaded = load_mcp_server_tools(spec) if spec.startswith("mcp:") else [load_tool(spec)]
         except ToolError as e:
             problems.append(str(e))
             continue
-        if tool.name in tools:
-            problems.append(
-                f"tool {spec!r}: name {tool.name!r} is already taken by {tools[tool.name].spec!r}"
-            )
-            continue
-        tools[tool.name] = tool
+        for tool in loaded:
+            if tool.name in tools:
+                problems.append(
+                    f"tool {spec!r}: name {tool.name!r} is already taken by "
+                    f"{tools[tool.name].spec!r}"
+                )
+                continue
+            tools[tool.name] = tool
     if problems:
         raise ToolError(f"{len(problems)} tool problem(s):\n  - " + "\n  - ".join(problems))
     return tools
