@@ -18,8 +18,8 @@ episode's state into another. A session opens on the episode's first call of
 one of the server's tools.
 
 **Limits.** A call runs under ``agent.tool_timeout_s`` like any tool; its text
-is cut at ``MAX_OUTPUT_CHARS`` (the python sandbox's output limit) with a
-marker line. A result the server flags as an error, non-text content, or a
+is cut at ``tool_base.MAX_OUTPUT_CHARS`` (as the python sandbox's output) with
+a marker line. A result the server flags as an error, non-text content, or a
 server that dies mid-episode is a failed call the model reads about, counted in
 ``agent/tool_errors``: never fatal to the run.
 """
@@ -35,14 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlpost.rollout.agent.sandbox import SandboxLimits
+from rlpost.rollout.agent.tool_base import MAX_OUTPUT_CHARS, ToolFailed
 
 if TYPE_CHECKING:
     from mcp import Client
     from mcp.client.stdio import StdioServerParameters
 
 PREFIX = "mcp:"
-MAX_OUTPUT_CHARS = SandboxLimits().max_output_chars
 CONNECT_TIMEOUT_S = 60.0
 
 
@@ -96,8 +95,6 @@ class McpToolFn:
 async def call_tool(client: Client, name: str, arguments: dict[str, object]) -> str:
     """The text of one call; a result the server flags as an error, or one that is
     not text, raises ``ToolFailed`` with what the model should read."""
-    from rlpost.rollout.agent.tools import ToolFailed
-
     result = await client.call_tool(name, arguments)
     texts, other = [], []
     for part in result.content:

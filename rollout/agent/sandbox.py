@@ -41,6 +41,7 @@ from collections.abc import Callable
 from typing import Literal, TypedDict
 
 from rlpost.rollout.agent import sandbox_child
+from rlpost.rollout.agent.tool_base import MAX_OUTPUT_CHARS
 
 Status = Literal["ok", "error", "timeout", "killed"]
 
@@ -74,7 +75,7 @@ class SandboxLimits:
     wall_s: float = 5.0
     cpu_s: float = 5.0
     memory_mb: int = 256
-    max_output_chars: int = 2000
+    max_output_chars: int = MAX_OUTPUT_CHARS
     max_file_mb: int = 8
     max_processes: int = 64
     python_guard: bool = True  # the audit hook; off only to test the kernel layers alone
@@ -117,7 +118,7 @@ def python(code: str) -> str:
     Args:
         code: a complete Python program.
     """
-    from rlpost.rollout.agent.tools import ToolFailed, ToolTimeout
+    from rlpost.rollout.agent.tool_base import ToolFailed, ToolTimeout
 
     result = run_sandboxed(code)
     output = result.output if result.output else "(no output)"

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from rlpost.rollout.agent.json_types import JSONObject
 from rlpost.rollout.agent.parsers import ToolCall
 from rlpost.rollout.agent.specs import SPEC_FORMS, load_object
+from rlpost.rollout.agent.tool_base import ToolFailed, ToolTimeout
 from rlpost.rollout.agent.tool_pool import ToolWorkerPool, default_pool
 from rlpost.rollout.agent.tool_schema import SchemaError, check_arguments, tool_schema
 
@@ -39,16 +40,6 @@ Status = Literal["ok", "error", "timeout"]
 
 class ToolError(ValueError):
     """A tool cannot be loaded or described; the message says what to change."""
-
-
-class ToolFailed(Exception):
-    """Raised by a tool to report a failed call in its own words: the message is
-    what the model reads, and the call counts in ``agent/tool_errors``."""
-
-
-class ToolTimeout(Exception):
-    """Raised by a tool that stopped its own work at a time limit: the message is
-    what the model reads, and the call counts in ``agent/tool_timeouts``."""
 
 
 @dataclass(frozen=True)
