@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from rlpost.rollout.agent.openai_messages import RequestError
+from rlpost.rollout.agent.openai_messages import RequestError, joined_text, part_kind
 
 # Parameters read here; the others are refused, except those that change nothing
 # about the sampled tokens.
@@ -152,16 +152,9 @@ def _system(system: object) -> list[dict]:
 
 def _texts(content: object, where: str) -> str:
     """A string, or text blocks joined."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise RequestError(400, f"{where} must be a string or a list of text blocks", "messages")
-    parts = []
-    for i, block in enumerate(content):
-        if _kind(block) != "text":
-            raise _unsupported(block, f"{where}[{i}]")
-        parts.append(str(block.get("text", "")))
-    return "".join(parts)
+    return joined_text(
+        content, where, lambda block, i: _unsupported(block, f"{where}[{i}]"), noun="text blocks"
+    )
 
 
 def _messages(message: object, where: str) -> list[dict]:
@@ -178,7 +171,7 @@ def _messages(message: object, where: str) -> list[dict]:
     if role == "assistant":
         texts, calls = [], []
         for i, block in enumerate(content):
-            kind = _kind(block)
+            kind = part_kind(block)
             if kind == "text":
                 texts.append(str(block.get("text", "")))
             elif kind == "tool_use":
@@ -194,7 +187,7 @@ def _messages(message: object, where: str) -> list[dict]:
         return [out]
     results, texts = [], []
     for i, block in enumerate(content):
-        kind = _kind(block)
+        kind = part_kind(block)
         if kind == "tool_result":
             text = _texts(block.get("content", ""), f"{where}.content[{i}].content")
             results.append(
@@ -241,13 +234,9 @@ def _tool_choice(choice: object) -> str:
     )  # fmt: skip
 
 
-def _kind(block: object) -> object:
-    return block.get("type") if isinstance(block, dict) else type(block).__name__
-
-
 def _unsupported(block: object, where: str) -> RequestError:
     return RequestError(
-        400, f"{where}: content blocks of type {_kind(block)!r} are not supported (text, "
+        400, f"{where}: content blocks of type {part_kind(block)!r} are not supported (text, "
         "tool_use and tool_result are)", "messages",
     )  # fmt: skip
 

@@ -6,6 +6,7 @@ tool calls sent back as OpenAI sends them, and the error a refused request retur
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 
 class RequestError(Exception):
@@ -50,19 +51,40 @@ def normalise_message(message: object, where: str) -> dict:
 def _text(content: object, where: str) -> str:
     if content is None:
         return ""
+
+    def refuse(part: object, _: int) -> RequestError:
+        return RequestError(400, f"{where}.content: only text parts are supported, got "
+                            f"{part_kind(part)!r}", "messages")  # fmt: skip
+
+    return joined_text(content, f"{where}.content", refuse)
+
+
+def part_kind(part: object) -> object:
+    """A content part's ``type``, or what it is when it is not an object."""
+    return part.get("type") if isinstance(part, dict) else type(part).__name__
+
+
+def joined_text(
+    content: object,
+    where: str,
+    refuse: Callable[[object, int], RequestError],
+    kinds: tuple[str, ...] = ("text",),
+    noun: str = "text parts",
+    param: str = "messages",
+) -> str:
+    """``content`` as it is when a string, else the text of its parts joined (each an
+    object whose ``type`` is one of ``kinds``); ``refuse(part, index)`` is the error
+    for any other part. Shared by the three request formats the endpoint reads."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text":
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise RequestError(
-                    400, f"{where}.content: only text parts are supported, got {kind!r}", "messages"
-                )
-            texts.append(str(part.get("text", "")))
-        return "".join(texts)
-    raise RequestError(400, f"{where}.content must be a string or a list of text parts", "messages")
+    if not isinstance(content, list):
+        raise RequestError(400, f"{where} must be a string or a list of {noun}", param)
+    texts = []
+    for i, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") not in kinds:
+            raise refuse(part, i)
+        texts.append(str(part.get("text", "")))
+    return "".join(texts)
 
 
 def _tool_call(call: object, where: str) -> dict:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from rlpost.rollout.agent.openai_messages import RequestError
+from rlpost.rollout.agent.openai_messages import RequestError, joined_text, part_kind
 
 HONOURED = {"model", "input", "instructions", "previous_response_id", "tools", "tool_choice",
             "max_output_tokens", "temperature", "top_p", "stream"}  # fmt: skip
@@ -181,20 +181,14 @@ def stream_events(response: dict) -> list[tuple[str, dict]]:
 
 def _text(content: object, where: str) -> str:
     """A string, or text parts joined."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise RequestError(400, f"{where} must be a string or a list of text parts", "input")
-    texts = []
-    for i, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-        if kind not in TEXT_PARTS:
-            raise RequestError(
-                400, f"{where}[{i}]: content parts of type {kind!r} are not supported "
-                f"({', '.join(TEXT_PARTS)} are)", "input",
-            )  # fmt: skip
-        texts.append(str(part.get("text", "")))
-    return "".join(texts)
+
+    def refuse(part: object, i: int) -> RequestError:
+        return RequestError(
+            400, f"{where}[{i}]: content parts of type {part_kind(part)!r} are not supported "
+            f"({', '.join(TEXT_PARTS)} are)", "input",
+        )  # fmt: skip
+
+    return joined_text(content, where, refuse, kinds=TEXT_PARTS, param="input")
 
 
 def _input(items: object) -> list[dict]:
