@@ -25,7 +25,12 @@ from __future__ import annotations
 import json
 import uuid
 
-from rlpost.rollout.agent.openai_messages import RequestError, joined_text, part_kind
+from rlpost.rollout.agent.openai_messages import (
+    RequestError,
+    joined_text,
+    part_kind,
+    refuse_unknown,
+)
 
 # Parameters read here; the others are refused, except those that change nothing
 # about the sampled tokens.
@@ -44,14 +49,7 @@ def error_body(error: RequestError) -> dict:
 
 def chat_request(body: dict) -> dict:
     """The chat-completions request that asks the same of the policy as ``body``."""
-    unknown = sorted(set(body) - HONOURED - HARMLESS)
-    if unknown:
-        raise RequestError(
-            400,
-            f"{', '.join(unknown)}: not supported by this endpoint (it serves "
-            f"{', '.join(sorted(HONOURED))})",
-            unknown[0],
-        )
+    refuse_unknown(body, HONOURED, HARMLESS)
     limit = body.get("max_tokens")
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise RequestError(

@@ -59,6 +59,19 @@ def _text(content: object, where: str) -> str:
     return joined_text(content, f"{where}.content", refuse)
 
 
+def refuse_unknown(body: dict, honoured: set[str], harmless: set[str]) -> None:
+    """Refuse a request naming a parameter that is neither served (``honoured``) nor
+    without effect on the sampled tokens (``harmless``): never ignored silently."""
+    unknown = sorted(set(body) - honoured - harmless)
+    if unknown:
+        raise RequestError(
+            400,
+            f"{', '.join(unknown)}: not supported by this endpoint (it serves "
+            f"{', '.join(sorted(honoured))})",
+            unknown[0],
+        )
+
+
 def part_kind(part: object) -> object:
     """A content part's ``type``, or what it is when it is not an object."""
     return part.get("type") if isinstance(part, dict) else type(part).__name__

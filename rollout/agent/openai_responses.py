@@ -26,7 +26,12 @@ from __future__ import annotations
 import time
 import uuid
 
-from rlpost.rollout.agent.openai_messages import RequestError, joined_text, part_kind
+from rlpost.rollout.agent.openai_messages import (
+    RequestError,
+    joined_text,
+    part_kind,
+    refuse_unknown,
+)
 
 HONOURED = {"model", "input", "instructions", "previous_response_id", "tools", "tool_choice",
             "max_output_tokens", "temperature", "top_p", "stream"}  # fmt: skip
@@ -56,14 +61,7 @@ class ResponseStore:
 
 def chat_request(body: dict, store: ResponseStore) -> dict:
     """The chat-completions request that asks the same of the policy as ``body``."""
-    unknown = sorted(set(body) - HONOURED - HARMLESS)
-    if unknown:
-        raise RequestError(
-            400,
-            f"{', '.join(unknown)}: not supported by this endpoint (it serves "
-            f"{', '.join(sorted(HONOURED))})",
-            unknown[0],
-        )
+    refuse_unknown(body, HONOURED, HARMLESS)
     messages: list[dict] = []
     if body.get("previous_response_id") is not None:
         messages = store.chat(body["previous_response_id"])
