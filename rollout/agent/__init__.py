@@ -32,6 +32,7 @@ _EXPORTS: dict[str, str] = {
     "ToolEnv": "env",
     "load_env": "env",
     "ChatTokens": "chat",
+    "AgentEndpoint": "program",
     "AgentLoopConfig": "loop",
     "Episode": "loop",
     "GenerateFn": "loop",
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
         run_episodes,
     )
     from rlpost.rollout.agent.parsers import PARSERS, ParsedTurn, ToolCall, get_parser, parse_hermes
+    from rlpost.rollout.agent.program import AgentEndpoint
     from rlpost.rollout.agent.tool_pool import ToolWorkerPool
     from rlpost.rollout.agent.tool_schema import tool_schema
     from rlpost.rollout.agent.tools import (
@@ -75,6 +77,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "AgentEndpoint",
     "AgentLoopConfig",
     "ChatTokens",
     "ENVS",

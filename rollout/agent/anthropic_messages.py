@@ -37,6 +37,7 @@ from rlpost.rollout.agent.openai_messages import (
 HONOURED = {"model", "messages", "system", "max_tokens", "stop_sequences", "temperature",
             "top_p", "tools", "tool_choice", "stream"}  # fmt: skip
 HARMLESS = {"metadata", "service_tier"}
+NEUTRAL = {"thinking": {"type": "disabled"}}  # asks for nothing beyond what is served
 FINISH_TO_STOP = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
 
@@ -49,7 +50,7 @@ def error_body(error: RequestError) -> dict:
 
 def chat_request(body: dict) -> dict:
     """The chat-completions request that asks the same of the policy as ``body``."""
-    refuse_unknown(body, HONOURED, HARMLESS)
+    refuse_unknown(body, HONOURED, HARMLESS, NEUTRAL)
     limit = body.get("max_tokens")
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise RequestError(

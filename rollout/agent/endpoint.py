@@ -25,8 +25,11 @@ rendered afresh, and ``capture.segments`` splits the trajectory there.
 
 **What it does not do.** Sampling follows the run, not the request: the policy's
 log-probs are only comparable with the trainer's at the run's temperature and
-top-p, so a request's ``temperature`` / ``top_p`` that differ are ignored and
-counted (``Session.sampling_overridden``). ``n`` must be 1, and ``tool_choice``
+top-p, so a request's ``temperature`` / ``top_p`` that differ, and its ``seed``,
+are ignored and counted (``Session.sampling_overridden``). Any other parameter that
+would change the sampled tokens (``frequency_penalty``, ``logprobs``,
+``response_format``, ``reasoning_effort``...) is refused with 400 naming it, and
+counted (``Session.refused``): never served as a silently different request. ``n`` must be 1, and ``tool_choice``
 can be ``"auto"`` or ``"none"`` (no tool-call parsing): the policy is never
 constrained. A ``stop`` string ends the text the agent sees; the tokens sampled
 after it are dropped from the trajectory. A streamed response is sent as
@@ -61,6 +64,7 @@ from rlpost.rollout.agent.openai_messages import (
     comparable,
     normalise_message,
     openai_tool_calls,
+    refuse_unknown,
 )
 from rlpost.rollout.agent.parsers import ParsedTurn, get_parser
 from rlpost.rollout.agent.sessions import Session, SessionRegistry
@@ -73,6 +77,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GenerateFn = Callable[[list[int], SamplingConfig, str], Awaitable[Completion]]
+
+# The chat route's parameters: those read, those without effect on the sampled tokens,
+# and the values of others that ask for nothing; any other is refused, naming it.
+CHAT_HONOURED = {"model", "messages", "n", "tools", "tool_choice", "max_tokens",
+                 "max_completion_tokens", "stop", "stream", "stream_options", "temperature",
+                 "top_p", "seed"}  # fmt: skip
+CHAT_HARMLESS = {"store", "metadata", "user", "parallel_tool_calls", "service_tier",
+                 "prompt_cache_key", "safety_identifier"}  # fmt: skip
+CHAT_NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "logprobs": False,
+                "top_logprobs": 0, "modalities": ["text"], "response_format": {"type": "text"}}  # fmt: skip
 
 
 class ChatEndpoint:
@@ -101,7 +115,7 @@ class ChatEndpoint:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
-        self._warned: set[str] = set()
+        self._warned: set[str] = set()  # what was logged once
 
     # -- lifecycle ----------------------------------------------------------
     @property
@@ -185,11 +199,14 @@ class ChatEndpoint:
     async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
         from aiohttp import web
 
+        session = None
         try:
             session = self._session(request)
             body = await _json_body(request)
+            refuse_unknown(body, CHAT_HONOURED, CHAT_HARMLESS, CHAT_NEUTRAL)
             reply = await self.complete(session, body)
         except RequestError as e:
+            self._refused(session, e)
             return web.json_response(e.body(), status=e.status)
         if not body.get("stream"):
             return web.json_response(reply)
@@ -200,11 +217,13 @@ class ChatEndpoint:
         translates to (``anthropic_messages``)."""
         from aiohttp import web
 
+        session = None
         try:
             session = self._session(request)
             body = await _json_body(request)
             reply, call = await self._complete(session, am.chat_request(body))
         except RequestError as e:
+            self._refused(session, e)
             return web.json_response(am.error_body(e), status=e.status)
         message = am.message_reply(reply, None if call is None else call.stop)
         if not body.get("stream"):
@@ -216,12 +235,14 @@ class ChatEndpoint:
         to (``openai_responses``); each response is kept for ``previous_response_id``."""
         from aiohttp import web
 
+        session = None
         try:
             session = self._session(request)
             body = await _json_body(request)
             chat = ro.chat_request(body, session.responses)
             reply, _ = await self._complete(session, chat)
         except RequestError as e:
+            self._refused(session, e)
             return web.json_response(e.body(), status=e.status)
         response_id = f"resp_{uuid.uuid4().hex}"
         messages = chat["messages"]
@@ -231,6 +252,19 @@ class ChatEndpoint:
         if not body.get("stream"):
             return web.json_response(response)
         return await _events(request, ro.stream_events(response))
+
+    def _refused(self, session: Session | None, error: RequestError) -> None:
+        """Count a request of ``session`` the endpoint refused (``agent/refused_requests``),
+        and say once per parameter why: the agent sees the error, the run's log sees it
+        too. A request without a valid key belongs to no episode and is not counted."""
+        if session is None or error.status >= 500:
+            return
+        session.refused += 1
+        param = error.param or "request"
+        if f"refused {param}" not in self._warned:
+            self._warned.add(f"refused {param}")
+            log.warning("agent endpoint: refused a request (counted in agent/refused_requests, "
+                        "the episode goes on as its program handles the error): %s", error)  # fmt: skip
 
     def _session(self, request: web.Request) -> Session:
         """The session of the request's key: ``Authorization: Bearer KEY`` (OpenAI's
@@ -350,10 +384,12 @@ class ChatEndpoint:
 
     def _note_overrides(self, session: Session, body: dict) -> None:
         s = session.sampling
-        asked = {k: body.get(k) for k in ("temperature", "top_p") if body.get(k) is not None}
+        keys = ("temperature", "top_p", "seed")
+        asked = {k: body.get(k) for k in keys if body.get(k) is not None}
         if (
             asked.get("temperature", s.temperature) == s.temperature
             and asked.get("top_p", s.top_p) == s.top_p
+            and "seed" not in asked  # each call's seed comes from trainer.seed
         ):
             return
         session.sampling_overridden += 1
@@ -361,9 +397,9 @@ class ChatEndpoint:
             self._warned.add("sampling")
             log.warning(
                 "agent endpoint: a request asked for %s; the run samples at temperature=%s "
-                "top_p=%s (what the trainer's log-probs assume) and ignores the request's "
-                "(counted in agent/sampling_overridden); set rollout.temperature / rollout.top_p "
-                "to change them", asked, s.temperature, s.top_p,
+                "top_p=%s with a seed per call from trainer.seed (what the trainer's log-probs "
+                "assume) and ignores the request's (counted in agent/sampling_overridden); set "
+                "rollout.temperature / rollout.top_p to change them", asked, s.temperature, s.top_p,
             )  # fmt: skip
 
     def _chat(self, tools: list[dict] | None) -> ChatTokens:

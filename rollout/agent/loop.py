@@ -105,12 +105,14 @@ class Episode:
     # "timeout", "no_calls"; None: the native loop), the prefix breaks of its
     # trajectory, the segments before the last one that are trained as samples of
     # this episode (``agent.train_segments=all``) or else the sampled tokens they
-    # held (not trained), and requests whose temperature / top_p the endpoint ignored.
+    # held (not trained), requests whose temperature / top_p / seed the endpoint
+    # ignored, and requests it refused (a parameter it cannot serve).
     program: str | None = None
     prefix_breaks: int = 0
     segments: list[Segment] = field(default_factory=list)
     dropped_tokens: int = 0
     sampling_overridden: int = 0
+    refused_requests: int = 0
 
     @property
     def turns_cut(self) -> int:
@@ -315,6 +317,7 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         out["agent/dropped_tokens"] = float(sum(e.dropped_tokens for e in episodes))
         out["agent/split_samples"] = float(sum(len(e.segments) for e in episodes))
         out["agent/sampling_overridden"] = float(sum(e.sampling_overridden for e in episodes))
+        out["agent/refused_requests"] = float(sum(e.refused_requests for e in episodes))
     return out
 
 

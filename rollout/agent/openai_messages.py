@@ -6,7 +6,7 @@ tool calls sent back as OpenAI sends them, and the error a refused request retur
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 
 class RequestError(Exception):
@@ -59,10 +59,18 @@ def _text(content: object, where: str) -> str:
     return joined_text(content, f"{where}.content", refuse)
 
 
-def refuse_unknown(body: dict, honoured: set[str], harmless: set[str]) -> None:
+def refuse_unknown(
+    body: dict, honoured: set[str], harmless: set[str], neutral: Mapping[str, object] | None = None
+) -> None:
     """Refuse a request naming a parameter that is neither served (``honoured``) nor
-    without effect on the sampled tokens (``harmless``): never ignored silently."""
-    unknown = sorted(set(body) - honoured - harmless)
+    without effect on the sampled tokens (``harmless``): never ignored silently. A
+    parameter sent as ``null``, or at the value that asks for nothing (``neutral``:
+    ``frequency_penalty=0``, ``logprobs=false``), is taken as not sent."""
+    neutral = neutral or {}
+    unknown = sorted(
+        k for k in set(body) - honoured - harmless
+        if body[k] is not None and not (k in neutral and body[k] == neutral[k])
+    )  # fmt: skip
     if unknown:
         raise RequestError(
             400,

@@ -36,7 +36,10 @@ from rlpost.rollout.agent.openai_messages import (
 HONOURED = {"model", "input", "instructions", "previous_response_id", "tools", "tool_choice",
             "max_output_tokens", "temperature", "top_p", "stream"}  # fmt: skip
 # Accepted and without effect on the sampled tokens.
-HARMLESS = {"store", "metadata", "user", "parallel_tool_calls", "truncation", "include"}
+HARMLESS = {"store", "metadata", "user", "parallel_tool_calls", "truncation", "include",
+            "service_tier", "prompt_cache_key", "safety_identifier"}  # fmt: skip
+# Values that ask for nothing beyond what is served.
+NEUTRAL = {"text": {"format": {"type": "text"}}, "background": False, "top_logprobs": 0}
 TEXT_PARTS = ("input_text", "output_text", "text")
 
 
@@ -61,7 +64,7 @@ class ResponseStore:
 
 def chat_request(body: dict, store: ResponseStore) -> dict:
     """The chat-completions request that asks the same of the policy as ``body``."""
-    refuse_unknown(body, HONOURED, HARMLESS)
+    refuse_unknown(body, HONOURED, HARMLESS, NEUTRAL)
     messages: list[dict] = []
     if body.get("previous_response_id") is not None:
         messages = store.chat(body["previous_response_id"])

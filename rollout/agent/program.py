@@ -4,9 +4,12 @@ An agent program is ``fn(client, row)``, ``async def`` (given an
 ``openai.AsyncOpenAI``) or plain (given an ``openai.OpenAI``, run in a thread),
 named by ``agent.program=file.py:fn`` or ``module:fn``. A program whose
 ``client`` parameter is annotated with Anthropic's client (``anthropic.AsyncAnthropic``
-or ``anthropic.Anthropic``) is given that one, speaking the Messages API. The
-client is bound to the episode's session on the endpoint (``endpoint.py``);
-whatever the program does with it is the episode. What it returns:
+or ``anthropic.Anthropic``) is given that one, speaking the Messages API; one
+annotated ``AgentEndpoint`` is given the episode's base URLs and key, for an agent
+framework configured by URL and key (or by environment variables, in a process of
+its own) rather than by a client object. The client is bound to the episode's
+session on the endpoint (``endpoint.py``); whatever the program does with it is
+the episode. What it returns:
 
 - a number: the episode's reward;
 - ``None``: ``reward.fn`` scores the last assistant message's text;
@@ -53,20 +56,47 @@ class ProgramError(ValueError):
     """An agent program cannot be loaded or called; the message says what to change."""
 
 
+Api = Literal["openai", "anthropic", "endpoint"]
+
+
 @dataclass(frozen=True)
 class Program:
     fn: Callable[..., Any]  # async or plain: a call returns an awaitable or the outcome
     spec: str
     is_async: bool
-    api: Literal["openai", "anthropic"] = "openai"  # the client it is given
+    api: Api = "openai"  # the client it is given
 
 
-def client_api(fn: Callable[..., object]) -> Literal["openai", "anthropic"]:
-    """Which client a program takes: Anthropic's when its first parameter is
-    annotated with it (as a class or a string), else OpenAI's."""
+@dataclass(frozen=True)
+class AgentEndpoint:
+    """The episode's place on the endpoint, for a program whose ``client`` parameter
+    is annotated with this class: what an agent framework is configured with when it
+    builds its own client. Each episode has its own key; a request made with it is
+    that episode's."""
+
+    base_url: str  # OpenAI's clients: http://host:port/v1
+    anthropic_base_url: str  # Anthropic's clients, which add /v1 themselves
+    api_key: str
+    model: str  # any name is served by the policy; this is the one GET /v1/models lists
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The variables OpenAI's and Anthropic's SDKs read, for an agent run as a
+        process of its own: ``subprocess.run(cmd, env=os.environ | endpoint.env)``."""
+        return {
+            "OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key,
+            "ANTHROPIC_BASE_URL": self.anthropic_base_url, "ANTHROPIC_API_KEY": self.api_key,
+        }  # fmt: skip
+
+
+def client_api(fn: Callable[..., object]) -> Api:
+    """Which client a program takes, from its first parameter's annotation (a class
+    or a string): Anthropic's, the ``AgentEndpoint``, else OpenAI's."""
     params = list(inspect.signature(fn).parameters.values())
     note = params[0].annotation if params else inspect.Parameter.empty
     name = note if isinstance(note, str) else getattr(note, "__qualname__", "")
+    if "AgentEndpoint" in name:
+        return "endpoint"
     return "anthropic" if "Anthropic" in name else "openai"
 
 
@@ -146,8 +176,10 @@ async def run_program_episodes(
     # One connection pool for the batch: a client's own costs ~20 ms of CPU to build
     # (its TLS context), seconds a step over a hundred episodes.
     # Loosely typed: an async client for an async program, else a sync one (is_async says).
-    sdk: Any = importlib.import_module(program.api)  # openai or anthropic: their pools
-    http: Any = sdk.DefaultAsyncHttpxClient() if program.is_async else sdk.DefaultHttpxClient()
+    http: Any = None  # the program's own framework makes its connections
+    if program.api != "endpoint":
+        sdk: Any = importlib.import_module(program.api)  # openai or anthropic: their pools
+        http = sdk.DefaultAsyncHttpxClient() if program.is_async else sdk.DefaultHttpxClient()
 
     async def one(i: int, j: int) -> Episode:
         if limit is not None:  # polled: a thread blocked on it would hold an executor's worker
@@ -171,9 +203,9 @@ async def run_program_episodes(
     finally:
         if threads is not None:
             threads.shutdown(wait=False, cancel_futures=True)
-        if program.is_async:
+        if http is not None and program.is_async:
             await http.aclose()
-        else:
+        elif http is not None:
             http.close()
 
 
@@ -212,6 +244,8 @@ async def _run(
 
 def _client(program: Program, endpoint: ChatEndpoint, key: str, timeout_s: float, http: Any) -> Any:
     """The episode's client, as the program takes it (``Program.api``, ``is_async``)."""
+    if program.api == "endpoint":
+        return AgentEndpoint(endpoint.url, endpoint.root_url, key, endpoint.model_name)
     kwargs = dict(api_key=key, max_retries=0, timeout=timeout_s, http_client=http)
     if program.api == "anthropic":
         import anthropic
@@ -250,6 +284,7 @@ def session_episode(
             final_text=answer or "", num_turns=0, tool_calls=0, tool_errors=0, tool_timeouts=0,
             truncated=False, model_tokens=0, env_tokens=0, session_id=session.session_id,
             group=group, program="no_calls" if status == "ok" else status,
+            refused_requests=session.refused,
         )  # fmt: skip
     last = parts[-1]
     final = session.calls[-1]
@@ -279,4 +314,5 @@ def session_episode(
         segments=parts[:-1] if all_segments else [],
         dropped_tokens=0 if all_segments else sum(sum(p.mask) for p in parts[:-1]),
         sampling_overridden=session.sampling_overridden,
+        refused_requests=session.refused,
     )

@@ -26,7 +26,8 @@ class Session:
     limits: AgentLoopConfig
     calls: list[Call] = field(default_factory=list)
     truncated: bool = False  # a call hit the budget
-    sampling_overridden: int = 0  # requests whose temperature / top_p were ignored
+    sampling_overridden: int = 0  # requests whose temperature / top_p / seed were ignored
+    refused: int = 0  # requests refused with a 4xx error (a parameter the endpoint cannot serve)
     segment_start: int = 0  # prompt length of the current segment's first call
     responses: ResponseStore = field(default_factory=ResponseStore)  # for previous_response_id
 
