@@ -3,11 +3,11 @@
 #   VENV=path  where to put it (default: .venv)
 #   VERIFIERS=1  add verifiers 0.4 (it moves openai to 2.54; see below)
 #   OPENENV=0  skip OpenEnv (installed without its gradio web UI; see below)
-#   EXTRAS=... pip extras (default: cpu,test,megatron,docs,agents,board,reasoning-gym,skyrl-gym,textarena,math)
+#   EXTRAS=... pip extras (default: cpu,test,megatron,docs,agents,serve,board,reasoning-gym,skyrl-gym,textarena,math)
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV="${VENV:-.venv}"
-EXTRAS="${EXTRAS:-cpu,test,megatron,docs,agents,board,reasoning-gym,skyrl-gym,textarena,math}"
+EXTRAS="${EXTRAS:-cpu,test,megatron,docs,agents,serve,board,reasoning-gym,skyrl-gym,textarena,math}"
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi

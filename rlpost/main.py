@@ -25,6 +25,7 @@ Examples:
 Lists are written in brackets without spaces: trainer.logger=[console,jsonl].
 Every key, its type and default: python -m rlpost.main --help-keys
 Runs, curves, samples and a launch form in the browser: rlpost board --runs outputs
+A Tinker-compatible training service for the tinker SDK: rlpost serve --port 8000
 """
 
 
@@ -73,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         from rlpost.board.cli import main as board_main
 
         return board_main(argv[1:])
+    if argv[:1] == ["serve"]:  # ``rlpost serve``: the Tinker-compatible service (rlpost/serve)
+        from rlpost.serve.__main__ import main as serve_main
+
+        return serve_main(argv[1:])
     from rlpost.config.compose import compose, split_config_dirs
     from rlpost.config.schema import ConfigError
 

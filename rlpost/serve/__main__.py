@@ -1,0 +1,92 @@
+"""``python -m rlpost.serve`` (``rlpost serve``): start the Tinker-compatible service.
+
+    rlpost serve                                  # the built-in model, on 127.0.0.1:8000
+    rlpost serve --model Qwen/Qwen3-0.6B=/models/qwen3-0.6b --port 8001
+
+Then, in Python: ``tinker.ServiceClient(base_url="http://127.0.0.1:8000")`` with
+``TINKER_API_KEY=tml-<anything>`` (the SDK takes keys that start with ``tml-``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+BUILTIN = "rlpost/tiny-arith"
+
+
+def builtin_model() -> str:
+    """The built-in base (the pre-warmed arithmetic model shipped with rlpost)."""
+    from rlpost.config import compose
+    from rlpost.models.warmup import SHIPPED_DIR, cache_root, install_shipped, warmup_key
+
+    cfg = compose(["algo=grpo"])
+    out = cache_root(cfg) / warmup_key(cfg)
+    if (out / "config.json").exists():
+        return str(out)
+    if (SHIPPED_DIR / out.name / "config.json").exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return install_shipped(SHIPPED_DIR / out.name, out)
+    raise SystemExit("rlpost serve: the built-in model is not installed; pass --model NAME=PATH")
+
+
+def parse_models(specs: list[str]) -> dict[str, str]:
+    models: dict[str, str] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise SystemExit(f"rlpost serve: --model {spec!r}: write NAME=PATH (the name clients "
+                             "ask for, e.g. Qwen/Qwen3-0.6B, and a Hugging Face model folder)")  # fmt: skip
+        if not (Path(path) / "config.json").is_file():
+            raise SystemExit(f"rlpost serve: --model {spec!r}: {path} holds no config.json; point "
+                             "it at a Hugging Face model folder")  # fmt: skip
+        models[name] = path
+    return models
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="rlpost serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: localhost)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model", action="append", default=[], metavar="NAME=PATH",
+                   help="serve the model folder PATH as NAME (repeatable; default: the "
+                   f"built-in model as {BUILTIN})")  # fmt: skip
+    p.add_argument("--state-dir", default=os.path.expanduser("~/.cache/rlpost/serve"),
+                   help="where checkpoints are kept")  # fmt: skip
+    p.add_argument("--api-key", default=os.environ.get("RLPOST_SERVE_API_KEY"),
+                   help="the one key accepted (X-API-Key); required with a --host other than "
+                   "localhost (default: $RLPOST_SERVE_API_KEY; on localhost any key)")  # fmt: skip
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    args = p.parse_args(argv)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        raise SystemExit("rlpost serve: listening on a non-local address needs --api-key (or "
+                         "RLPOST_SERVE_API_KEY); clients send it as TINKER_API_KEY")  # fmt: skip
+    if args.api_key is not None and not args.api_key.startswith("tml-"):
+        raise SystemExit("rlpost serve: --api-key must start with 'tml-' (the tinker SDK "
+                         "refuses other keys)")  # fmt: skip
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    models = parse_models(args.model) or {BUILTIN: builtin_model()}
+
+    import torch
+    from aiohttp import web
+
+    from rlpost.serve.app import Service
+    from rlpost.serve.host import ModelHost
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    state = Path(args.state_dir)
+    hosts = {name: ModelHost(name, path, state, device) for name, path in models.items()}
+    service = Service(hosts, state, args.api_key)
+    print(f"rlpost serve: {', '.join(models)} on http://{args.host}:{args.port} "
+          f"(checkpoints in {state})", flush=True)  # fmt: skip
+    web.run_app(service.app(), host=args.host, port=args.port, print=None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
