@@ -49,7 +49,8 @@ def accuracy(sampler, tokenizer, pairs) -> float:
 
 
 def train(base_url: str | None, model: str, steps: int, questions_per_step: int = 16,
-          group: int = 8, rank: int = 16, lr: float = 5e-4, seed: int = 0) -> list[dict]:  # fmt: skip
+          group: int = 8, rank: int = 16, lr: float = 5e-4, seed: int = 0,
+          eval_every: int = 10) -> list[dict]:  # fmt: skip
     """The training loop; one record per step (and the held-out accuracy before it)."""
     service = tinker.ServiceClient(base_url=base_url)
     training = service.create_lora_training_client(base_model=model, rank=rank, seed=seed).result()
@@ -91,7 +92,7 @@ def train(base_url: str | None, model: str, steps: int, questions_per_step: int 
             training.optim_step(tinker.AdamParams(learning_rate=lr)).result()
         record = {"step": step, "reward": sum(rewards) / len(rewards), "datums": len(data),
                   "seconds": time.perf_counter() - start}  # fmt: skip
-        if step % 10 == 0 or step == steps:
+        if step % eval_every == 0 or step == steps:
             record["val_accuracy"] = accuracy(training.save_weights_and_get_sampling_client().result(),
                                               tokenizer, val_pairs)  # fmt: skip
         history.append(record)

@@ -59,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--api-key", default=os.environ.get("RLPOST_SERVE_API_KEY"),
                    help="the one key accepted (X-API-Key); required with a --host other than "
                    "localhost (default: $RLPOST_SERVE_API_KEY; on localhost any key)")  # fmt: skip
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    p.add_argument(
+        "--device", default=None, help="cpu, cuda or npu (default: the accelerator present)"
+    )
     args = p.parse_args(argv)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         raise SystemExit("rlpost serve: listening on a non-local address needs --api-key (or "
@@ -72,13 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     models = parse_models(args.model) or {BUILTIN: builtin_model()}
 
-    import torch
     from aiohttp import web
 
+    from rlpost.runtime import device as devices
     from rlpost.serve.app import Service
     from rlpost.serve.host import ModelHost
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = args.device or devices.detect()
     state = Path(args.state_dir)
     hosts = {name: ModelHost(name, path, state, device) for name, path in models.items()}
     service = Service(hosts, state, args.api_key)

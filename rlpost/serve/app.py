@@ -146,6 +146,11 @@ class Service:
                 return self._json_error(e.status, str(e))
             except web.HTTPException:
                 raise
+            except (KeyError, TypeError, ValueError) as e:  # a request missing or mistyping a field
+                return self._json_error(400, f"malformed request: {type(e).__name__}: {e}")
+            except Exception as e:  # the server's fault: said as JSON, which the SDK reads
+                log.exception("%s %s failed", request.method, request.path)
+                return self._json_error(500, f"{type(e).__name__}: {e}", "server")
 
         return middleware
 

@@ -20,10 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import secrets
-import shutil
-import tempfile
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -37,6 +34,7 @@ import torch
 from rlpost.serve import losses
 from rlpost.serve.errors import NotFound, UserError
 from rlpost.serve.wire import DatumIn, ForwardBackwardIn, SampledOut
+from rlpost.trainers.files import atomic_directory
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -303,21 +301,13 @@ class ModelHost:
         not at all (a folder beside it, then a rename)."""
         from safetensors.torch import save_file
 
-        where.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{where.name}.", dir=where.parent))
-        try:
+        with atomic_directory(where) as tmp:
             save_file(self._adapter_tensors(tenant), str(tmp / "adapter.safetensors"))
             if optimizer and tenant.optimizer is not None:
                 torch.save(tenant.optimizer.state_dict(), tmp / "optimizer.pt")
             meta = {"base_model": self.name, "lora": asdict(tenant.spec), "owner": tenant.owner,
                     "steps": tenant.steps, "model_id": tenant.model_id}  # fmt: skip
             (tmp / "meta.json").write_text(json.dumps(meta))
-            if where.exists():
-                shutil.rmtree(where)
-            os.replace(tmp, where)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
 
     def load(self, model_id: str, where: Path, optimizer: bool, owner: str) -> Tenant:
         """A new tenant from a checkpoint ``save`` wrote (with its optimizer state)."""

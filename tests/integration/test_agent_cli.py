@@ -45,6 +45,27 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def _program_run(
+    model: Path, tmp_path: Path, program: str, rows: list[dict], extra: list[str]
+) -> tuple[Path, Path]:
+    """A CLI run of an agent program on ``rows`` (and the same rows held out); its run
+    folder and the file where the program logs each episode's sampled token counts."""
+    train = _jsonl(tmp_path / "prog.jsonl", rows)
+    val = _jsonl(tmp_path / "prog_val.jsonl", [{**r, "split": "val"} for r in rows])
+    tokens = tmp_path / "tokens.jsonl"
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlpost.main", f"model.path={model}", *COMMON,
+         f"data.train_files={train}", f"data.val_files={val}", "data.val_size=4",
+         f"agent.program={program}", "agent.max_turns=3", "agent.max_response_tokens=64",
+         f"trainer.run_dir={run_dir}", *extra],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+        env={**ENV, "RLPOST_TEST_TOKENS": str(tokens)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir, tokens
+
+
 def test_custom_environment_on_user_data_trains_multi_turn(model, tmp_path):
     rows = [{"prompt": "Guess my digit.", "secret": i % 10} for i in range(12)]
     train = _jsonl(tmp_path / "guess_train.jsonl", rows)
@@ -117,20 +138,10 @@ def test_an_agent_program_trains_on_exactly_what_its_calls_sampled(model, tmp_pa
     modes = ["tool", "tool", "edit", "raise"]
     # no 'prompt' column: the program builds its messages from the row as it is
     rows = [{"question": f"{10 + i}*3=", "mode": m, "split": "train"} for i, m in enumerate(modes)]
-    train = _jsonl(tmp_path / "prog.jsonl", rows)
-    val = _jsonl(tmp_path / "prog_val.jsonl", [{**r, "split": "val"} for r in rows])
-    tokens = tmp_path / "tokens.jsonl"
-    run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "rlpost.main", f"model.path={model}", *COMMON,
-         f"data.train_files={train}", f"data.val_files={val}", "data.val_size=4",
-         "agent.program=tests/integration/programs/tool_agent.py:run", "agent.max_turns=3",
-         "agent.max_response_tokens=64", "agent.max_concurrent_episodes=6",
-         "trainer.total_steps=2", f"trainer.run_dir={run_dir}"],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
-        env={**ENV, "RLPOST_TEST_TOKENS": str(tokens)},
+    run_dir, tokens = _program_run(
+        model, tmp_path, "tests/integration/programs/tool_agent.py:run", rows,
+        ["agent.max_concurrent_episodes=6", "trainer.total_steps=2"],
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
     steps = [m for m in _metrics(run_dir) if m["step"] > 0]
     assert [m["step"] for m in steps] == [1, 2]
     for m in steps:
@@ -156,6 +167,30 @@ def test_an_agent_program_trains_on_exactly_what_its_calls_sampled(model, tmp_pa
     assert round(in_last_segments) == sampled - before_break
     trained = sum(m["response/length_mean"] * m["data/samples"] for m in steps)
     assert round(trained) == sampled
+
+
+def test_every_api_route_trains_on_exactly_what_it_sampled(model, tmp_path):
+    """One run, one step: episodes through Chat Completions, Responses, Anthropic's
+    Messages and the OpenAI Agents SDK (tests/integration/programs/all_routes.py),
+    each captured token for token."""
+    routes = ["chat", "responses", "messages", "agents"]
+    rows = [
+        {"question": f"{10 + i}*3=", "route": r, "split": "train"} for i, r in enumerate(routes)
+    ]
+    run_dir, tokens = _program_run(
+        model, tmp_path, "tests/integration/programs/all_routes.py:run", rows,
+        ["trainer.total_steps=1"],
+    )  # fmt: skip
+    (m,) = [m for m in _metrics(run_dir) if m["step"] == 1]
+    assert m["agent/program_errors"] == 0 and m["agent/refused_requests"] == 0
+    assert m["agent/prefix_breaks"] == 0 and m["data/samples"] == 16
+    assert m["rollout/logprob_abs_diff_max"] < 1e-3
+    logged = [json.loads(x) for x in tokens.read_text().splitlines() if '"train"' in x]
+    assert sorted({r["route"] for r in logged}) == sorted(routes) and len(logged) == 16
+    # what each API reported as its output tokens is what was trained, no more
+    sampled = sum(sum(r["tokens"]) for r in logged)
+    assert round(m["agent/model_tokens_mean"] * 16) == sampled
+    assert round(m["response/length_mean"] * m["data/samples"]) == sampled
 
 
 LIBRARY_ENVS = {

@@ -192,6 +192,6 @@ def test_grpo_in_plain_sdk_calls_learns_the_arithmetic_task(server):
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     os.environ["TINKER_API_KEY"] = KEY
-    history = example.train(server.url, BUILTIN, steps=60)
+    history = example.train(server.url, BUILTIN, steps=60, eval_every=60)
     start, end = history[0]["val_accuracy"], history[-1]["val_accuracy"]
     assert end >= start + 0.20, [h.get("val_accuracy") for h in history]

@@ -23,6 +23,7 @@ from rlpost.models.tiny import build_tokenizer
 from rlpost.rollout.agent.loop import episode_metrics
 from rlpost.rollout.agent.program import AgentEndpoint, load_program, run_program_episodes
 from tests.unit.test_agent_endpoint import CALL, LIMITS, SAMPLING, ids, serve
+from tests.unit.test_anthropic_endpoint import check_tool_episode
 
 
 @pytest.fixture(scope="module")
@@ -48,18 +49,6 @@ def episodes(tokenizer, spec, texts, rows=({"prompt": "37*58="},)):
     return out, engine
 
 
-def check_two_turns(tokenizer, episode):
-    """The tool round trip of the calc task, as the chat and Messages routes capture it."""
-    assert (episode.program, episode.num_turns, episode.final_text) == ("ok", 2, "2146")
-    delta = ids(tokenizer, "<|tool|>2146<|end|><|assistant|>")
-    call = [*ids(tokenizer, CALL), tokenizer.eos_token_id]
-    assert episode.prompt_ids == ids(tokenizer, "<|user|>37*58=<|end|><|assistant|>")
-    assert episode.response_ids == call + delta + [*ids(tokenizer, "2146"), tokenizer.eos_token_id]
-    assert episode.response_mask == [1] * len(call) + [0] * len(delta) + [1] * 5
-    assert episode.logprobs == [-0.5] * len(call) + [0.0] * len(delta) + [-0.5] * 5
-    assert (episode.prefix_breaks, episode.refused_requests) == (0, 0)
-
-
 async def chat_model_agent(client: openai.AsyncOpenAI, row: dict) -> str:
     """The same agent on the SDK's Chat Completions model, its answer streamed."""
     model = OpenAIChatCompletionsModel(model="policy", openai_client=client)
@@ -79,7 +68,8 @@ async def chat_model_agent(client: openai.AsyncOpenAI, row: dict) -> str:
 )
 def test_an_openai_agents_sdk_agent_is_captured_as_a_hand_written_one(tokenizer, spec):
     (episode,), engine = episodes(tokenizer, spec, [CALL, "2146"])
-    check_two_turns(tokenizer, episode)
+    check_tool_episode(tokenizer, episode)
+    assert (episode.prefix_breaks, episode.refused_requests) == (0, 0)
     assert [r[2] for r in engine.requests] == ["fw-0-0", "fw-0-0"]  # one replica's session
 
 

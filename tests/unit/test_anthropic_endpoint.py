@@ -147,11 +147,17 @@ def test_a_program_annotated_with_anthropics_client_is_given_it(tokenizer):
         )
     )  # fmt: skip
     endpoint.close()
-    # the program ran its tool between the two calls: one episode of two model turns
+    check_tool_episode(tokenizer, episode)
+    assert [r[2] for r in engine.requests] == ["an-0-0", "an-0-0"]
+
+
+def check_tool_episode(tokenizer, episode):
+    """The calc task's tool round trip captured: the call sampled, the tool turn
+    between (not trained), the answer sampled; one episode of two model turns."""
     assert (episode.program, episode.num_turns, episode.final_text) == ("ok", 2, "2146")
     delta = ids(tokenizer, "<|tool|>2146<|end|><|assistant|>")
     call = [*ids(tokenizer, CALL), tokenizer.eos_token_id]
     assert episode.prompt_ids == ids(tokenizer, "<|user|>37*58=<|end|><|assistant|>")
     assert episode.response_ids == call + delta + [*ids(tokenizer, "2146"), tokenizer.eos_token_id]
     assert episode.response_mask == [1] * len(call) + [0] * len(delta) + [1] * 5
-    assert [r[2] for r in engine.requests] == ["an-0-0", "an-0-0"]
+    assert episode.logprobs == [-0.5] * len(call) + [0.0] * len(delta) + [-0.5] * 5
