@@ -352,7 +352,7 @@ class TrainerConfig:
 class AgentConfig:
     tools: list[str] = spec(
         [],
-        help="tools the model may call: built-in names (calculator, multiply, python), file.py:fn or module:fn, or mcp:<server.py or URL> for every tool of an MCP server (a session per episode)",
+        help="tools the model may call: built-in names (calculator, multiply, python), file.py:fn or module:fn, or mcp:<server.py or URL> for every tool of an MCP server (sessions: agent.mcp_sessions)",
     )
     env: str | None = spec(
         None, help="environment class (file.py:Class or module:Class), one instance per episode"
@@ -369,6 +369,11 @@ class AgentConfig:
         help="tokens per model turn; a turn that reaches it counts in response/clip_ratio (null: what the episode's max_response_tokens leaves; rollout.max_tokens is for single-turn completions)",
     )
     tool_timeout_s: float = spec(10.0, gt=0, help="a tool call running longer is stopped")
+    mcp_sessions: str = spec(
+        "episode",
+        choices=("episode", "run"),
+        help="mcp: tools' sessions: episode (one per episode and server; a script server is a process per episode) or run (one per server and rollout worker, shared by every episode: for servers that keep no state between calls)",
+    )
     tool_latency_s: list[float] = spec(
         [],
         help="[lo, hi]: each turn that calls agent.tools first waits a uniform random time in that range, in seconds (a slow tool or API, for benchmarks); []: none",

@@ -64,7 +64,10 @@ def env_factory(cfg: Config) -> EnvFactory:
     tools = load_tools(a.tools)  # loaded once; each episode's ToolEnv shares them
     latency = (a.tool_latency_s[0], a.tool_latency_s[1]) if a.tool_latency_s else None
     seeds = itertools.count(cfg.trainer.seed * 1_000_003)
-    return lambda: ToolEnv(tools, timeout_s=a.tool_timeout_s, latency_s=latency, seed=next(seeds))
+    return lambda: ToolEnv(
+        tools, timeout_s=a.tool_timeout_s, latency_s=latency, seed=next(seeds),
+        mcp_sessions=a.mcp_sessions,
+    )  # fmt: skip
 
 
 class PendingEpisodes:

@@ -35,7 +35,7 @@ from rlpost.rollout.agent.env_base import (  # noqa: F401 (re-exported)
     tool_calls_of,
     tool_replies,
 )
-from rlpost.rollout.agent.mcp_tools import EpisodeSessions, McpServer, McpToolFn
+from rlpost.rollout.agent.mcp_tools import EpisodeSessions, McpServer, McpToolFn, RunSessions
 from rlpost.rollout.agent.specs import SPEC_FORMS, load_object
 from rlpost.rollout.agent.tool_pool import ToolWorkerPool
 from rlpost.rollout.agent.tools import (
@@ -66,16 +66,19 @@ class ToolEnv:
         pool: ToolWorkerPool | None = None,
         latency_s: tuple[float, float] | None = None,
         seed: int = 0,
+        mcp_sessions: str = "episode",
     ):
         """``latency_s``: each turn that calls tools first waits a uniform random time
         in ``[lo, hi]`` seconds (a slow tool or API, for benchmarks), drawn from a
-        generator seeded ``seed``."""
+        generator seeded ``seed``. ``mcp_sessions``: ``episode`` (a session per
+        episode and MCP server) or ``run`` (one per server, shared; mcp_tools)."""
         self.tools = dict(tools) if isinstance(tools, Mapping) else _as_tools(tools)
         # MCP servers' tools call through this episode's own sessions (mcp_tools).
         self._mcp_servers = {
             name: t.fn.server for name, t in self.tools.items() if isinstance(t.fn, McpToolFn)
         }
-        self.mcp = EpisodeSessions() if self._mcp_servers else None
+        sessions = RunSessions if mcp_sessions == "run" else EpisodeSessions
+        self.mcp = sessions() if self._mcp_servers else None
         if self.mcp is not None:
             for name, tool in list(self.tools.items()):
                 if isinstance(tool.fn, McpToolFn):

@@ -11,11 +11,16 @@ disconnects; it runs where ``agent.tools`` is loaded for the config checks, so
 a server that does not start, or a URL that does not answer, is a config error
 before Ray starts.
 
-**Sessions.** Each episode has its own MCP session per server
+**Sessions.** By default each episode has its own MCP session per server
 (``EpisodeSessions``): a script is started for the episode and stopped at its
 end, a URL gets a session of its own, so a stateful server never carries one
 episode's state into another. A session opens on the episode's first call of
-one of the server's tools.
+one of the server's tools. A script is a process per episode, though: seconds
+of CPU each, which a step of a hundred episodes on a few cores cannot afford.
+With ``agent.mcp_sessions=run`` every episode of a rollout worker calls through
+one session per server (``RunSessions``), opened on first use and kept for the
+run: right for servers that keep no state between calls, as a calculator or a
+search API.
 
 **Limits.** A call runs under ``agent.tool_timeout_s`` like any tool; its text
 is cut at ``tool_base.MAX_OUTPUT_CHARS`` (as the python sandbox's output) with
@@ -187,6 +192,52 @@ class EpisodeSessions:
     async def aclose(self) -> None:
         self._clients.clear()
         await self._stack.aclose()
+
+
+class RunSessions:
+    """One session per server for every episode on an event loop, opened on first use
+    by a task of its own (the client's scopes belong to it) and kept until the loop
+    ends. ``EpisodeSessions``' interface, so an episode does not know which it has."""
+
+    _open: dict[tuple[int, McpServer], asyncio.Future[Client]] = {}  # (loop, server) -> client
+
+    async def open(self, servers: set[McpServer]) -> None:
+        loop = asyncio.get_running_loop()
+        for server in servers:
+            key = (id(loop), server)
+            if key not in RunSessions._open:
+                RunSessions._open[key] = loop.create_future()
+                loop.create_task(self._hold(key, server, RunSessions._open[key]))
+            await asyncio.shield(RunSessions._open[key])
+
+    @staticmethod
+    async def _hold(
+        key: tuple[int, McpServer], server: McpServer, ready: asyncio.Future[Client]
+    ) -> None:
+        """Open the session, hand it out, and hold it until the loop cancels this task
+        (its end); a session that fails to open is tried again by the next episode."""
+        try:
+            async with server.client() as client:
+                ready.set_result(client)
+                await asyncio.Event().wait()
+        except Exception as exc:  # the episode's calls report it to the model
+            if not ready.done():
+                ready.set_exception(exc)
+        finally:
+            RunSessions._open.pop(key, None)
+
+    def bind(self, fn: McpToolFn):  # noqa: ANN201 - an async callable like the tool's
+        async def call(**arguments: object) -> str:
+            key = (id(asyncio.get_running_loop()), fn.server)
+            opened = RunSessions._open.get(key)
+            if opened is None or not opened.done() or opened.exception() is not None:
+                return await fn(**arguments)  # a session of its own, as outside an episode
+            return await call_tool(opened.result(), fn.name, arguments)
+
+        return call
+
+    async def aclose(self) -> None:
+        """Nothing to end: the sessions outlive the episode."""
 
 
 def _run_apart(coro: Coroutine[object, object, list]) -> list:

@@ -34,8 +34,8 @@ def call(name: str, **arguments) -> dict:
     ]}  # fmt: skip
 
 
-async def episode(tools, *messages) -> list[str]:
-    env = ToolEnv(tools, timeout_s=30)
+async def episode(tools, *messages, sessions: str = "episode") -> list[str]:
+    env = ToolEnv(tools, timeout_s=30, mcp_sessions=sessions)
     try:
         replies = []
         for message in messages:
@@ -63,6 +63,20 @@ def test_each_episode_has_its_own_session(tools):
     first, second = asyncio.run(two_episodes())
     # the counter lives in the server: one process per episode, so neither sees the other
     assert first == ["2", "5"] and second == ["10"]
+
+
+def test_with_run_sessions_every_episode_calls_one_server_process(tools):
+    async def three_episodes():
+        first = await episode(tools, call("bump", by=2), sessions="run")
+        together = episode(tools, call("bump", by=3), sessions="run")
+        also = episode(tools, call("bump", by=10), sessions="run")
+        return first, await asyncio.gather(together, also)
+
+    first, (a, b) = asyncio.run(three_episodes())
+    # one counter for the loop: the later episodes see the earlier ones' bumps
+    assert first == ["2"] and sorted([int(a[0]), int(b[0])]) in ([5, 15], [12, 15])
+    # a new loop (the next batch of episodes) opens a session of its own
+    assert asyncio.run(episode(tools, call("bump", by=1), sessions="run")) == ["1"]
 
 
 def test_failures_and_long_output_are_what_the_model_reads(tools):
