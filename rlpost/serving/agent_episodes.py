@@ -97,6 +97,7 @@ class PendingEpisodes:
         finally:
             with self._lock:
                 self._loop = None
+            _end_pending(loop)
             loop.close()
 
     def cancel(self) -> None:
@@ -115,6 +116,18 @@ class PendingEpisodes:
             raise self._error
         assert self._episodes is not None
         return episode_results(self._episodes, self.n)
+
+
+def _end_pending(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel the tasks the episodes left on ``loop`` (the MCP sessions that
+    ``agent.mcp_sessions=run`` holds for the batch) and let them end, as
+    ``asyncio.run`` does: a session's server process stops with its loop."""
+    pending = asyncio.all_tasks(loop)
+    for task in pending:
+        task.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())
 
 
 class AgentRollout:
