@@ -30,14 +30,12 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+
+from aiohttp import web
 
 from rlpost.serve import wire
 from rlpost.serve.errors import NotFound, UserError
 from rlpost.serve.host import LoraSpec, ModelHost, SampleParams, read_meta
-
-if TYPE_CHECKING:
-    from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +81,6 @@ class Service:
 
     # -- the app ---------------------------------------------------------------
     def app(self) -> web.Application:
-        from aiohttp import web
-
         app = web.Application(middlewares=[self._errors], client_max_size=1 << 30)
         routes: list[tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]] = [
             ("POST", "client/config", self.client_config),
@@ -122,14 +118,10 @@ class Service:
 
     @staticmethod
     def _json_error(status: int, message: str, category: str = "user") -> web.Response:
-        from aiohttp import web
-
         return web.json_response({"error": message, "category": category}, status=status)
 
     @property
     def _errors(self):  # noqa: ANN202 (aiohttp's middleware signature)
-        from aiohttp import web
-
         @web.middleware
         async def middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
             if not request.path.startswith("/api/v1/"):
@@ -170,8 +162,6 @@ class Service:
 
     # -- sessions ------------------------------------------------------------
     async def client_config(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         return web.json_response({
             "pjwt_auth_enabled": False, "use_pyqwest_transport": False,
             "parallel_fwdbwd_chunks": True, "proto_compress_fwdbwd": False,
@@ -179,13 +169,9 @@ class Service:
         })  # fmt: skip
 
     async def dynamic_config(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         return web.json_response({"sample_cancel_enabled": False})
 
     async def create_session(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         await self.body(request)
         session_id = f"s{uuid.uuid4().hex[:16]}"
         self.sessions[session_id] = Session(self.owner(request))
@@ -200,31 +186,21 @@ class Service:
         return session
 
     async def heartbeat(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         body = await self.body(request)
         self.session(request, body.get("session_id"))
         return web.json_response({"type": "session_heartbeat"})
 
     async def finish(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         self.session(request, request.match_info["session_id"])
         return web.json_response({})
 
     async def telemetry(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         return web.json_response({"status": "accepted"})
 
     async def healthz(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         return web.json_response({"status": "ok"})
 
     async def capabilities(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         models = [{"model_name": name, "max_context_length": host.max_len, "trainable": True,
                    "sampleable": True} for name, host in self.hosts.items()]  # fmt: skip
         return web.json_response({"supported_models": models})
@@ -241,8 +217,6 @@ class Service:
         return request_id
 
     async def retrieve_future(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         body = await self.body(request)
         request_id = str(body.get("request_id"))
         future = self.futures.get(request_id)
@@ -268,8 +242,6 @@ class Service:
         return web.json_response(result)
 
     async def cancel_future(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         body = await self.body(request)
         future = self.futures.pop(str(body.get("request_id")), None)
         if future is not None:
@@ -294,8 +266,6 @@ class Service:
         raise NotFound(f"no model {model_id!r} on this server")
 
     async def create_model(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         body = await self.body(request)
         session = self.session(request, body.get("session_id"))
         host = self.host_of(body.get("base_model"))
@@ -322,8 +292,6 @@ class Service:
         return web.json_response({"request_id": self._submit(host, create), "model_id": model_id})
 
     async def get_info(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         body = await self.body(request)
         host, model_id = self.model(request, body.get("model_id"))
         spec = host.tenants[model_id].spec
@@ -334,8 +302,6 @@ class Service:
         })  # fmt: skip
 
     async def forward_backward(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         raw = await request.read()
         fb = wire.decode_forward_backward(raw, request.headers.get("Content-Encoding"))
         host, _ = self.model(request, fb.model_id)
@@ -347,8 +313,6 @@ class Service:
         return web.json_response({"request_id": self._submit(host, run)})
 
     async def optim_step(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         body = await self.body(request)
         host, model_id = self.model(request, body.get("model_id"))
         adam = body.get("adam_params") or body.get("optim_params") or body.get("optimizer_params")
@@ -385,8 +349,6 @@ class Service:
         return model_id, kind, name, where
 
     async def save_weights(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         body = await self.body(request)
         host, model_id = self.model(request, body.get("model_id"))
         name = body.get("path")
@@ -399,8 +361,6 @@ class Service:
         return web.json_response({"request_id": self._submit(host, run)})
 
     async def save_for_sampler(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         body = await self.body(request)
         host, model_id = self.model(request, body.get("model_id"))
         tenant = host.tenants[model_id]
@@ -429,8 +389,6 @@ class Service:
         return web.json_response({"request_id": self._submit(host, unnamed)})
 
     async def load_weights(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         body = await self.body(request)
         if "model_id" in body and "session_id" not in body:
             raise UserError("loading a checkpoint into an existing model is not served; "
@@ -455,8 +413,6 @@ class Service:
         return web.json_response({"request_id": self._submit(host, run), "model_id": model_id})
 
     async def list_checkpoints(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         run_id = request.match_info["run_id"]
         self.model(request, run_id)
         found = []
@@ -475,8 +431,6 @@ class Service:
     async def delete_checkpoint(self, request: web.Request) -> web.Response:
         import shutil
 
-        from aiohttp import web
-
         info = request.match_info
         path = f"tinker://{info['run_id']}/{info['kind']}/{info['name']}"
         _, _, _, where = self.parse_path(request, path)
@@ -484,8 +438,6 @@ class Service:
         return web.json_response({})
 
     async def weights_info(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         body = await self.body(request)
         _, _, _, where = self.parse_path(request, body.get("tinker_path"))
         meta = read_meta(where)
@@ -498,8 +450,6 @@ class Service:
 
     # -- sampling ------------------------------------------------------------
     async def create_sampling_session(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         body = await self.body(request)
         session = self.session(request, body.get("session_id"))
         seq = int(body.get("sampling_session_seq_id", len(session.samplers)))
@@ -527,15 +477,11 @@ class Service:
         return sampler
 
     async def get_sampler(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         sampler = self.sampler(request, request.match_info["sampler_id"])
         return web.json_response({"sampler_id": sampler.key, "base_model": sampler.host.name,
                                   "model_path": sampler.model_path})  # fmt: skip
 
     async def asample(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         body = await self.body(request)
         sampler = self.sampler(request, body.get("sampling_session_id"))
         prompt = [t for chunk in (body.get("prompt") or {}).get("chunks", [])
@@ -617,8 +563,6 @@ class Server:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> Server:
-        from aiohttp import web
-
         async def up() -> None:
             self._runner = web.AppRunner(self.service.app())
             await self._runner.setup()

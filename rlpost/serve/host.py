@@ -265,16 +265,8 @@ class ModelHost:
                                                  weight_decay=decay)  # fmt: skip
         for group in tenant.optimizer.param_groups:
             group.update(lr=lr, betas=betas, eps=eps, weight_decay=decay)
-        grads = [p.grad for p in params if p.grad is not None]
-        norm = (
-            float(
-                torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
-            )
-            if grads
-            else 0.0
-        )
-        if clip > 0 and grads:
-            torch.nn.utils.clip_grad_norm_(params, clip)
+        # the gradient's norm, clipped to grad_clip_norm when it is set (0: not clipped)
+        norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf))
         tenant.optimizer.step()
         tenant.optimizer.zero_grad(set_to_none=True)
         tenant.steps += 1
