@@ -83,6 +83,9 @@ class Completion:
 class GenerationResult:
     prompt_ids: list[int]
     completions: list[Completion] = field(default_factory=list)
+    # (name, start, end) in time.time() seconds: where the engine spent the request
+    # (queued, prefill, decode, interrupted), for the run timeline; empty if unknown
+    segments: list[tuple[str, float, float]] = field(default_factory=list)
 
 
 class RolloutEngine(Protocol):

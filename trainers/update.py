@@ -19,6 +19,7 @@ from typing import Protocol
 import torch
 
 from rlpost.algos import PAIR_METRICS, LossNorm
+from rlpost.runtime.spans import span
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.distributed import all_reduce_
 
@@ -135,7 +136,8 @@ def step(
     rows_bt = backend.forward(batch, on_output, grad=True)
     # The norm is global (every rank sees the same value), so every rank skips
     # together: a NaN or Inf loss or gradient must not reach the weights or Adam.
-    grad_norm, lr, skipped = backend.optimizer_step()
+    with span("optimizer", cat="micro", level="full"):
+        grad_norm, lr, skipped = backend.optimizer_step()
     keys = backend.metric_keys(sorted(sums))
     out = global_metrics(sums, keys, loss_sum, norm, prefix, backend.reports_metrics)
     out[f"{prefix}/grad_norm"] = grad_norm

@@ -260,6 +260,10 @@ class TrainerConfig:
         ge=0,
         help="write this many samples a step (prompt, completion or episode, rewards, advantage, length, finish reason, policy version) to run_dir/samples/step_XXXXXX.jsonl and validation generations to samples/val_XXXXXX.jsonl; a wandb table too (0: none)",
     )
+    trace: bool | Literal["off", "steps", "full"] = spec(
+        "steps",
+        help="the run timeline, run_dir/trace.json (Chrome trace events: ui.perfetto.dev, chrome://tracing; the board's timeline page): steps records the controller's named steps, trainer calls, rollout requests (queued, prefill, decode) and weight syncs (under 2 % of a step, docs/timeline.md); full adds each micro-batch's forward and backward and the optimizer; off or false records nothing (true: steps)",
+    )
     run_dir: str | None = spec(None, help="outputs directory (null: outputs/<time>-<algo>)")
     seed: int = spec(0, help="seed for data order, model init and sampling")
     logger: list[Literal["console", "jsonl", "wandb"]] = spec(

@@ -44,6 +44,7 @@ from rlpost.loop.sample_log import SampleLog, sample_rows
 from rlpost.loop.sft import SftSteps
 from rlpost.loop.source import Admission, RolloutSource
 from rlpost.loop.step_metrics import clip_ratio, logprob_parity, staleness_metrics, whole_step
+from rlpost.loop.timeline import Timeline, trace_level
 from rlpost.loop.tracking import Tracker
 from rlpost.loop.validation import held_out_metrics
 from rlpost.plan.algo import kl_controller
@@ -51,6 +52,8 @@ from rlpost.plan.plan import RunPlan
 from rlpost.result import RunResult
 from rlpost.rewards.scoring import Scorer
 from rlpost.rollout.base import GenerationResult
+from rlpost.runtime.spans import add as add_span
+from rlpost.runtime.spans import span, traced
 from rlpost.serving.weight_sync import weight_sync
 from rlpost.trainers.batch import TrajectoryBatch
 
@@ -128,6 +131,8 @@ class Controller:
         self.best = BestPolicy(run_dir, workers.policy.save_hf) if cfg.trainer.save_best else None
         # the task's own correctness, for val/accuracy when the reward has none (a reward model)
         self.task_correctness = task_correctness(cfg.data.name)
+        # trainer.trace: every process's spans in run_dir/trace.json (rlpost.loop.timeline)
+        self.timeline = Timeline(trace_level(cfg.trainer.trace), run_dir, workers)
 
     # -- the loop ---------------------------------------------------------------
     def run(self) -> RunResult:
@@ -137,19 +142,29 @@ class Controller:
             self.preference.prepare()  # the pairs, before a checkpoint's stream state
         first = rec.restore() + 1
         rec.start_state = rec.driver_snapshot()
-        if first == 1:
-            metrics = self.validate(0)
-            if self.best is not None:  # the starting policy may stay the best
-                self.best.offer(0, metrics, self.tracker.history)
-            self.tracker.log(0, metrics)
-        while True:
-            try:
-                self.train_steps(first)
-                break
-            except RayActorError as exc:
-                first = rec.restart_trainers(exc) + 1
-        final = self.workers.policy.save_hf(str(self.run_dir / "final")) if t.save_final else None
+        self.timeline.open(first - 1)
+        try:
+            if first == 1:
+                metrics = self.validate(0)
+                if self.best is not None:  # the starting policy may stay the best
+                    self.best.offer(0, metrics, self.tracker.history)
+                self.tracker.log(0, metrics)
+            while True:
+                try:
+                    self.train_steps(first)
+                    break
+                except RayActorError as exc:
+                    first = rec.restart_trainers(exc) + 1
+            final = self.save_final() if t.save_final else None
+        except BaseException:
+            self.timeline.close(collect=False)  # a worker may be gone: what is here is kept
+            raise
+        self.timeline.close()
         return RunResult(self.run_dir, self.tracker.history, final)
+
+    @traced("save_final")
+    def save_final(self) -> str | None:
+        return self.workers.policy.save_hf(str(self.run_dir / "final"))
 
     def train_steps(self, first: int) -> None:
         """Steps ``first`` .. ``total_steps`` of the recipe: train, validate, log,
@@ -163,25 +178,40 @@ class Controller:
 
     def log_steps(self, todo: range, steps: Iterator[dict[str, float]]) -> None:
         """Each step's metrics: validated, logged, checked; checkpoints and stops."""
+        for step in todo:
+            start = time.time()
+            metrics = next(steps, None)
+            if metrics is None:
+                return
+            try:
+                self.finish_step(step, metrics)
+            finally:  # the step's own span: its trainer and rollout spans fall inside it
+                add_span("step", start, time.time(), step=step, version=self.version)
+
+    def finish_step(self, step: int, metrics: dict[str, float]) -> None:
+        """After the recipe's step: validate, log, trace, check, checkpoint, stop."""
         t, rec = self.cfg.trainer, self.recovery
-        for step, metrics in zip(todo, steps):
-            if (t.val_every and step % t.val_every == 0) or step == t.total_steps:
-                if self.source is not None:  # a version waiting behind a batch in flight
-                    self.source.current_weights()
-                metrics.update(self.validate(step))
-                if self.best is not None:
-                    self.best.offer(step, metrics, self.tracker.history)
-            metrics["trainer/restarts"] = float(rec.trainer_restarts)
-            metrics.update(self.data_counts())
+        if (t.val_every and step % t.val_every == 0) or step == t.total_steps:
+            if self.source is not None:  # a version waiting behind a batch in flight
+                self.source.current_weights()
+            metrics.update(self.validate(step))
+            if self.best is not None:
+                self.best.offer(step, metrics, self.tracker.history)
+        metrics["trainer/restarts"] = float(rec.trainer_restarts)
+        metrics.update(self.data_counts())
+        with span("trace"):
+            metrics.update(self.timeline.collect())
+        with span("log"):
             self.tracker.log(step, metrics)
-            rec.count_bad_step(step, metrics)
-            if metrics.get("async/staleness_max", 0.0) == 0.0:
-                # (a batch from older weights differs from the trainer's on purpose)
-                rec.check_logprob_gap(step, metrics)
-            saved = bool(t.save_every) and (step % t.save_every == 0 or step == t.total_steps)
-            if saved:
+        rec.count_bad_step(step, metrics)
+        if metrics.get("async/staleness_max", 0.0) == 0.0:
+            # (a batch from older weights differs from the trainer's on purpose)
+            rec.check_logprob_gap(step, metrics)
+        saved = bool(t.save_every) and (step % t.save_every == 0 or step == t.total_steps)
+        if saved:
+            with span("checkpoint"):
                 rec.save_checkpoint(step)
-            rec.stop_if_requested(step, saved)
+        rec.stop_if_requested(step, saved)
 
     def data_counts(self) -> dict[str, float]:
         """The rows dropped before training, by cause; every algorithm logs them each step
@@ -207,7 +237,8 @@ class Controller:
         try:
             for step in range(first, last + 1):
                 start = time.perf_counter()
-                rollouts, metrics = source.take(step, self.version)
+                with span("take_rollouts", step=step):
+                    rollouts, metrics = source.take(step, self.version)
                 yield whole_step(self.rl_step(step, rollouts, metrics), start)
         finally:
             source.close()
@@ -228,7 +259,8 @@ class Controller:
             self.tell_source(metrics, changed=False)
             return metrics
         batch = self.batch(rollouts, metrics)
-        metrics.update(self.weights.release())  # colocated replicas sleep while we train
+        with span("release_rollout"):
+            metrics.update(self.weights.release())  # colocated replicas sleep while we train
         t0 = time.perf_counter()
         self.compute_logprobs(batch, metrics, step)
         metrics["timing/logprob_s"] = time.perf_counter() - t0
@@ -248,18 +280,21 @@ class Controller:
         metrics["response/length_mean"] = tokens / batch.real_samples
         metrics["data/samples"] = float(batch.real_samples)
         metrics["response/clip_ratio"] = clip_ratio(rollouts.results)
-        metrics.update(self.workers.rollout.stats())
-        metrics.update(self.weights.figures)
-        if self.source is not None:
-            self.source.step_metrics(metrics)
+        with span("step_figures"):
+            metrics.update(self.workers.rollout.stats())
+            metrics.update(self.weights.figures)
+            if self.source is not None:
+                self.source.step_metrics(metrics)
         return metrics
 
+    @traced("tell_source")
     def tell_source(self, metrics: dict[str, float], changed: bool) -> None:
         """The policy version after this step to the rollout source."""
         if self.source is not None:
             metrics.update(self.source.on_weights(self.version, changed))
 
     # -- the named steps ----------------------------------------------------------
+    @traced("batch")
     def batch(self, rollouts: Rollouts, metrics: dict[str, float]) -> TrajectoryBatch:
         """The groups as one padded batch: scores by sample, images, DAPO's
         truncation filter."""
@@ -321,6 +356,7 @@ class Controller:
             or self.dropout
         )
 
+    @traced("compute_logprobs")
     def compute_logprobs(
         self, batch: TrajectoryBatch, metrics: dict[str, float], step: int
     ) -> None:
@@ -335,6 +371,7 @@ class Controller:
         if w.critic is not None:
             batch.old_values_bt = w.critic.values(batch)
 
+    @traced("compute_advantages")
     def compute_advantages(self, batch: TrajectoryBatch, metrics: dict[str, float]) -> None:
         assert batch.group_ids_b is not None
         mask = batch.response_mask_bt.float()
@@ -361,6 +398,7 @@ class Controller:
         if self.distill is not None:  # the teacher scores the samples token by token
             self.distill.apply(batch, metrics)
 
+    @traced("update")
     def update(self, step: int, batch: TrajectoryBatch, metrics: dict[str, float]) -> None:
         """The critic's update, then the policy's (not during ``trainer.critic_warmup``)."""
         if self.workers.critic is not None:
@@ -395,6 +433,7 @@ class Controller:
         metrics.update(logprob_parity(batch))
         return metrics
 
+    @traced("validate")
     def validate(self, step: int) -> dict[str, float]:
         """The held-out figures after ``step`` (``rlpost.loop.validation``)."""
         return held_out_metrics(self, step)

@@ -46,6 +46,7 @@ from rlpost.loop.collect import Collector, Rollouts, sampled_versions
 from rlpost.loop.step_metrics import results_from_json, results_to_json
 from rlpost.loop.streaming import Group, GroupProducer
 from rlpost.rollout.base import GenerationResult
+from rlpost.runtime.spans import span
 from rlpost.serving.weight_sync import WeightSync
 
 if TYPE_CHECKING:
@@ -276,7 +277,8 @@ class RolloutSource:
     def _score(self, groups: list[Group]) -> tuple[torch.Tensor, dict[str, float]]:
         """Score ``groups`` in one call; each keeps its own scores. Returns the
         total scores of all and the call's metrics."""
-        scores, metrics = self.collector.score_groups(groups)
+        with span("score", cat="reward", groups=len(groups)):
+            scores, metrics = self.collector.score_groups(groups)
         n = self.cfg.rollout.n
         for j, g in enumerate(groups):
             g.scores = {k: v[j * n : (j + 1) * n] for k, v in scores.items()}

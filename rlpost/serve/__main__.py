@@ -2,6 +2,7 @@
 
     rlpost serve                                  # the built-in model, on 127.0.0.1:8000
     rlpost serve --model Qwen/Qwen3-0.6B=/models/qwen3-0.6b --port 8001
+    rlpost serve --model Qwen/Qwen3-0.6B     # from the Hugging Face cache, offline
 
 Then, in Python: ``tinker.ServiceClient(base_url="http://127.0.0.1:8000")`` with
 ``TINKER_API_KEY=tml-<anything>`` (the SDK takes keys that start with ``tml-``).
@@ -33,16 +34,48 @@ def builtin_model() -> str:
     raise SystemExit("rlpost serve: the built-in model is not installed; pass --model NAME=PATH")
 
 
+def cached_model(name: str) -> str:
+    """The folder of ``name`` (``org/model``) in the local Hugging Face cache.
+
+    Nothing is downloaded: the service starts from what is on disk, so a name that
+    the cache lacks is an error saying how to fetch it or to pass a folder.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        path = snapshot_download(name, local_files_only=True)
+    except (LocalEntryNotFoundError, ValueError, OSError) as e:
+        raise SystemExit(f"rlpost serve: --model {name!r} is not a model folder and not in the "
+                         "Hugging Face cache (HF_HOME / HF_HUB_CACHE); fetch it with "
+                         f"`hf download {name}`, or pass NAME=PATH to a folder ({e.__class__.__name__})") from None  # fmt: skip
+    if not (Path(path) / "config.json").is_file():
+        raise SystemExit(f"rlpost serve: --model {name!r}: the cached snapshot {path} holds no "
+                         "config.json; download the whole model, or pass NAME=PATH")  # fmt: skip
+    return path
+
+
 def parse_models(specs: list[str]) -> dict[str, str]:
+    """``NAME=PATH``, a model folder (served under its folder name), or a cached hub name."""
     models: dict[str, str] = {}
     for spec in specs:
         name, sep, path = spec.partition("=")
-        if not sep or not name or not path:
+        if not sep:
+            folder = Path(spec).expanduser()
+            if folder.is_dir():
+                name, path = folder.resolve().name, str(folder)
+            else:
+                name, path = spec, cached_model(spec)
+        if not name or not path:
             raise SystemExit(f"rlpost serve: --model {spec!r}: write NAME=PATH (the name clients "
-                             "ask for, e.g. Qwen/Qwen3-0.6B, and a Hugging Face model folder)")  # fmt: skip
+                             "ask for, e.g. Qwen/Qwen3-0.6B, and a Hugging Face model folder), "
+                             "a folder, or a model name in the Hugging Face cache")  # fmt: skip
         if not (Path(path) / "config.json").is_file():
             raise SystemExit(f"rlpost serve: --model {spec!r}: {path} holds no config.json; point "
                              "it at a Hugging Face model folder")  # fmt: skip
+        if name in models:
+            raise SystemExit(f"rlpost serve: --model {spec!r}: {name!r} is served twice; give "
+                             "each model its own NAME=PATH")  # fmt: skip
         models[name] = path
     return models
 
@@ -52,8 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: localhost)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--model", action="append", default=[], metavar="NAME=PATH",
-                   help="serve the model folder PATH as NAME (repeatable; default: the "
-                   f"built-in model as {BUILTIN})")  # fmt: skip
+                   help="serve the model folder PATH as NAME; a folder alone is served under "
+                   "its folder name, a hub name alone (org/model) from the local Hugging Face "
+                   f"cache (repeatable; default: the built-in model as {BUILTIN})")  # fmt: skip
     p.add_argument("--state-dir", default=os.path.expanduser("~/.cache/rlpost/serve"),
                    help="where checkpoints are kept")  # fmt: skip
     p.add_argument("--api-key", default=os.environ.get("RLPOST_SERVE_API_KEY"),

@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Protocol
 
+from rlpost.runtime.spans import span
 from rlpost.serving.weight_group import CollectiveSync, IpcSync, collective_sync
 
 if TYPE_CHECKING:
@@ -111,7 +112,8 @@ class WeightSync:
 
     def _send(self, interrupt: bool) -> float:
         start = time.perf_counter()
-        self.figures = self.transport.send(self.workers.policy, self.version, interrupt)
+        with span("push_weights", cat="sync", version=self.version, interrupt=interrupt):
+            self.figures = self.transport.send(self.workers.policy, self.version, interrupt)
         return time.perf_counter() - start
 
 

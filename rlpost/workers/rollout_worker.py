@@ -26,6 +26,7 @@ from rlpost.rollout.base import (
     Sleeper,
     Versioned,
 )
+from rlpost.runtime.spans import RECORDER, Event
 from rlpost.workers.ray_types import ActorHandle
 
 if TYPE_CHECKING:
@@ -94,11 +95,37 @@ class RolloutWorker:
     async def generate_one(self, request: GenerationRequest) -> GenerationResult:
         self._served.append((request.session_id, prompt_hash(request.prompt_ids)))
         version = self.version
-        result = await self.engine.agenerate(request)
+        if not RECORDER.on():
+            result = await self.engine.agenerate(request)
+        else:
+            result = await self._traced(request)
         for c in result.completions:
             if c.versions is None:  # an engine that drains before a load
                 c.versions = [version] * len(c.token_ids)
         return result
+
+    async def _traced(self, request: GenerationRequest) -> GenerationResult:
+        """``agenerate`` as a span on a row of its own, with the engine's segments
+        (queued, prefill, decode, interrupted) where it reports them."""
+        row, start = RECORDER.take_row(), time.time()
+        try:
+            result = await self.engine.agenerate(request)
+        finally:
+            RECORDER.free_row(row)
+        end = time.time()
+        tokens = sum(len(c.token_ids) for c in result.completions)
+        RECORDER.add("request", start, end, cat="rollout", row=row, version=self.version,
+                     prompt_tokens=len(request.prompt_ids), tokens=tokens,
+                     session=request.session_id)  # fmt: skip
+        for name, s0, s1 in getattr(result, "segments", None) or []:
+            RECORDER.add(name, max(s0, start), min(s1, end), cat="segment", row=row)
+        return result
+
+    def trace_events(self, level: str, lane: str) -> list[Event]:
+        """This replica's spans since the last call (``rlpost.loop.timeline``),
+        recorded at ``level`` from now on under the name ``lane``."""
+        RECORDER.configure(level, lane)
+        return RECORDER.drain()
 
     async def generate_after(
         self, request: GenerationRequest, prefilled: GenerationResult
@@ -121,7 +148,7 @@ class RolloutWorker:
         else:
             await self.engine.aload_weights(named_tensors)
         self.version = version
-        return time.perf_counter() - start
+        return self._loaded("load_weights", start, version)
 
     async def open_weight_group(
         self, address: str, base_rank: int, world_size: int, generation: int, timeout_s: float
@@ -132,6 +159,13 @@ class RolloutWorker:
             address.removeprefix("tcp://"), base_rank, world_size, generation, timeout_s
         )
         return 1
+
+    def _loaded(self, name: str, start: float, version: int) -> float:
+        """Seconds since ``start`` (``perf_counter``), recorded as the load's span."""
+        seconds = time.perf_counter() - start
+        now = time.time()
+        RECORDER.add(name, now - seconds, now, cat="sync", version=version)
+        return seconds
 
     def _group_receiver(self) -> GroupReceiver:
         if self.group_receiver is None:
@@ -156,7 +190,7 @@ class RolloutWorker:
             version=version, interrupt=interrupt, layout=layout
         )
         self.version = version
-        return time.perf_counter() - start
+        return self._loaded("receive_weights", start, version)
 
     async def receive_weights_ipc(
         self,
@@ -181,7 +215,7 @@ class RolloutWorker:
             IpcSource(sender, plan), version=version, interrupt=interrupt
         )
         self.version = version
-        return time.perf_counter() - start
+        return self._loaded("receive_weights_ipc", start, version)
 
     async def load_lora_adapter(
         self, adapter: Adapter, version: int | None = None, interrupt: bool = False
@@ -196,7 +230,7 @@ class RolloutWorker:
         version = self.version + 1 if version is None else version
         await self.adapter_loader.aload_lora_adapter(adapter, version=version, interrupt=interrupt)
         self.version = version
-        return time.perf_counter() - start
+        return self._loaded("load_lora_adapter", start, version)
 
     async def sleep(self, level: int | None = None) -> None:
         """Free the engine's GPU memory for colocated training (engines with

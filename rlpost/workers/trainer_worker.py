@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
 import ray
 import torch
 
+from rlpost.runtime.spans import RECORDER, Event, span
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.engine import PolicyEngine, RewardEngine, ValueEngine, WeightSource
 from rlpost.workers import WORKER_ENV
@@ -110,7 +111,14 @@ class TrainerWorker:
         proxies pass ``method.__name__``)."""
         if method not in ENGINE_METHODS:
             raise AttributeError(f"{method!r} is not a method of the engine protocols")
-        return getattr(self.engine, method)(*args, **kwargs)
+        with span(method, cat="trainer"):
+            return getattr(self.engine, method)(*args, **kwargs)
+
+    def trace_events(self, level: str, lane: str) -> list[Event]:
+        """This rank's spans since the last call (``rlpost.loop.timeline``), recorded
+        at ``level`` from now on under the name ``lane``."""
+        RECORDER.configure(level, lane)
+        return RECORDER.drain()
 
     def _weights(self) -> WeightSource:
         if self.weight_source is None:
@@ -167,7 +175,9 @@ class TrainerWorker:
                 pass
             return {}
         assert self.weight_group is not None, "send_weights before open_weight_group"
-        stats = self.weight_group.send(items, bucket_bytes, specs)
+        with span("send_weights", cat="sync") as args:
+            stats = self.weight_group.send(items, bucket_bytes, specs)
+            args.update(buckets=stats.buckets, bytes=stats.bytes)
         return {"buckets": stats.buckets, "bytes": stats.bytes, "peak": stats.peak_bucket_bytes}
 
     # -- rollout.weight_sync=ipc (rlpost.serving.weight_group.IpcSync) ----------
@@ -186,7 +196,8 @@ class TrainerWorker:
         """Rank 0: the next bucket's handle (its tensors gathered and packed)."""
         if self._ipc is None:
             raise RuntimeError("ipc_next before ipc_open")
-        return self._ipc.next()
+        with span("ipc_bucket", cat="sync"):
+            return self._ipc.next()
 
     def ipc_close(self) -> dict[str, int]:
         """Rank 0: run the gathers the hand-off has left (so the other ranks' ``ipc_drive``

@@ -36,7 +36,13 @@ from rlpost.rollout.base import (
 )
 from rlpost.rollout.pd import clear_kv_store
 from rlpost.rollout.vllm.config import ASCEND_ENV, VLLMEngineConfig, engine_args
-from rlpost.rollout.vllm.outputs import Interrupted, child_sampling, continuation, to_result
+from rlpost.rollout.vllm.outputs import (
+    Interrupted,
+    child_sampling,
+    continuation,
+    request_segments,
+    to_result,
+)
 from rlpost.rollout.vllm.stats import PrefixCacheCounter, no_prometheus
 from rlpost.runtime import device as devices
 
@@ -259,7 +265,11 @@ class VLLMEngine:
             )
         )
         completions = [c for part in parts for c in part.completions]
-        return GenerationResult(prompt_ids=parts[0].prompt_ids, completions=completions)
+        # the segments of the sample that finished last: the request waited for it
+        last = max(parts, key=lambda r: max((end for _, _, end in r.segments), default=0.0))
+        return GenerationResult(
+            prompt_ids=parts[0].prompt_ids, completions=completions, segments=last.segments
+        )
 
     async def _agenerate_one(self, request: GenerationRequest) -> GenerationResult:
         """One sample; interrupted by a weight load, it continues from its prompt and
@@ -268,8 +278,12 @@ class VLLMEngine:
         ids: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
+        segments: list[tuple[str, float, float]] = []
+        stopped: float | None = None  # when a weight load interrupted it
         while True:
             await self._open.wait()
+            if stopped is not None:
+                segments.append(("interrupted", stopped, time.time()))
             part = continuation(request, ids, segment=len(set(versions)))
             version = self.version
             rid = self._add(part)
@@ -287,8 +301,10 @@ class VLLMEngine:
                 ids += out.token_ids
                 logprobs += out.logprobs
                 versions += [version] * len(out.token_ids)
+                stopped = time.time()
                 continue
             result = to_result(part, out, self.tokenizer)
+            result.segments = segments + request_segments(out)
             if not ids:
                 result.completions[0].versions = [version] * len(result.completions[0].token_ids)
                 return result
@@ -304,7 +320,7 @@ class VLLMEngine:
                 versions=versions + [version] * len(c.token_ids),
             )
             prompt = result.prompt_ids[: len(result.prompt_ids) - len(ids)]
-            return GenerationResult(prompt_ids=prompt, completions=[full])
+            return GenerationResult(prompt_ids=prompt, completions=[full], segments=result.segments)
 
     async def aload_weights(
         self,

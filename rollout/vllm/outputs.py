@@ -65,3 +65,24 @@ def to_result(
     prompt = out.prompt_token_ids if request.images else request.prompt_ids
     assert prompt is not None, "vLLM returns a token prompt's ids"
     return GenerationResult(prompt_ids=list(prompt), completions=completions)
+
+
+def request_segments(out: RequestOutput) -> list[tuple[str, float, float]]:
+    """Where vLLM spent a finished request, from its ``metrics``: ``queued`` until
+    scheduled, ``prefill`` until the first token, ``decode`` until the last.
+
+    vLLM stamps the arrival in wall-clock time and the rest on the monotonic clock
+    of this process (the engine core runs in it: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
+    so those are moved onto the wall clock here. Empty when vLLM kept no stats.
+    """
+    import time
+
+    m = getattr(out, "metrics", None)
+    stamps = [
+        getattr(m, k, 0.0) for k in ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
+    ]
+    if m is None or not all(stamps):
+        return []
+    shift = time.time() - time.monotonic()
+    queued, scheduled, first, last = (t + shift for t in stamps)
+    return [("queued", queued, scheduled), ("prefill", scheduled, first), ("decode", first, last)]

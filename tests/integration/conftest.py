@@ -14,10 +14,21 @@ def micro_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def straight_run(micro_model, tmp_path_factory) -> list[dict]:
-    """Four sync steps of ``micro_model`` through the CLI, weights through the object
-    store (``cli_utils.run``'s settings): the run a resumed run, fully_async with
-    ``async.max_staleness=0`` and the collective and ipc syncs each reproduce."""
+def straight_dir(micro_model, tmp_path_factory):
+    """The run directory of four sync steps of ``micro_model`` through the CLI,
+    weights through the object store (``cli_utils.run``'s settings): the run a
+    resumed run, fully_async with ``async.max_staleness=0`` and the collective and
+    ipc syncs each reproduce, and whose timeline the trace tests read."""
     from cli_utils import run
 
-    return run(micro_model, tmp_path_factory.mktemp("straight") / "run", 4)
+    run_dir = tmp_path_factory.mktemp("straight") / "run"
+    run(micro_model, run_dir, 4)
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def straight_run(straight_dir) -> list[dict]:
+    """The metrics rows of ``straight_dir``'s run."""
+    from cli_utils import metrics
+
+    return metrics(straight_dir)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from cli_utils import comparable, run
 
+from rlpost.loop.trace_file import read_trace
 from rlpost.models.tiny import build_tiny_model
 
 pytest.importorskip("vllm")
@@ -24,6 +25,12 @@ def test_resumed_run_matches_uninterrupted_run(micro_model, straight_run, tmp_pa
         assert comparable(a) == comparable(b), a["step"]
     # The policy really moved between steps 2 and 4 (the comparison is not vacuous).
     assert max(r.get("actor/grad_norm", 0.0) for r in straight) > 0
+    # The resumed run's timeline holds each step once: steps 3 and 4 of the first run
+    # (none: it stopped at 2) are not doubled, steps 1 and 2 are kept.
+    steps = [
+        e["args"]["step"] for e in read_trace(tmp_path / "b" / "trace.json") if e["name"] == "step"
+    ]
+    assert steps == [1, 2, 3, 4]
 
 
 def test_a_one_step_off_run_stopped_mid_run_resumes_exactly(tmp_path):

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from rlpost.runtime import device as devices
+from rlpost.runtime.spans import span
 from rlpost.trainers.batch import TrajectoryBatch, join_shares
 from rlpost.trainers.engine_config import EngineConfig
 from rlpost.trainers.fsdp.ulysses import SequenceParallel
@@ -144,13 +145,15 @@ class FSDPBackend:
             for i, mb in enumerate(mbs):
                 if grad:
                     self._accumulate_locally(last=i == len(mbs) - 1)
-                loss, rows = on_output(mb, self.output(mb))
+                with span("forward", cat="micro", level="full", samples=len(mb)):
+                    loss, rows = on_output(mb, self.output(mb))
                 if grad:
                     # FSDP averages gradients over ranks; the loss is already a
                     # global mean, so undo the average. (A sequence-parallel group's
                     # ranks each compute its joined loss and back-propagate their
                     # slice of it: their gradients add up to its gradient.)
-                    (loss * self.world_size).backward()
+                    with span("backward", cat="micro", level="full", samples=len(mb)):
+                        (loss * self.world_size).backward()
                 if rows is not None:
                     rows_bt[start : start + len(mb), : rows.shape[1]] = rows.cpu()
                 start += len(mb)
