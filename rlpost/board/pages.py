@@ -68,6 +68,7 @@ def run_page(runs: list[Run], axis: str, allow_launch: bool, csrf: str) -> str:
             f"data {esc(r.data)}, step {esc(fmt(r.step))}"
             + (f" / {r.total_steps}" if r.total_steps is not None else "")
             + f' &middot; <a href="{url("/samples", run=r.rel)}">samples</a>'
+            + f' &middot; <a href="{url("/timeline", run=r.rel)}">timeline</a>'
             + f' &middot; <a href="{url("/files/" + r.rel + "/config.yaml")}">config.yaml</a>'
         )
         if r.error:

@@ -22,6 +22,8 @@ from rlpost.board.paths import Forbidden, under_root
 from rlpost.board.runs import LOG_NAME, MARKERS, Run, describe_run, find_runs, read_metrics
 from rlpost.board.samples import KINDS, dump_steps, keep, read_dump
 from rlpost.board.samples_page import samples_page
+from rlpost.board.timeline_page import timeline_page
+from rlpost.loop.trace_file import read_trace
 
 if TYPE_CHECKING:
     from aiohttp.typedefs import Handler
@@ -200,6 +202,14 @@ async def samples_view(request: web.Request) -> web.Response:
     )
 
 
+async def timeline_view(request: web.Request) -> web.Response:
+    board = _board(request)
+    rel = request.query.get("run", "")
+    path = _run_dir(board, rel) / "trace.json"
+    events = await asyncio.to_thread(read_trace, path) if path.is_file() else []
+    return _html(timeline_page(rel, events, _int(request.query.get("step"))))
+
+
 async def _launch_form(
     board: Board,
     form: dict[str, str],
@@ -298,6 +308,7 @@ def make_app(board: Board) -> web.Application:
             web.get("/", runs_view),
             web.get("/run", run_view),
             web.get("/samples", samples_view),
+            web.get("/timeline", timeline_view),
             web.get("/launch", launch_view),
             web.post("/launch", launch_post),
             web.post("/stop", stop_post),

@@ -165,9 +165,10 @@ def test_hidden_states_give_the_logits_values_and_gradients(chunk, temperature, 
 
     got, want = (_hidden_grads(f, hidden, weight, w_logp, w_ent) for f in (fused, whole))
     # float32 sums over the vocabulary in another order (logits of magnitude ~5):
-    # within 1e-5 of gradients of magnitude ~1
+    # within 2e-5 of gradients of magnitude ~1 (the order, and so the last bits,
+    # follows the CPU's vector width: 1.1e-5 apart on some machines)
     for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-5)
     if never:  # no gradient reaches the rows of the weight the tokens never sampled use
         assert torch.all(got[3][list(never)] == 0)
     assert torch.all(got[0][:, 0] == 0) and torch.all(got[1][:, 0] == 0)

@@ -16,6 +16,8 @@ def _controller(overrides: list[str], logged: list[tuple[int, dict]]) -> Control
     c.validate = lambda step: {}
     c.best = None  # trainer.save_best is off
     c.source = None  # no RL steps
+    c.version = 0
+    c.timeline = SimpleNamespace(collect=lambda: {})  # trainer.trace: nothing to gather
     c.tracker = SimpleNamespace(log=lambda step, m: logged.append((step, dict(m))))
     c.recovery = SimpleNamespace(
         trainer_restarts=0,

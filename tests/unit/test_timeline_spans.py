@@ -97,3 +97,43 @@ def test_the_critical_path_is_the_named_steps_and_what_each_waited_for():
         ("take_rollouts", 0), ("request", 20e3), ("update", 600e3), ("update_policy", 605e3),
     ]  # fmt: skip
     assert step_spans(events, 9) == (None, [])
+
+
+def test_the_board_draws_a_step_with_its_critical_path(tmp_path):
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from rlpost.board.server import Board, make_app
+
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    t = TraceFile(run / "trace.json")  # left unterminated: a run still going
+    t.write([
+        _x("step", 0, 1_000_000, "controller", step=1),
+        _x("take_rollouts", 0, 600_000, "controller"),
+        _x("request", 10_000, 500_000, "rollout replica 0", "rollout", version=0),
+        _x("update", 600_000, 390_000, "controller"),
+        _x("update_policy", 605_000, 380_000, "policy rank 0", "trainer"),
+        _x("step", 1_000_000, 500_000, "controller", step=2),
+    ])  # fmt: skip
+
+    async def get(path: str) -> str:
+        async with TestClient(TestServer(make_app(Board(root=tmp_path / "runs")))) as client:
+            response = await client.get(path)
+            assert response.status == 200
+            return await response.text()
+
+    page = asyncio.run(get("/timeline?run=r1&step=1"))
+    assert "step <b>1</b> of 1&ndash;2: 1.000 s" in page
+    # the step, its two named steps and the two spans they waited for
+    assert page.count('<rect class="span"') == 5
+    assert page.count('stroke="#000"') == 4  # all but the step itself are on the path
+    # the path's table: update_policy starts 605 ms in and takes 38.0 % of the step
+    assert (
+        "<td>policy rank 0</td><td>update_policy</td><td>605.0</td><td>380.0</td><td>38.0 %</td>"
+        in page
+    )
+    assert "step <b>2</b>" in asyncio.run(get("/timeline?run=r1"))  # the newest by default
+    assert "timeline</a>" in asyncio.run(get("/run?run=r1"))
