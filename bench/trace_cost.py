@@ -9,11 +9,12 @@ levels interleaved (off, steps, full, off, steps, full, ...) so that a drift of
 the machine's speed falls on all of them. Measured over steps 2..N (step 1
 carries one-off costs):
 
-- step seconds: mean ``timing/step_s``;
-- drain share: ``perf/trace_s`` (gathering every process's spans and writing
-  them, once a step) over the step's seconds: the part of the cost that is
-  measured directly;
-- cost vs off: the level's mean step seconds over ``off``'s, minus 1 (the drain
+- step seconds: the median ``timing/step_s`` (a step slowed by another process
+  on the machine does not count);
+- drain share: the median of ``perf/trace_s`` (gathering every process's spans
+  and writing them, once a step) over the step's seconds: the part of the cost
+  that is measured directly;
+- cost vs off: the level's median step seconds (mean of its runs) over ``off``'s, minus 1 (the drain
   and the recording inside the steps; as noisy as the step time itself, so
   the spread of ``off``'s own runs is printed beside it);
 - coverage: the share of each step's span that the controller's named steps
@@ -78,10 +79,11 @@ def main() -> None:
                    f"trainer.run_dir={run_dir}", *args.extra]  # fmt: skip
             wall = timed_cli(cli, out, name)
             got = [r for r in rows(run_dir) if r["step"] in steps]
-            step_s = statistics.mean(r["timing/step_s"] for r in got)
+            # the median: a step another process slowed is not the trace's cost
+            step_s = statistics.median(r["timing/step_s"] for r in got)
             result = {"run": name, "wall_s": wall, "step_s": step_s}
             if level != "off":
-                result["drain_share"] = statistics.mean(
+                result["drain_share"] = statistics.median(
                     r["perf/trace_s"] / r["timing/step_s"] for r in got
                 )
                 result["coverage"], result["events_per_step"] = coverage(run_dir, steps)

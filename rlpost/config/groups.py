@@ -420,10 +420,10 @@ class AsyncConfig:
         ge=0,
         help="most updates the oldest token of a trained sample may lag the trainer (0 reproduces sync); new groups wait rather than break it, samples past it anyway are dropped (async/dropped_stale)",
     )
-    max_inflight: int = spec(
+    max_inflight: int | Literal["auto"] = spec(
         0,
         ge=0,
-        help="most prompt groups generating at once (0: 2 x data.prompts_per_step); the staleness bound may allow fewer",
+        help="most prompt groups generating at once (0: 2 x data.prompts_per_step); the staleness bound may allow fewer. auto: steered each step, grown while the trainer waits and the replicas' KV cache has room, trimmed (youngest groups cancelled first, async/trimmed_groups) when the engines preempt requests or groups go stale (docs/async.md)",
     )
     partial_rollout: bool = spec(
         True,

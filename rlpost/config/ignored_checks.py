@@ -35,7 +35,26 @@ def _changed(obj: object, default: object, keys: tuple[str, ...]) -> list[tuple[
 
 def ignored_key_checks(cfg: Config) -> list[str]:
     """Each key set to a value the run's mode would ignore, with what to set instead."""
-    return agent_mode_checks(cfg) + sft_checks(cfg) + critic_checks(cfg)
+    return agent_mode_checks(cfg) + sft_checks(cfg) + critic_checks(cfg) + curriculum_checks(cfg)
+
+
+def curriculum_checks(cfg: Config) -> list[str]:
+    """``data.curriculum`` samples the prompts of RL steps; its shaping keys need it on."""
+    d, problems = cfg.data, []
+    if d.curriculum != "none" and (cfg.algo.name in PREFERENCE_PRESETS or cfg.algo.name == "sft"):
+        problems.append(
+            f"data.curriculum={d.curriculum}: algo={cfg.algo.name} trains on fixed rows, which "
+            "a curriculum does not choose among (it skips prompts the RL samples all agree "
+            "on); drop data.curriculum"
+        )
+    if d.curriculum == "none":
+        default = type(d)()
+        for key, value in _changed(d, default, ("curriculum_window", "curriculum_return")):
+            problems.append(
+                f"data.{key}={value}: shapes the curriculum, which is off; set "
+                "data.curriculum=pool (or gate), or drop the key"
+            )
+    return problems
 
 
 def agent_mode_checks(cfg: Config) -> list[str]:

@@ -56,6 +56,19 @@ class DataConfig:
         None, help="data=files: a system message before every prompt that has none"
     )
     prompts_per_step: int = spec(32, ge=1, help="prompts per RL step (batch = this x rollout.n)")
+    curriculum: Literal["none", "pool", "gate"] = spec(
+        "none",
+        help="none: every prompt in turn; pool: skip prompts whose last data.curriculum_window groups all scored alike (always solved or never), each returning with probability data.curriculum_return when its turn comes; gate: pool, and a group whose rewards all agree is not trained and another is generated in its place (as algo.dynamic_sampling, up to its max_rounds). RL algorithms only (docs/data-and-rewards.md)",
+    )
+    curriculum_window: int = spec(
+        2, ge=1, help="data.curriculum: the groups of a prompt that must all agree to skip it"
+    )
+    curriculum_return: float = spec(
+        0.1,
+        ge=0,
+        le=1,
+        help="data.curriculum: the chance a skipped prompt is generated anyway when its turn comes",
+    )
     val_size: int = spec(200, ge=1, help="held-out prompts scored at each validation")
     max_operand: int = spec(
         99, ge=1, help="built-in tasks: operands go up to max_operand (arith from 0, calc from 10)"

@@ -12,8 +12,10 @@ import glob
 import json
 import logging
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
+from rlpost.data.curriculum import Curriculum
 from rlpost.data.images import check_images, resolve_paths
 
 logger = logging.getLogger(__name__)
@@ -190,7 +192,10 @@ class PromptStream:
         batch_size: int,
         source: str = "rows",
         needs_prompt: bool = True,
+        curriculum: Curriculum | None = None,
     ):
+        """``curriculum``: skip prompts it finds settled (``data.curriculum``; fed by
+        ``record``)."""
         if batch_size < 1:
             raise DataError(f"batch_size must be >= 1, got {batch_size}")
         self.rows: list[dict] = []
@@ -218,6 +223,8 @@ class PromptStream:
         self.epoch = 0
         self.position = 0
         self._order = self._permutation(0)
+        self.curriculum = curriculum
+        self._index = {id(row): i for i, row in enumerate(self.rows)}
 
     def _permutation(self, epoch: int) -> list[int]:
         order = list(range(len(self.rows)))
@@ -228,14 +235,29 @@ class PromptStream:
     def next_batch(self) -> list[dict]:
         """The next ``batch_size`` rows, starting a new shuffled epoch as needed."""
         batch: list[dict] = []
+        passed = 0  # settled prompts passed over in a row
         while len(batch) < self.batch_size:
             if self.position == len(self._order):
                 self.epoch += 1
                 self.position = 0
                 self._order = self._permutation(self.epoch)
-            batch.append(self.rows[self._order[self.position]])
+            i = self._order[self.position]
+            c = self.curriculum
+            # every prompt settled: take them as they come rather than loop for ever
+            if c is None or passed >= len(self.rows) or c.admit(i, self.epoch, self.position):
+                batch.append(self.rows[i])
+                passed = 0
+            else:
+                passed += 1
             self.position += 1
         return batch
+
+    def record(self, row: dict, scores: Sequence[float]) -> None:
+        """The scores of one group of ``row`` (a row this stream gave out), for the
+        curriculum's memory."""
+        i = self._index.get(id(row))
+        if self.curriculum is not None and i is not None:
+            self.curriculum.record(i, scores)
 
     def replace_rows(self, rows: list[dict]) -> None:
         """Stream ``rows`` instead, from the start of epoch 0 (rows built once the run
@@ -244,9 +266,13 @@ class PromptStream:
             raise DataError("replace_rows: no rows")
         self.rows, self.epoch, self.position = list(rows), 0, 0
         self._order = self._permutation(0)
+        self._index = {id(row): i for i, row in enumerate(self.rows)}
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position, "num_rows": len(self.rows)}
+        d: dict = {"epoch": self.epoch, "position": self.position, "num_rows": len(self.rows)}
+        if self.curriculum is not None:
+            d["curriculum"] = self.curriculum.state_dict()
+        return d
 
     def load_state_dict(self, d: dict) -> None:
         if d["num_rows"] != len(self.rows):
@@ -257,3 +283,5 @@ class PromptStream:
         self.epoch = d["epoch"]
         self.position = d["position"]
         self._order = self._permutation(self.epoch)
+        if self.curriculum is not None and "curriculum" in d:
+            self.curriculum.load_state_dict(d["curriculum"])

@@ -29,6 +29,7 @@ from ray.exceptions import RayActorError
 
 from rlpost.algos import compute_advantages, kl_reward_penalty
 from rlpost.config.groups import PREFERENCE_PRESETS
+from rlpost.data.curriculum import Curriculum
 from rlpost.data.images import row_images
 from rlpost.data.rows import PromptStream
 from rlpost.data.samples import episode_rows, rollout_batch
@@ -90,11 +91,15 @@ class Controller:
         self.tokenizer, self.tracker = tokenizer, tracker
         self.val_rows = plan.val_rows
         self.agent, self.image_inputs = agent, image_inputs
+        d = cfg.data  # data.curriculum: prompts every group agrees on are skipped
+        curriculum = Curriculum(d.curriculum, d.curriculum_window, d.curriculum_return,
+                                cfg.trainer.seed) if d.curriculum != "none" else None  # fmt: skip
         self.stream = PromptStream(
             plan.train_rows,
             seed=cfg.trainer.seed,
             batch_size=cfg.data.prompts_per_step,
             needs_prompt=cfg.agent.program is None,
+            curriculum=curriculum,
         )
         self.malformed_rows = plan.malformed_rows + self.stream.num_malformed
         self.long_prompts = plan.long_prompts
@@ -216,11 +221,14 @@ class Controller:
     def data_counts(self) -> dict[str, float]:
         """The rows dropped before training, by cause; every algorithm logs them each step
         (the warnings at load name these keys)."""
-        return {
+        counts = {
             "data/malformed_rows": float(self.malformed_rows),
             "data/dropped_chars": float(self.dropped_chars),
             "data/dropped_long_prompts": float(self.long_prompts),
         }
+        if self.stream.curriculum is not None:
+            counts.update(self.stream.curriculum.metrics())
+        return counts
 
     def steps(self, first: int, last: int) -> Generator[dict[str, float], None, None]:
         """The RL loop: each step takes scored groups from the rollout source and

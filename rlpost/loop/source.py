@@ -43,6 +43,7 @@ from rlpost.algos import zero_std_groups
 from rlpost.config.groups import Config
 from rlpost.data.rows import PromptStream
 from rlpost.loop.collect import Collector, Rollouts, sampled_versions
+from rlpost.loop.concurrency import InflightLimit
 from rlpost.loop.step_metrics import results_from_json, results_to_json
 from rlpost.loop.streaming import Group, GroupProducer
 from rlpost.rollout.base import GenerationResult
@@ -98,6 +99,7 @@ class Admission:
     staleness: int
     group: bool = False
     max_inflight: int = 0  # group admission: groups generating at once
+    auto: bool = False  # group admission: the limit steered each step (InflightLimit)
     interrupt: bool = False  # group admission: new weights interrupt requests in flight
 
     @classmethod
@@ -106,10 +108,15 @@ class Admission:
         mode, a = cfg.trainer.async_mode, cfg.async_
         if mode == "fully_async":
             per_step = cfg.data.prompts_per_step
-            inflight = a.max_inflight or 2 * per_step
+            auto = a.max_inflight == "auto"
+            if auto:
+                inflight = InflightLimit(per_step, a.max_staleness).limit
+            else:
+                inflight = int(a.max_inflight) or 2 * per_step
             return cls(
-                a.max_staleness, group=True, max_inflight=inflight, interrupt=a.partial_rollout
-            )
+                a.max_staleness, group=True, max_inflight=inflight, interrupt=a.partial_rollout,
+                auto=auto,
+            )  # fmt: skip
         return cls(1 if mode == "one_step_off" else 0)
 
 
@@ -135,6 +142,10 @@ class RolloutSource:
         self.waiting: int | None = None  # a version whose push waits for the batch in flight
         self.dropped_stale = 0  # group admission: groups past the bound, so far
         self.producer: GroupProducer | None = None
+        # async.max_inflight=auto: the limit, and what it last saw (rlpost.loop.concurrency)
+        self.limit = InflightLimit(self.per_step, admission.staleness) if admission.auto else None
+        self._step_start, self._wait_s = time.perf_counter(), 0.0
+        self._seen = (0.0, 0)  # preemptions, stale drops at the last steer
         if admission.group:
             self.producer = GroupProducer(
                 stream.next_batch, collector.submit_group, self.per_step,
@@ -145,7 +156,7 @@ class RolloutSource:
     # -- the step's groups ---------------------------------------------------------
     def take(self, step: int, version: int) -> tuple[Rollouts, dict[str, float]]:
         """Step ``step``'s groups for the trainer at policy ``version``, scored."""
-        start = time.perf_counter()
+        start = self._step_start = time.perf_counter()
         if self.producer is not None:
             self.producer.fill(version)
         kept, metrics = self._fill(step, version)
@@ -162,7 +173,7 @@ class RolloutSource:
             ):
                 self.ahead.append(self._send(later))
         else:
-            metrics["async/trainer_wait_s"] = time.perf_counter() - start
+            metrics["async/trainer_wait_s"] = self._wait_s = time.perf_counter() - start
             self.producer.fill(version)  # what the take freed, before the update
         return self._rollouts(kept), metrics
 
@@ -170,6 +181,8 @@ class RolloutSource:
         """The groups of one step: round after round of finished groups, with
         dynamic sampling's filter; trimmed to a count the ranks can split."""
         ds, n, want = self.cfg.algo.dynamic_sampling, self.cfg.rollout.n, self.per_step
+        # data.curriculum=gate filters as dynamic sampling does (rlpost.data.curriculum)
+        gate = ds.enabled or self.cfg.data.curriculum == "gate"
         kept: list[Group] = []
         parts: list[tuple[int, dict[str, float]]] = []  # (samples, score metrics) per round
         rounds = looked = zero_std = stale = 0
@@ -182,7 +195,7 @@ class RolloutSource:
                 fresh, late = self._group_round(version, want - len(kept))
                 stale += late
             rounds += 1
-            if ds.enabled and fresh:
+            if gate and fresh:
                 total, score_metrics = self._score(fresh)
                 parts.append((len(fresh) * n, score_metrics))
                 varied = zero_std_groups(total, torch.arange(len(fresh)).repeat_interleave(n))
@@ -195,14 +208,14 @@ class RolloutSource:
                         zero_std += 1
             else:
                 kept += fresh
-            if len(kept) >= want or (ds.enabled and looked >= ds.max_rounds * want):
+            if len(kept) >= want or (gate and looked >= ds.max_rounds * want):
                 break
         kept.sort(key=lambda g: g.index)
         keep = self.collector.trainable_groups(len(kept))
         for g in kept[keep:]:
             self._discard(g)  # more than the ranks can split evenly
         kept = kept[:keep]
-        if ds.enabled:
+        if gate:
             metrics = _combine(parts)
             metrics["dapo/dropped_groups"] = float(zero_std)
             metrics["dapo/gen_rounds"] = float(rounds)
@@ -282,6 +295,7 @@ class RolloutSource:
         n = self.cfg.rollout.n
         for j, g in enumerate(groups):
             g.scores = {k: v[j * n : (j + 1) * n] for k, v in scores.items()}
+            self.stream.record(g.row, g.scores["total"].tolist())  # data.curriculum's memory
         return scores["total"], metrics
 
     def _discard(self, group: Group) -> None:
@@ -323,6 +337,25 @@ class RolloutSource:
         metrics["async/dropped_stale"] = float(self.dropped_stale)
         metrics["async/buffer_groups"] = float(len(self.producer.ready))
         metrics["async/inflight_groups"] = float(len(self.producer.inflight))
+        if self.limit is not None:
+            self.steer(metrics)
+        metrics["async/max_inflight"] = float(self.producer.max_inflight)
+        metrics["async/trimmed_groups"] = float(self.producer.trimmed)
+
+    def steer(self, metrics: dict[str, float]) -> None:
+        """``async.max_inflight=auto``: the next step's limit from this step's trainer
+        wait, the engines' KV-cache peak and preemptions, and the stale drops."""
+        assert self.limit is not None and self.producer is not None
+        step_s = max(time.perf_counter() - self._step_start, 1e-9)
+        preempted = metrics.get("rollout/preemptions", 0.0)
+        limit = self.limit.steer(
+            wait_share=self._wait_s / step_s,
+            kv_peak=metrics.get("rollout/kv_cache_usage_peak", 0.0),
+            preempted=preempted - self._seen[0],
+            stale=self.dropped_stale - self._seen[1],
+        )
+        self._seen = (preempted, self.dropped_stale)
+        self.producer.set_limit(limit)  # a higher one admits more at the next take
 
     # -- resume and the end ------------------------------------------------------------
     def state_dict(self) -> InFlight | None:

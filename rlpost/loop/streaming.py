@@ -89,6 +89,7 @@ class GroupProducer:
         self._rows: deque[tuple[int, dict]] = deque()
         self._next_batch = first_batch
         self.closed = False
+        self.trimmed = 0  # groups cancelled by a lower limit (their rows go out again)
 
     # -- admission -----------------------------------------------------------------
     def capacity(self, version: int) -> int:
@@ -114,6 +115,29 @@ class GroupProducer:
             self.admitted += 1
             started += 1
         return started
+
+    def set_limit(self, limit: int) -> int:
+        """A new in-flight limit (``async.max_inflight=auto``). Above it, the youngest
+        groups in flight are cancelled (they have sampled least) and their rows are
+        admitted again first; a handle without ``cancel`` runs on. Returns how many
+        were cancelled."""
+        if limit < 1:
+            raise ValueError(f"in-flight limit {limit}: need at least 1")
+        self.max_inflight = limit
+        cancelled: list[Group] = []
+        for g in reversed(self.inflight):
+            if len(self.inflight) - len(cancelled) <= limit:
+                break
+            cancel = getattr(g.handle, "cancel", None)
+            if cancel is not None:
+                cancel()
+                cancelled.append(g)
+        for g in cancelled:  # youngest first: pushed to the front, they come back in order
+            self.inflight.remove(g)
+            self._rows.appendleft((g.batch, g.row))
+        self.admitted -= len(cancelled)
+        self.trimmed += len(cancelled)
+        return len(cancelled)
 
     # -- completion ----------------------------------------------------------------
     def poll(self) -> int:

@@ -82,6 +82,15 @@ class ReplicaStats:
                     no_transfer_reason(self.pd.decode, int(totals[-1][2]), self.longest_prompt)
                 )
         out["rollout/replica_restarts"] = float(sum(restarts))
+        # The engines' pressure (vLLM): requests preempted for KV-cache room, in all,
+        # and the fullest replica's peak share of its KV cache since the last call.
+        if any("preemptions" in s for s in engine_stats.values()):
+            out["rollout/preemptions"] = sum(
+                s.get("preemptions", 0.0) for s in engine_stats.values()
+            )
+            out["rollout/kv_cache_usage_peak"] = max(
+                s.get("kv_cache_usage_peak", 0.0) for s in engine_stats.values()
+            )
         # Requests a weight load stopped and continued (partial rollout), in all.
         out["rollout/interrupted_requests"] = sum(
             s.get("interrupted", 0.0) for s in engine_stats.values()

@@ -499,6 +499,9 @@ class VLLMEngine:
             "prefix_cache_queries": float(queries),
             "prefix_cache_hits": float(hits),
             "prefix_cache_hit_rate": hits / queries if queries else 0.0,
+            # (async.max_inflight=auto steers by these two: rlpost.loop.concurrency)
+            "preemptions": float(self._cache.preemptions),
+            "kv_cache_usage_peak": self._cache.take_peak(),  # since the last stats()
         }
         if self.cfg.kv_transfer is not None:
             # Prompt tokens whose KV came through the connector (decode side).

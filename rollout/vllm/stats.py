@@ -25,6 +25,10 @@ class PrefixCacheCounter:
         # Prompt tokens a KV connector was asked for / supplied (PD decode side).
         self.kv_queries = 0
         self.kv_hits = 0
+        # Requests the scheduler preempted (KV cache full: recomputed later), in all,
+        # and the highest share of the KV cache in use since ``take_peak``.
+        self.preemptions = 0
+        self.kv_usage_peak = 0.0
 
     def record(
         self,
@@ -37,10 +41,19 @@ class PrefixCacheCounter:
         if stats is not None:
             self.queries += stats.queries
             self.hits += stats.hits
+        if scheduler_stats is not None:
+            self.kv_usage_peak = max(self.kv_usage_peak, scheduler_stats.kv_cache_usage)
+        if iteration_stats is not None:
+            self.preemptions += iteration_stats.num_preempted_reqs
         kv = getattr(scheduler_stats, "connector_prefix_cache_stats", None)
         if kv is not None:
             self.kv_queries += kv.queries
             self.kv_hits += kv.hits
+
+    def take_peak(self) -> float:
+        """The KV cache's peak use since the last call."""
+        peak, self.kv_usage_peak = self.kv_usage_peak, 0.0
+        return peak
 
     def log_engine_initialized(self) -> None:
         pass

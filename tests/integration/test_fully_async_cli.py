@@ -73,11 +73,20 @@ def test_dynamic_sampling_and_lora_adapter_sync_stream_too(model, tmp_path):
     assert all(r["data/samples"] == 4 * r["dapo/kept_groups"] for r in trained)
     assert all(r["async/staleness_max"] <= 1.0 for r in trained)
 
+    # (and async.max_inflight=auto steering the groups in flight)
     rows = run(model, tmp_path / "lora", 3, *ASYNC, "model.lora.rank=4",
-               "rollout.lora_sync=adapter", "trainer.lr=2e-3")  # fmt: skip
+               "rollout.lora_sync=adapter", "trainer.lr=2e-3", "async.max_inflight=auto")  # fmt: skip
     trained = [r for r in rows if r["step"] > 0]
     assert max(r["async/staleness_mean"] for r in trained) > 0.0
     assert max(r.get("actor/grad_norm", 0.0) for r in trained) > 0
+    for r in trained:  # the engine's pressure, as the limit reads it
+        assert 0.0 < r["rollout/kv_cache_usage_peak"] <= 1.0
+        assert r["rollout/preemptions"] >= 0.0
+        # starts at 2 x 4 groups, which staleness 1 also caps: only pressure trims it
+        pressure = r["rollout/preemptions"] + r["async/dropped_stale"]
+        assert (
+            r["async/max_inflight"] == 8.0 if not pressure else 1.0 <= r["async/max_inflight"] < 8.0
+        )
 
 
 def test_a_killed_replica_is_replaced_and_a_sigint_checkpoints(model, tmp_path):
