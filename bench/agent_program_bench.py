@@ -1,16 +1,31 @@
-"""The built-in agent task two ways: rlpost's episode loop, and an OpenAI-client agent
-program through the chat endpoint (``agent.program``), side by side.
+"""The built-in agent task by every route an agent reaches the policy: rlpost's own
+episode loop, and agent programs through the endpoint's Chat Completions,
+Anthropic Messages and OpenAI Responses routes, and the built-in loop with its
+tool served by an MCP server, side by side.
 
-    python bench/agent_program_bench.py            # 60 steps each, seed 0
-    python bench/agent_program_bench.py --steps 5  # a smoke run
+    python bench/agent_program_bench.py                 # every route, 60 steps, seed 0
+    python bench/agent_program_bench.py --steps 30      # the overhead ratios in half the time
+    python bench/agent_program_bench.py --routes native messages --steps 5   # a smoke run
 
-Both runs are ``python -m rlpost.main algo=grpo agent=calculator`` with the same
-seed, data, model and steps; the second adds
-``agent.program=examples/agents/openai_calculator.py:run``. They share one model
-cache, warmed before the first run, so neither pays for the warm-up. Reported
-per run: held-out greedy accuracy at step 0 and after the last step, the run's
-wall time, the mean step time and generation time over steps 2..N, and the
-largest trainer-vs-rollout log-prob difference (``rollout/logprob_abs_diff_max``).
+Every run is ``python -m rlpost.main algo=grpo agent=calculator`` with the same
+seed, data, model and steps; the routes add:
+
+- ``native``: nothing (rlpost's episode loop, the built-in multiply tool);
+- ``chat``: ``agent.program=examples/agents/openai_calculator.py:run`` (the
+  ``openai`` client, ``/v1/chat/completions``);
+- ``messages``: ``agent.program=examples/agents/anthropic_calculator.py:run`` (the
+  ``anthropic`` client, ``/v1/messages``);
+- ``responses``: ``agent.program=examples/agents/openai_agents_calculator.py:run``
+  (the OpenAI Agents SDK, its default ``OpenAIResponsesModel``: ``/v1/responses``);
+- ``mcp``: ``agent.tools=[mcp:examples/agents/mcp_multiply_server.py]
+  agent.mcp_sessions=run`` (the tool served over MCP stdio, one session per
+  batch of episodes).
+
+They share one model cache, warmed before the first run, so none pays for the
+warm-up. Reported per run: held-out greedy accuracy at step 0 and after the last
+step, the run's wall time, the mean step time and generation time over steps
+2..N and their ratio to ``native``'s (the route's overhead), and the largest
+trainer-vs-rollout log-prob difference (``rollout/logprob_abs_diff_max``).
 
 Writes bench/results/agent_program.md and bench/results/agent_program.json; the
 runs stay in bench/.runs/agent-program-<time>/.
@@ -30,7 +45,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from timed_cli import timed_cli  # noqa: E402
 
-PROGRAM = "agent.program=examples/agents/openai_calculator.py:run"
+ROUTES = {
+    "native": [],
+    "chat": ["agent.program=examples/agents/openai_calculator.py:run"],
+    "messages": ["agent.program=examples/agents/anthropic_calculator.py:run"],
+    "responses": ["agent.program=examples/agents/openai_agents_calculator.py:run"],
+    "mcp": ["agent.tools=[mcp:examples/agents/mcp_multiply_server.py]", "agent.mcp_sessions=run"],
+}
+CLIENTS = ("openai", "anthropic", "openai-agents", "mcp")
 
 
 def run(name: str, extra: list[str], steps: int, out: Path, cache: Path) -> dict:
@@ -57,42 +79,51 @@ def run(name: str, extra: list[str], steps: int, out: Path, cache: Path) -> dict
 
 
 def main() -> None:
+    import importlib.metadata
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--routes", nargs="*", default=list(ROUTES), choices=list(ROUTES))
     parser.add_argument("--cache", type=Path, help="a model cache to reuse (default: a new one)")
     args = parser.parse_args()
     out = ROOT / "bench" / ".runs" / f"agent-program-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True)
     cache = args.cache or out / "model-cache"
     run("warmup", ["trainer.total_steps=1"], 1, out, cache)  # fills the cache (or finds it)
-    rows = [run("native loop", [], args.steps, out, cache)]
-    rows.append(run("agent.program (OpenAI client)", [PROGRAM], args.steps, out, cache))
+    rows = [run(route, ROUTES[route], args.steps, out, cache) for route in args.routes]
+    native = next((r for r in rows if r["run"] == "native"), None)
+    versions = {c: importlib.metadata.version(c) for c in CLIENTS}
     lines = [
-        f"agent=calculator, {args.steps} steps of 16 prompts x 8 episodes, seed 0, warm model cache",
+        f"agent=calculator, {args.steps} steps of 16 prompts x 8 episodes, seed 0, warm model "
+        "cache; clients " + ", ".join(f"{k} {v}" for k, v in versions.items()),
         "",
-        "| run | held-out acc. step 0 | after | wall time | step s | generate s | logprob diff max |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| route | held-out acc. step 0 | after | wall time | step s | vs native | generate s "
+        "| logprob diff max | prefix breaks |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
+        r["step_ratio"] = r["step_s"] / native["step_s"] if native else None
+        ratio = f"{r['step_ratio']:.2f}x" if r["step_ratio"] is not None else ""
         lines.append(
             f"| {r['run']} | {r['accuracy_start']:.3f} | {r['accuracy_end']:.3f} | "
-            f"{r['wall_s'] / 60:.1f} min | {r['step_s']:.2f} | {r['generate_s']:.2f} | "
-            f"{r['logprob_abs_diff_max']:.1e} |"
+            f"{r['wall_s'] / 60:.1f} min | {r['step_s']:.2f} | {ratio} | {r['generate_s']:.2f} | "
+            f"{r['logprob_abs_diff_max']:.1e} | {r['prefix_breaks']:.0f} |"
         )
-    native, program = rows
-    lines += [
-        "",
-        f"agent.program's step time / the native loop's: {program['step_s'] / native['step_s']:.2f}x",
-    ]
     table = "\n".join(lines)
     print(table)
-    if args.steps >= 60:
-        RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "agent_program.md").write_text(
-            "# The built-in agent task: native loop vs an OpenAI-client agent program\n\n"
-            "`python bench/agent_program_bench.py`\n\n" + table + "\n"
-        )
-        (RESULTS / "agent_program.json").write_text(json.dumps({"runs": rows}, indent=2) + "\n")
+    RESULTS.mkdir(exist_ok=True)
+    command = (
+        "python bench/agent_program_bench.py"
+        + (f" --steps {args.steps}" if args.steps != 60 else "")
+        + (f" --routes {' '.join(args.routes)}" if args.routes != list(ROUTES) else "")
+    )
+    (RESULTS / "agent_program.md").write_text(
+        "# The built-in agent task by every route: native loop, endpoint routes, MCP\n\n"
+        f"`{command}`\n\n" + table + "\n"
+    )
+    (RESULTS / "agent_program.json").write_text(
+        json.dumps({"steps": args.steps, "clients": versions, "runs": rows}, indent=2) + "\n"
+    )
     print(f"runs in {out}")
 
 

@@ -32,13 +32,12 @@ from rlpost.models.warmup import SHIPPED_DIR, warmup_key
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "TQDM_DISABLE": "1"}
-# The built-in models come from the usual cache (~/.cache/rlpost, or
-# $RLPOST_BOARD_TEST_CACHE): the arith one cut to a few SFT steps (the board needs
-# runs, not a good policy; a warm-up of its own, keyed apart from the real one). The
-# calc run must call its tool: it starts from the calc base rlpost ships (data.val_size
-# below would key a warm-up of its own).
+# Both runs start from the bases rlpost ships (model.path: no warm-up; data.val_size
+# below would otherwise key a warm-up of its own). The calc run must call its tool.
+# Launched runs take their model from the usual cache (~/.cache/rlpost, or
+# $RLPOST_BOARD_TEST_CACHE).
 CACHE = os.environ.get("RLPOST_BOARD_TEST_CACHE")
-ARITH = ["model.warmup.steps=10"]
+ARITH = [f"model.path={SHIPPED_DIR / warmup_key(compose([]))}"]
 CALC = ["agent=calculator", f"model.path={SHIPPED_DIR / warmup_key(compose(['agent=calculator']))}"]
 SMALL = [
     *([f"model.cache_dir={CACHE}"] if CACHE else []), "data.prompts_per_step=4", "rollout.n=4", "data.val_size=16", "trainer.val_every=1",
@@ -212,6 +211,28 @@ def test_a_multi_turn_sample_renders_its_tool_call_and_result(browser, board, ru
     # Filters: a bound above every reward leaves nothing.
     browser.get(board + "/samples?run=agent&kind=step&step=1&min=2")
     assert _none(browser, ".sample")
+
+
+def test_the_timeline_draws_a_step_of_the_run_with_its_critical_path(browser, board, runs):
+    from selenium.webdriver.common.by import By
+
+    from rlpost.loop.trace_file import critical_path, read_trace, step_spans
+
+    browser.get(board + "/run?run=grpo")
+    browser.find_element(By.LINK_TEXT, "timeline").click()
+    assert _wait(lambda: "step <b>3</b>" in browser.page_source)  # the newest step
+    browser.get(board + "/timeline?run=grpo&step=2")
+    outer, spans = step_spans(read_trace(runs / "grpo" / "trace.json"), 2)
+    path = critical_path(outer, spans)
+    drawn = browser.find_elements(By.CSS_SELECTOR, "svg.timeline rect.span")
+    assert len(drawn) == len(spans) + 1  # every span of the step, and the step
+    outlined = [r for r in drawn if r.get_attribute("stroke") == "#000"]
+    assert [r.get_attribute("data-name") for r in outlined] == [e["name"] for e in path]
+    table = [r.text.split() for r in browser.find_elements(By.CSS_SELECTOR, "table.path tbody tr")]
+    assert [e["name"] for e in path] == [
+        next(w for w in row if w in {e["name"] for e in path}) for row in table
+    ]
+    assert outlined[0].get_attribute("data-name") == "take_rollouts"
 
 
 def test_model_output_cannot_inject_html(browser, board):

@@ -17,6 +17,7 @@ def _controller(overrides: list[str], logged: list[tuple[int, dict]]) -> Control
     c.best = None  # trainer.save_best is off
     c.source = None  # no RL steps
     c.version = 0
+    c.stream = SimpleNamespace(curriculum=None)  # data.curriculum=none
     c.timeline = SimpleNamespace(collect=lambda: {})  # trainer.trace: nothing to gather
     c.tracker = SimpleNamespace(log=lambda step, m: logged.append((step, dict(m))))
     c.recovery = SimpleNamespace(

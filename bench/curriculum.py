@@ -1,0 +1,147 @@
+"""``data.curriculum=pool`` against uniform sampling, on a task mixing easy,
+learnable and impossible prompts.
+
+    python bench/curriculum.py                    # pool vs none, seeds 0 and 1, 30 steps
+    python bench/curriculum.py --steps 6 --seeds 0   # a smoke run
+
+The task is the built-in addition, as data files: 64 easy prompts (both
+operands under 10: the shipped base solves them every time), 64 learnable ones
+(operands 10..99) and 64 impossible ones (operands 10..99, an answer one more
+than the sum: no completion is ever right), shuffled together; held out, 200
+learnable pairs the training set does not hold. Every run is the real CLI from
+the arithmetic base rlpost ships (``model.path``: no warm-up), 16 prompts x 8
+samples a step, validated every 5 steps. A third of uniform sampling's groups
+are all right and a third all wrong, so their advantage is zero: they cost
+generation and teach nothing, which the pool stops once it has seen each such
+prompt's last two groups agree.
+
+Measured per seed: uniform's held-out accuracy after the last step is the
+target; the samples each run generated until its first validation at or above
+it (``samples_ratio_uniform_over_pool``: uniform's over the pool's; more than 1
+is the pool reaching the same accuracy with fewer samples). A pool that never
+reaches it is reported as such, with ratio 0.
+
+Writes bench/results/curriculum.json and curriculum.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.timed_cli import ROOT, timed_cli  # noqa: E402
+
+VAL_EVERY = 5
+
+
+def write_data(out: Path) -> tuple[Path, Path]:
+    from rlpost.data.tasks.arith import make_row
+
+    rng = random.Random(0)
+    hard = [(a, b) for a in range(10, 100) for b in range(10, 100)]
+    rng.shuffle(hard)
+    val, learnable, impossible = hard[:200], hard[200:264], hard[264:328]
+    easy = rng.sample([(a, b) for a in range(10) for b in range(10)], 64)
+    rows = [make_row(a, b) for a, b in easy + learnable]
+    rows += [{**make_row(a, b), "answer": str(a + b + 1)} for a, b in impossible]
+    rng.shuffle(rows)
+    train, held = out / "mixed_train.jsonl", out / "mixed_val.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    held.write_text("".join(json.dumps(make_row(a, b)) + "\n" for a, b in val))
+    return train, held
+
+
+def run(mode: str, seed: int, steps: int, out: Path, data: tuple[Path, Path]) -> dict:
+    from rlpost.config.compose import compose
+    from rlpost.models.warmup import SHIPPED_DIR, warmup_key
+
+    name = f"{mode}-seed{seed}"
+    run_dir = out / name
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    base = SHIPPED_DIR / warmup_key(compose([]))
+    args = ["algo=grpo", f"model.path={base}", "data=files", f"data.train_files=[{data[0]}]",
+            f"data.val_files=[{data[1]}]", "data.val_size=200", "data.prompts_per_step=16",
+            "rollout.n=8", f"data.curriculum={mode}", f"trainer.total_steps={steps}",
+            f"trainer.val_every={VAL_EVERY}", "trainer.save_every=0", "trainer.save_final=false",
+            "trainer.trace=off", f"trainer.seed={seed}", f"trainer.run_dir={run_dir}"]  # fmt: skip
+    wall = timed_cli(args, out, name)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    generated, curve = 0.0, []
+    for r in rows:
+        generated += r.get("data/samples", 0.0)
+        if "val/accuracy" in r:
+            curve.append((r["step"], generated, r["val/accuracy"]))
+    last = rows[-1]
+    result = {"mode": mode, "seed": seed, "wall_s": wall, "curve": curve,
+              "skipped": last.get("data/curriculum_skipped", 0.0),
+              "settled_rows": last.get("data/curriculum_settled_rows", 0.0)}  # fmt: skip
+    print(f"{name}: " + ", ".join(f"{s}:{a:.3f}" for s, _, a in curve), flush=True)
+    return result
+
+
+def samples_to(curve: list[tuple[int, float, float]], target: float) -> float | None:
+    return next((samples for _, samples, acc in curve if acc >= target - 1e-9), None)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
+    args = p.parse_args()
+    out = ROOT / "bench" / ".runs" / "curriculum"
+    out.mkdir(parents=True, exist_ok=True)
+    data = write_data(out)
+    per_seed = []
+    for seed in args.seeds:
+        uniform, pool = (run(mode, seed, args.steps, out, data) for mode in ("none", "pool"))
+        target = uniform["curve"][-1][2]
+        u, q = samples_to(uniform["curve"], target), samples_to(pool["curve"], target)
+        ratio = (u / q) if (u and q) else 0.0
+        per_seed.append({"seed": seed, "target_accuracy": target, "uniform_samples": u,
+                         "pool_samples": q, "samples_ratio_uniform_over_pool": ratio,
+                         "runs": [uniform, pool]})  # fmt: skip
+    lines = [
+        f"# data.curriculum=pool against uniform sampling (easy + learnable + impossible "
+        f"prompts, {args.steps} steps)",
+        "",
+        f"`python bench/curriculum.py --steps {args.steps} --seeds {' '.join(map(str, args.seeds))}`",
+        "",
+        "| seed | uniform: held-out by step | pool: held-out by step | target | samples to it: uniform / pool | ratio | pool skipped |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in per_seed:
+        uni, pool = s["runs"]
+        curve = lambda r: ", ".join(f"{st}: {a:.3f}" for st, _, a in r["curve"])  # noqa: E731
+        q = f"{s['pool_samples']:.0f}" if s["pool_samples"] else "not reached"
+        lines.append(
+            f"| {s['seed']} | {curve(uni)} | {curve(pool)} | {s['target_accuracy']:.3f} | "
+            f"{s['uniform_samples']:.0f} / {q} | {s['samples_ratio_uniform_over_pool']:.2f}x | "
+            f"{pool['skipped']:.0f} |"
+        )
+    text = "\n".join(lines) + "\n"
+    print(text)
+    results = ROOT / "bench" / "results"
+    (results / "curriculum.json").write_text(
+        json.dumps(
+            {
+                "steps": args.steps,
+                "seeds": per_seed,
+                "samples_ratio_uniform_over_pool": [
+                    s["samples_ratio_uniform_over_pool"] for s in per_seed
+                ],
+            },
+            indent=1,
+        )
+        + "\n"  # fmt: skip
+    )
+    (results / "curriculum.md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()
