@@ -47,3 +47,6 @@ class EngineConfig:
     trainable: bool = True  # False: a frozen reference policy (no optimizer state)
     micro_batch_tokens: int = 0  # > 0: micro-batches by token budget, not micro_batch_size
     packing: bool = False  # one unpadded row per micro-batch, positions restart per sample
+    # off, on or auto: samples of a micro-batch with a common prefix run it once
+    # (trainers/prefix_sharing.py); auto where it saves a fifth of the tokens
+    prefix_sharing: str = "off"

@@ -230,6 +230,17 @@ def trainer_checks(cfg: Config) -> list[str]:
     if cfg.trainer.name == "megatron":
         problems.extend(megatron_checks(cfg))
     problems.extend(ulysses_checks(cfg))
+    if cfg.trainer.prefix_sharing == "on" and cfg.trainer.name != "fsdp":
+        problems.append(
+            f"trainer.prefix_sharing=on with trainer={cfg.trainer.name}: prefix sharing is the "
+            "fsdp trainer's; set trainer.prefix_sharing=off (auto runs unshared there)"
+        )
+    if cfg.trainer.prefix_sharing == "on" and cfg.trainer.ulysses > 1:
+        problems.append(
+            f"trainer.prefix_sharing=on with trainer.ulysses={cfg.trainer.ulysses}: a "
+            "sequence-parallel rank holds a slice of each sample, not whole prefixes; set "
+            "trainer.prefix_sharing=off or auto"
+        )
     if len(cfg.trainer.betas) != 2:
         problems.append(f"trainer.betas={cfg.trainer.betas}: expected two numbers")
     samples = cfg.data.prompts_per_step * cfg.rollout.n

@@ -340,6 +340,10 @@ class TrainerConfig:
     packing: bool = spec(
         False, help="pack each micro-batch into one row without padding (same result)"
     )
+    prefix_sharing: Literal["off", "on", "auto"] = spec(
+        "off",
+        help="fsdp: the samples of a micro-batch that begin alike (a prompt's rollout.n samples, an agent episode's segments) run their common prefix once, through an attention mask (same result; docs/prefix-sharing.md). auto: where it saves a fifth of the micro-batch's tokens and the model's attention allows it; on: always, an error where it cannot",
+    )
     mixed_precision: Literal["none", "bf16"] = spec(
         "none",
         help="bf16 compute with fp32 master weights and reductions (GPUs; CPUs with bf16 instructions, e.g. avx512_bf16 or AMX, train ~2.5x faster)",

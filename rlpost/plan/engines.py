@@ -194,6 +194,7 @@ def trainer_engine_config(
         param_offload=m.param_offload,
         optimizer_offload=m.optimizer_offload,
         packing=t.packing and kind == "policy",
+        prefix_sharing=t.prefix_sharing,
         freeze_vision=m.freeze_vision,
         mixed_precision=t.mixed_precision,
         ulysses=t.ulysses,

@@ -22,6 +22,7 @@ from rlpost.trainers.fsdp.state import FSDPState
 from rlpost.trainers.fsdp.ulysses import ATTENTION as ULYSSES_ATTENTION
 from rlpost.trainers.fsdp.ulysses import SequenceParallel
 from rlpost.trainers.micro_batching import micro_batches
+from rlpost.trainers.prefix_sharing import PrefixSharing, padded_rows
 
 
 class ValueModel(torch.nn.Module):
@@ -68,6 +69,7 @@ class CriticEngine(CriticUpdates):
         if cfg.ulysses > 1:
             self.sp = SequenceParallel(cfg.ulysses, rank, world_size)
             body.set_attn_implementation(ULYSSES_ATTENTION)
+        self._sharing = PrefixSharing(cfg.prefix_sharing, body.config, self.sp is not None)
         model = ValueModel(body, body.config.hidden_size).to(self.device)
         shard(model, body.layers, offload=cfg.param_offload, mixed_precision=cfg.mixed_precision)
         self.model = model
@@ -86,8 +88,15 @@ class CriticEngine(CriticUpdates):
         """V (b, t): ``values_bt[:, t]`` is V(state before token t), read from the
         hidden state at position t-1, so each response token's state sits under its mask.
         Under ``trainer.ulysses`` each rank runs its slice of the tokens, and the
-        slices' values are gathered."""
-        if self.sp is None:
+        slices' values are gathered. A shared prefix (``prefix_sharing``) runs once
+        for the samples that begin with it."""
+        shared = self._sharing.row(mb)
+        if shared is not None:
+            dtype = next(self.model.parameters()).dtype
+            v_1S = self.model(**self._sharing.inputs(shared, dtype, self.device))
+            v_T = v_1S[0].index_select(0, shared.index_T.to(self.device))
+            v_bt = padded_rows(v_T, shared.lengths, mb.input_ids_bt.shape[1])
+        elif self.sp is None:
             ids, mask = mb.input_ids_bt.to(self.device), mb.attention_mask_bt.to(self.device)
             v_bt = self.model(ids, mask)
         else:

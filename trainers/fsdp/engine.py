@@ -61,6 +61,7 @@ from rlpost.trainers.logprobs import token_logprobs as token_logprobs  # re-expo
 from rlpost.trainers.micro_batching import micro_batches, pack, unpack
 from rlpost.trainers.objectives import RegularizerConfig as RegularizerConfig  # re-exported
 from rlpost.trainers.policy import PolicyUpdates
+from rlpost.trainers.prefix_sharing import PrefixSharing, SharedRow
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,8 @@ class FSDPEngineConfig(EngineConfig):
             )
         if self.mixed_precision not in ("none", "bf16"):
             raise ValueError(f"mixed_precision={self.mixed_precision!r}: expected none or bf16")
+        if self.prefix_sharing not in ("off", "on", "auto"):
+            raise ValueError(f"prefix_sharing={self.prefix_sharing!r}: expected off, on or auto")
         if self.mixed_precision == "bf16" and self.dtype != "float32":
             raise ValueError(
                 "mixed_precision=bf16 keeps fp32 master weights: load the model with dtype=float32"
@@ -129,6 +132,7 @@ class FSDPEngine(PolicyUpdates):
         base = model if unwrap is None else unwrap()
         self._forward_args = set(inspect.signature(base.forward).parameters)
         self._never_sample = placeholder_token_ids(model.config)
+        self._sharing = PrefixSharing(cfg.prefix_sharing, base.config, self.sp is not None)
         # the output layer whose logits the log-probs compute a chunk at a time
         # (``hidden_token_stats``), or None where the model's logits are taken whole
         self._head = self._fusable_head()
@@ -153,9 +157,9 @@ class FSDPEngine(PolicyUpdates):
 
     # -- forward passes -------------------------------------------------------
     def _packed(self, mb: TrajectoryBatch) -> bool:
-        """Whether ``mb`` runs as one packed row: ``cfg.packing``, and no images
-        (a VL micro-batch keeps its padded rows)."""
-        return self.cfg.packing and mb.mm_inputs_b is None
+        """Whether ``mb``'s outputs come in the packed layout: ``cfg.packing`` or a
+        shared prefix, and no images (a VL micro-batch keeps its padded rows)."""
+        return mb.mm_inputs_b is None and (self.cfg.packing or self._sharing.row(mb) is not None)
 
     def _output(self, mb: TrajectoryBatch) -> torch.Tensor:
         """The logits of ``mb``: (b, t, v), or (1, T, v) when packed (one forward pass
@@ -170,6 +174,9 @@ class FSDPEngine(PolicyUpdates):
                     position_ids=pos_bl.to(self.device),
                     use_cache=False,
                 ).logits
+        shared = self._sharing.row(mb)
+        if shared is not None:
+            return self._shared_output(mb, shared)
         if not self._packed(mb):
             if not self._fused(mb):
                 return self._logits(mb)
@@ -180,6 +187,15 @@ class FSDPEngine(PolicyUpdates):
         ids_1T, pos_1T = ids_1T.to(self.device), pos_1T.to(self.device)
         with self._hidden_out() if self._fused(mb) else nullcontext():
             return self.model(input_ids=ids_1T, position_ids=pos_1T, use_cache=False).logits
+
+    def _shared_output(self, mb: TrajectoryBatch, shared: SharedRow) -> torch.Tensor:
+        """``_output``'s packed (1, T, ...) from one forward pass over the shared row:
+        each token's output gathered from its place there."""
+        dtype = next(self.model.parameters()).dtype
+        with self._hidden_out() if self._fused(mb) else nullcontext():
+            out = self.model(**self._sharing.inputs(shared, dtype, self.device), use_cache=False)
+            out = out.logits
+        return out.index_select(1, shared.index_T.to(self.device))
 
     # -- the output layer folded into the log-probs ----------------------------
     def _fusable_head(self) -> torch.nn.Linear | None:
