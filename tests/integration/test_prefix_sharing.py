@@ -68,26 +68,51 @@ def grouped_batch(seed: int = 0) -> TrajectoryBatch:
     )
 
 
-def test_the_shared_row_holds_each_prefix_once():
-    # rows [1 2 3 4 5 6], [1 2 3 4 7], [1 2 3 4 5 6 8 9] share [1 2 3 4] and the third
-    # continues the first; [9 9] has nothing in common with them
+def test_samples_that_begin_alike_run_as_one_tree():
+    # rows [1 2 3 4 5 6], [1 2 3 4 7], [1 2 3 4 5 6 8 9]: each shares at least half of
+    # itself with the row before, so one tree: [1 2 3 4] once, the third continuing
+    # the first. [9 9] shares nothing: a tree of its own, padded to the first's width.
     ids = pad_sequences([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 7], [1, 2, 3, 4, 5, 6, 8, 9], [9, 9]], 0)
-    row = share_prefixes(ids, [6, 5, 8, 2])
-    assert row.ids_1S.tolist() == [[1, 2, 3, 4, 5, 6, 7, 8, 9, 9, 9]]
-    assert row.pos_1S.tolist() == [[0, 1, 2, 3, 4, 5, 4, 6, 7, 0, 1]]
-    # each packed token (the rows one after the other) and where it sits in the shared row
-    assert row.index_T.tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 6, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10]
-    assert row.saved == pytest.approx(1 - 11 / 21)
-    allowed = row.allowed_SS
-    # the third row's last token sees its own row (shared places 0-5, 7, 8), not the
-    # second row's 7 (place 6) nor the last row
-    assert allowed[8].nonzero().flatten().tolist() == [0, 1, 2, 3, 4, 5, 7, 8]
-    assert allowed[6].nonzero().flatten().tolist() == [0, 1, 2, 3, 6]
-    assert allowed[3].nonzero().flatten().tolist() == [0, 1, 2, 3]  # the prefix: causal
-    assert allowed[10].nonzero().flatten().tolist() == [9, 10]  # the lone row: its own
-    # two prompts that begin alike share that beginning, however short
-    two = share_prefixes(pad_sequences([[1, 2, 3, 5], [1, 2, 3, 6]], 0), [4, 4])
-    assert two.ids_1S.tolist() == [[1, 2, 3, 5, 6]] and two.saved == pytest.approx(3 / 8)
+    trees = share_prefixes(ids, [6, 5, 8, 2])
+    assert trees.ids_RL.tolist() == [[1, 2, 3, 4, 5, 6, 7, 8, 9], [9, 9, 0, 0, 0, 0, 0, 0, 0]]
+    assert trees.pos_RL.tolist() == [[0, 1, 2, 3, 4, 5, 4, 6, 7], [0, 1, 0, 0, 0, 0, 0, 0, 0]]
+    # each packed token (the rows one after the other) and its place: tree x 9 + node
+    assert trees.index_T.tolist() == [
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+        0,
+        1,
+        2,
+        3,
+        6,
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+        7,
+        8,
+        9,
+        10,
+    ]
+    assert trees.tree_tokens == 11 and trees.saved == pytest.approx(1 - 11 / 21)
+    assert trees.size == 18  # what the forward runs, padding included
+    allowed = trees.allowed_RLL
+    # the third row's last token sees its own row (nodes 0-5, 7, 8), not the second
+    # row's 7 (node 6)
+    assert allowed[0, 8].nonzero().flatten().tolist() == [0, 1, 2, 3, 4, 5, 7, 8]
+    assert allowed[0, 6].nonzero().flatten().tolist() == [0, 1, 2, 3, 6]
+    assert allowed[0, 3].nonzero().flatten().tolist() == [0, 1, 2, 3]  # the prefix: causal
+    assert allowed[1, 1].nonzero().flatten().tolist() == [0, 1]  # the lone row: its own
+    assert allowed[1, 5].nonzero().flatten().tolist() == [5]  # padding: itself
+    # rows that share less than half of themselves are trees of their own
+    two = share_prefixes(pad_sequences([[1, 2, 3, 5, 6, 7, 8], [1, 2, 3, 6, 6, 7, 8]], 0), [7, 7])
+    assert two.ids_RL.shape == (2, 7) and two.saved == 0.0
 
 
 def test_the_test_batch_shares_most_of_its_tokens():
@@ -172,3 +197,59 @@ def test_the_critic_shares_prefixes_with_the_same_values_and_gradients(results):
         torch.testing.assert_close(got["grads"][name], g, rtol=1e-5, atol=1e-6, msg=name)
     assert got["m"]["critic/vf_loss"] == pytest.approx(ref["m"]["critic/vf_loss"], rel=1e-5)
     assert got["run"] > 0 and ref["run"] == 0
+
+
+RL_PRESETS = [
+    "grpo",
+    "dapo",
+    "dr_grpo",
+    "gspo",
+    "cispo",
+    "sapo",
+    "reinforce_pp",
+    "rloo",
+    "gdpo",
+    "ppo",
+]
+
+
+def _presets_worker(rank: int, model_dir: str, port: int, out: str) -> None:
+    """Each RL preset's policy loss and regularisers, one update (at lr 0, so both
+    engines keep the weights they share) by a padded and a prefix-shared engine."""
+    from rlpost.config.compose import compose
+    from rlpost.plan.algo import algo_settings
+
+    plain = engine(model_dir, rank, 1, port, lr=0.0, micro_batch_size=16)
+    shared = engine(model_dir, rank, 1, port, lr=0.0, micro_batch_size=16, prefix_sharing="on")
+    results = {}
+    for name in RL_PRESETS:
+        settings = algo_settings(compose([f"algo={name}"]))
+        got = {}
+        for label, eng in (("plain", plain), ("shared", shared)):
+            batch = grouped_batch(seed=1)
+            batch.advantages_bt = advantages(batch)
+            batch.old_logp_bt = eng.logprobs(batch) - 0.05 * batch.response_mask_bt  # ratios != 1
+            m = eng.update_policy(batch, settings.loss, reg=settings.reg)
+            got[label] = {"m": m, "grads": full_grads(eng.model)}
+        results[name] = got
+    torch.save(results, out)
+
+
+def test_every_rl_preset_updates_alike_with_shared_prefixes(tmp_path):
+    model_dir = str(build_tiny_model("micro", tmp_path / "m", 0, init_std=0.3))
+    out = tmp_path / "presets.pt"
+    spawn(_presets_worker, (model_dir, free_port(), str(out)))
+    results = torch.load(out, weights_only=False)
+    assert set(results) == set(RL_PRESETS)
+    for name, got in results.items():
+        plain, shared = got["plain"], got["shared"]
+        assert plain["m"]["actor/grad_norm"] > 1e-3 and plain["grads"], name
+        for key in ("actor/loss", "actor/grad_norm"):
+            assert shared["m"][key] == pytest.approx(plain["m"][key], rel=1e-5, abs=1e-7), (
+                name,
+                key,
+            )
+        for param, g in plain["grads"].items():
+            torch.testing.assert_close(
+                shared["grads"][param], g, rtol=1e-5, atol=1e-6, msg=f"{name} {param}"
+            )

@@ -69,7 +69,7 @@ class CriticEngine(CriticUpdates):
         if cfg.ulysses > 1:
             self.sp = SequenceParallel(cfg.ulysses, rank, world_size)
             body.set_attn_implementation(ULYSSES_ATTENTION)
-        self._sharing = PrefixSharing(cfg.prefix_sharing, body.config, self.sp is not None)
+        self._sharing = PrefixSharing(cfg.prefix_sharing, body.config, self.sp is not None, False)
         model = ValueModel(body, body.config.hidden_size).to(self.device)
         shard(model, body.layers, offload=cfg.param_offload, mixed_precision=cfg.mixed_precision)
         self.model = model
@@ -90,11 +90,10 @@ class CriticEngine(CriticUpdates):
         Under ``trainer.ulysses`` each rank runs its slice of the tokens, and the
         slices' values are gathered. A shared prefix (``prefix_sharing``) runs once
         for the samples that begin with it."""
-        shared = self._sharing.row(mb)
+        shared = self._sharing.rows(mb)
         if shared is not None:
             dtype = next(self.model.parameters()).dtype
-            v_1S = self.model(**self._sharing.inputs(shared, dtype, self.device))
-            v_T = v_1S[0].index_select(0, shared.index_T.to(self.device))
+            v_T = shared.gather(self.model(**self._sharing.inputs(shared, dtype, self.device)))[0]
             v_bt = padded_rows(v_T, shared.lengths, mb.input_ids_bt.shape[1])
         elif self.sp is None:
             ids, mask = mb.input_ids_bt.to(self.device), mb.attention_mask_bt.to(self.device)

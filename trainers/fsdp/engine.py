@@ -61,7 +61,7 @@ from rlpost.trainers.logprobs import token_logprobs as token_logprobs  # re-expo
 from rlpost.trainers.micro_batching import micro_batches, pack, unpack
 from rlpost.trainers.objectives import RegularizerConfig as RegularizerConfig  # re-exported
 from rlpost.trainers.policy import PolicyUpdates
-from rlpost.trainers.prefix_sharing import PrefixSharing, SharedRow
+from rlpost.trainers.prefix_sharing import PrefixSharing, SharedRows
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,9 @@ class FSDPEngine(PolicyUpdates):
         base = model if unwrap is None else unwrap()
         self._forward_args = set(inspect.signature(base.forward).parameters)
         self._never_sample = placeholder_token_ids(model.config)
-        self._sharing = PrefixSharing(cfg.prefix_sharing, base.config, self.sp is not None)
+        self._sharing = PrefixSharing(
+            cfg.prefix_sharing, base.config, self.sp is not None, cfg.packing
+        )
         # the output layer whose logits the log-probs compute a chunk at a time
         # (``hidden_token_stats``), or None where the model's logits are taken whole
         self._head = self._fusable_head()
@@ -159,7 +161,7 @@ class FSDPEngine(PolicyUpdates):
     def _packed(self, mb: TrajectoryBatch) -> bool:
         """Whether ``mb``'s outputs come in the packed layout: ``cfg.packing`` or a
         shared prefix, and no images (a VL micro-batch keeps its padded rows)."""
-        return mb.mm_inputs_b is None and (self.cfg.packing or self._sharing.row(mb) is not None)
+        return mb.mm_inputs_b is None and (self.cfg.packing or self._sharing.rows(mb) is not None)
 
     def _output(self, mb: TrajectoryBatch) -> torch.Tensor:
         """The logits of ``mb``: (b, t, v), or (1, T, v) when packed (one forward pass
@@ -174,7 +176,7 @@ class FSDPEngine(PolicyUpdates):
                     position_ids=pos_bl.to(self.device),
                     use_cache=False,
                 ).logits
-        shared = self._sharing.row(mb)
+        shared = self._sharing.rows(mb)
         if shared is not None:
             return self._shared_output(mb, shared)
         if not self._packed(mb):
@@ -188,14 +190,13 @@ class FSDPEngine(PolicyUpdates):
         with self._hidden_out() if self._fused(mb) else nullcontext():
             return self.model(input_ids=ids_1T, position_ids=pos_1T, use_cache=False).logits
 
-    def _shared_output(self, mb: TrajectoryBatch, shared: SharedRow) -> torch.Tensor:
-        """``_output``'s packed (1, T, ...) from one forward pass over the shared row:
-        each token's output gathered from its place there."""
+    def _shared_output(self, mb: TrajectoryBatch, trees: SharedRows) -> torch.Tensor:
+        """``_output``'s packed (1, T, ...) from one forward pass over ``mb``'s prefix
+        trees: each token's output gathered from its place in its tree."""
         dtype = next(self.model.parameters()).dtype
         with self._hidden_out() if self._fused(mb) else nullcontext():
-            out = self.model(**self._sharing.inputs(shared, dtype, self.device), use_cache=False)
-            out = out.logits
-        return out.index_select(1, shared.index_T.to(self.device))
+            out = self.model(**self._sharing.inputs(trees, dtype, self.device), use_cache=False)
+        return trees.gather(out.logits)
 
     # -- the output layer folded into the log-probs ----------------------------
     def _fusable_head(self) -> torch.nn.Linear | None:
