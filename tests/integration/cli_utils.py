@@ -77,10 +77,12 @@ def wait_until(done: Callable[[], object], proc: subprocess.Popen, run_dir: Path
 
 def comparable(row: dict) -> dict:
     """A metrics row without what differs between equal runs: timings, the request
-    counters (since each replica started) and the restart counters."""
+    counters (since each replica started), the restart counters and the engines'
+    load (the KV cache's peak use and preemptions follow how requests overlapped)."""
+    load = ("/requests", "restarts", "kv_cache_usage_peak", "preemptions")
     return {
         k: v for k, v in row.items()
-        if not k.startswith(("timing/", "perf/")) and not k.endswith(("/requests", "restarts"))
+        if not k.startswith(("timing/", "perf/")) and not k.endswith(load)
     }  # fmt: skip
 
 
