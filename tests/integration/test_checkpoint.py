@@ -350,14 +350,16 @@ def test_disk_full_through_the_cli_is_a_clear_error_and_the_same_command_resumes
 
 
 def test_truncated_newest_checkpoint_through_the_cli_falls_back_to_the_previous(
-    model_dir, tmp_path
+    micro_model, straight_dir, tmp_path
 ):
+    import shutil
     import time
 
     from cli_utils import comparable, metrics
 
+    # a copy of the session's 4-step run (checkpoints of steps 2 and 4), continued
     run_dir = tmp_path / "run"
-    assert _cli(model_dir, run_dir, 4).returncode == 0  # checkpoints of steps 2 and 4
+    shutil.copytree(straight_dir, run_dir)
     first = metrics(run_dir)
     newest = run_dir / "checkpoints/step_000004/policy/state/__0_0.distcp"
     size = newest.stat().st_size
@@ -365,7 +367,7 @@ def test_truncated_newest_checkpoint_through_the_cli_falls_back_to_the_previous(
         f.truncate(size // 2)
 
     started = time.perf_counter()
-    rerun = _cli(model_dir, run_dir, 5)
+    rerun = _cli(str(micro_model), run_dir, 5)
     rerun_s = time.perf_counter() - started
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     err = rerun.stderr
