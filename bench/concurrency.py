@@ -8,7 +8,8 @@ The workload: ``agent=calculator`` (multi-turn episodes calling a multiply tool
 whose latency is uniform in [0, 2] s), 16 prompts x 4 episodes a step on two
 replicas, ``trainer.async_mode=fully_async`` with ``async.max_staleness=2`` (so
 up to 3 x 16 = 48 groups may be in flight). Every run is the real CLI, seed 0,
-one after another; then the best fixed limit and ``auto`` run again (seed 1
+one after another, from the calculator base rlpost ships (``model.path``: no
+warm-up); then the best fixed limit and ``auto`` run again (seed 1
 for both) for the noise. Measured over steps 3..N (the first steps carry
 one-off costs and ``auto``'s first adjustments are part of what is measured
 from step 3 on): samples/s (samples trained over the steps' seconds), the
@@ -30,10 +31,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.timed_cli import ROOT, timed_cli  # noqa: E402
+from rlpost.config.compose import compose  # noqa: E402
+from rlpost.models.warmup import SHIPPED_DIR, warmup_key  # noqa: E402
 
+# the calculator base rlpost ships (model.path: no warm-up)
+BASE = SHIPPED_DIR / warmup_key(compose(["agent=calculator"]))
 WORKLOAD = [
-    "algo=grpo", "agent=calculator", "agent.tool_latency_s=[0,2]", "rollout.replicas=2",
-    "data.prompts_per_step=16", "rollout.n=4", "data.val_size=100",
+    "algo=grpo", "agent=calculator", f"model.path={BASE}", "agent.tool_latency_s=[0,2]",
+    "rollout.replicas=2", "data.prompts_per_step=16", "rollout.n=4",
     "trainer.async_mode=fully_async", "async.max_staleness=2",
     "trainer.val_every=0", "trainer.save_every=0", "trainer.save_final=false",
     "trainer.trace=off",
