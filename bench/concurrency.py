@@ -109,7 +109,7 @@ def main() -> None:
         f"# async.max_inflight: auto against fixed limits (agent_latency, staleness 2, "
         f"steps 3..{args.steps})",
         "",
-        f"`python bench/concurrency.py --steps {args.steps}`",
+        f"`python bench/concurrency.py --steps {args.steps} --limits {' '.join(args.limits)}`",
         "",
         "| max_inflight | seed | samples/s | trainer waits | preemptions | trimmed | stale drops | limit (first, last) |",
         "|---|---|---|---|---|---|---|---|",
