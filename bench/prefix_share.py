@@ -141,7 +141,7 @@ def measure(
         updates.append(t2 - t1)
     tokens = sum(row_lengths(batch))
     run = eng._sharing.tokens_run
-    shared = run / eng._sharing.tokens_packed if run else 1.0
+    shared = run / eng._sharing.tokens_unshared if run else 1.0
     del eng
     update_s = statistics.median(updates)
     return {

@@ -68,3 +68,11 @@ def unpack(values_1T: torch.Tensor, lengths: list[int], width: int) -> torch.Ten
         row = F.pad(chunk[1:], (1, width - len(chunk)))
         rows.append(row)
     return torch.stack(rows)
+
+
+def padded_rows(values_T: torch.Tensor, lengths: list[int], width: int) -> torch.Tensor:
+    """``unpack`` keeping each row's position 0: per-token values of the packed
+    layout (T,) as right-padded rows (b, width), 0 in padding."""
+    return torch.stack(
+        [F.pad(row, (0, width - len(row))) for row in torch.split(values_T, lengths)]
+    )

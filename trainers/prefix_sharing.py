@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.micro_batching import row_lengths
@@ -145,14 +144,6 @@ def share_prefixes(ids_bt: torch.Tensor, lengths: list[int]) -> SharedRows:
     )
 
 
-def padded_rows(values_T: torch.Tensor, lengths: list[int], width: int) -> torch.Tensor:
-    """Per-token values of the packed layout (T,) as right-padded rows (b, width), 0 in
-    padding, nothing shifted."""
-    return torch.stack(
-        [F.pad(row, (0, width - len(row))) for row in torch.split(values_T, lengths)]
-    )
-
-
 def sliding_window(config: object) -> int | None:
     """The model's sliding attention window, or None where every layer sees every
     earlier token (transformers' ``layer_types``, else ``sliding_window``)."""
@@ -163,33 +154,24 @@ def sliding_window(config: object) -> int | None:
     return window or None
 
 
-def sharing_refusal(implementation: str, sliding_window: int | None) -> str | None:
-    """Why a model cannot run shared rows, or None: its attention must take a custom
-    mask, and it must attend to every earlier token (a sliding window would see
-    other tokens in a tree than in its own sample)."""
-    if implementation not in MASKED_ATTENTION:
-        return (
-            f"its attention implementation is {implementation!r}; prefix sharing needs one "
-            f"that takes a custom mask ({', '.join(MASKED_ATTENTION)})"
-        )
-    if sliding_window:
-        return f"it attends through a sliding window ({sliding_window} tokens)"
-    return None
-
-
 def sharing_mode(mode: str, config: object, sequence_parallel: bool) -> str:
     """What ``prefix_sharing`` ``mode`` (off, on, auto) comes to for a model of
     ``config``: off where the model cannot run shared rows under auto, an error
     naming why under on."""
     if mode == "off":
         return "off"
-    why = (
-        "sequence parallelism gives each rank a slice of every sample"
-        if sequence_parallel
-        else sharing_refusal(
-            getattr(config, "_attn_implementation", "eager"), sliding_window(config)
+    implementation = getattr(config, "_attn_implementation", "eager")
+    window = sliding_window(config)
+    why = None
+    if sequence_parallel:
+        why = "sequence parallelism gives each rank a slice of every sample"
+    elif implementation not in MASKED_ATTENTION:
+        why = (
+            f"its attention implementation is {implementation!r}; prefix sharing needs one "
+            f"that takes a custom mask ({', '.join(MASKED_ATTENTION)})"
         )
-    )
+    elif window:  # a token would see other tokens in a tree than in its own sample
+        why = f"it attends through a sliding window ({window} tokens)"
     if why is None:
         return mode
     if mode == "on":
@@ -210,7 +192,7 @@ class PrefixSharing:
         self.attention = getattr(config, "_attn_implementation", "eager")
         self._last: tuple[TrajectoryBatch, SharedRows | None] | None = None
         self.tokens_run = 0  # tokens of the trees' rows run, against:
-        self.tokens_packed = 0  # what the unshared forward would have run
+        self.tokens_unshared = 0  # what the unshared forward would have run
 
     def rows(self, mb: TrajectoryBatch) -> SharedRows | None:
         """``mb``'s trees where they run (``auto``: where they hold ``AUTO_MIN_SAVED``
@@ -225,7 +207,7 @@ class PrefixSharing:
         chosen = rows if self.mode == "on" or rows.size <= (1 - AUTO_MIN_SAVED) * unshared else None
         if chosen is not None:
             self.tokens_run += chosen.size
-            self.tokens_packed += unshared
+            self.tokens_unshared += unshared
         self._last = (mb, chosen)
         return chosen
 

@@ -127,3 +127,16 @@ def check_stream(specs: list, streamed: list, weights: dict[str, torch.Tensor]) 
     assert sorted(n for n, _ in streamed) == sorted(weights)
     for name, tensor in streamed:
         assert torch.equal(tensor, weights[name]), name
+
+
+def assert_same_update(got: dict, ref: dict, mask_bt: torch.Tensor) -> None:
+    """Two engines' log-probs (on ``mask_bt``), gradients and update metrics agree
+    within float32 rounding, and the reference's step is a real one."""
+    torch.testing.assert_close(got["logp"][mask_bt], ref["logp"][mask_bt], rtol=0, atol=1e-5)
+    assert got["grads"].keys() == ref["grads"].keys() and ref["grads"]
+    for name, g in ref["grads"].items():
+        torch.testing.assert_close(got["grads"][name], g, rtol=1e-5, atol=1e-6, msg=name)
+    for key in ("actor/loss", "actor/entropy", "actor/grad_norm"):
+        assert got["m"][key] == pytest.approx(ref["m"][key], rel=1e-5), key
+    # not vacuous: the step has gradients of a real size
+    assert ref["m"]["actor/grad_norm"] > 1e-3

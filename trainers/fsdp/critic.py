@@ -21,8 +21,8 @@ from rlpost.trainers.fsdp.engine import FSDPEngineConfig
 from rlpost.trainers.fsdp.state import FSDPState
 from rlpost.trainers.fsdp.ulysses import ATTENTION as ULYSSES_ATTENTION
 from rlpost.trainers.fsdp.ulysses import SequenceParallel
-from rlpost.trainers.micro_batching import micro_batches
-from rlpost.trainers.prefix_sharing import PrefixSharing, padded_rows
+from rlpost.trainers.micro_batching import micro_batches, padded_rows
+from rlpost.trainers.prefix_sharing import PrefixSharing
 
 
 class ValueModel(torch.nn.Module):
