@@ -1,5 +1,8 @@
 """The real CLI trains PPO with a Megatron policy, reference and critic at
 tensor parallel 2, on the built-in task, and the policy gets better (fixed seed).
+One of the presets' runs (``-m presets``, 2.5 min): by default the Megatron engines
+are checked against FSDP2 step by step (tests/integration/test_megatron_engine.py)
+and PPO on both through the CLI (tests/integration/test_megatron_resume_cli.py).
 
 The base policy is the one every other e2e test starts from: the warm-up trains
 with its own recipe (one float32 FSDP2 rank, ``rlpost.models.warmup.warmup_config``)
@@ -20,6 +23,7 @@ STEPS = 30
 
 
 @pytest.mark.slow
+@pytest.mark.presets
 def test_ppo_with_megatron_tp2_policy_reference_and_critic_learns(tmp_path, model_cache):
     args = [
         "algo=ppo",

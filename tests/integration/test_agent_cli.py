@@ -214,7 +214,12 @@ LIBRARY_ENVS = {
 }
 
 
-@pytest.mark.parametrize("library", sorted(LIBRARY_ENVS))
+# skyrl_gym in every run; the other two with -m extended
+@pytest.mark.parametrize(
+    "library",
+    [lib if lib == "skyrl_gym" else pytest.param(lib, marks=pytest.mark.extended)
+     for lib in sorted(LIBRARY_ENVS)],
+)  # fmt: skip
 def test_other_libraries_environments_train_unchanged(library, model, tmp_path):
     pytest.importorskip(
         {"trl_style": "json", "skyrl_gym": "skyrl_gym", "textarena": "textarena"}[library]
@@ -258,15 +263,25 @@ def test_other_libraries_environments_train_unchanged(library, model, tmp_path):
         ),
     ],
 )
-def test_bad_agent_specs_are_config_errors_before_ray(override, expected, tmp_path):
+def test_bad_agent_specs_are_config_errors_before_ray(
+    override, expected, tmp_path, monkeypatch, capsys
+):
+    """Through ``rlpost.main.main`` in this process (test_cli_errors.py times the
+    command itself exiting 2)."""
+    import ray
+
+    from rlpost.main import main
+
     train = _jsonl(tmp_path / "t.jsonl", [{"prompt": "x", "secret": 1, "answer": 1.0}])
-    proc = _cli([
+    monkeypatch.chdir(ROOT)
+    code = main([
         *COMMON, f"data.train_files={train}", f"data.val_files={train}", *override.split(),
         f"trainer.run_dir={tmp_path / 'run'}",
-    ], timeout=120)  # fmt: skip
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert expected in proc.stderr, proc.stderr[-2000:]
-    assert "Ray" not in proc.stderr and not (tmp_path / "run").exists()
+    ])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert expected in err, err[-2000:]
+    assert not ray.is_initialized() and not (tmp_path / "run").exists()
 
 
 @pytest.fixture(scope="module")

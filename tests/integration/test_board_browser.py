@@ -267,6 +267,8 @@ def test_an_invalid_launch_shows_every_error_beside_its_field(browser, board):
     assert "2 problem(s)" in browser.find_element(By.CSS_SELECTOR, ".result").text
 
 
+# The stop button's test launches a run through the same form in every run.
+@pytest.mark.extended
 def test_a_valid_launch_trains_to_the_end_and_is_listed(browser, board, runs):
     from selenium.webdriver.common.by import By
 
@@ -306,6 +308,10 @@ def test_the_stop_button_checkpoints_a_launched_run_and_shows_it_stopped(browser
     quick = ["trainer.val_every=0", "trainer.log_samples=0", "trainer.save_every=0",
              "rollout.name=hf", "data.prompts_per_step=2", "rollout.n=2"]  # fmt: skip
     _fill(browser, "extra", "\n".join([*SMALL, *ARITH, *quick]))
+    browser.find_element(By.CSS_SELECTOR, 'button[value="check"]').click()
+    command = browser.find_element(By.CSS_SELECTOR, ".result pre.command").text
+    assert command.startswith("python -m rlpost.main trainer.total_steps=200")
+    assert f"trainer.run_dir={(runs / 'stopped').resolve()}" in command
     browser.find_element(By.CSS_SELECTOR, 'button[value="launch"]').click()
     assert _wait(lambda: "/run?run=stopped" in browser.current_url), browser.page_source[-3000:]
     stopped = runs / "stopped"

@@ -357,6 +357,8 @@ def test_truncated_newest_checkpoint_through_the_cli_falls_back_to_the_previous(
 
     from cli_utils import comparable, metrics
 
+    from rlpost.loop.trace_file import read_trace
+
     # a copy of the session's 4-step run (checkpoints of steps 2 and 4), continued
     run_dir = tmp_path / "run"
     shutil.copytree(straight_dir, run_dir)
@@ -382,5 +384,8 @@ def test_truncated_newest_checkpoint_through_the_cli_falls_back_to_the_previous(
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5]
     for a, b in zip(first[3:5], rows[3:5]):  # steps 3 and 4 redone exactly from step 2
         assert comparable(a) == comparable(b), a["step"]
+    # The timeline holds each step once: steps 3 and 4 of the first run were cut.
+    steps = [e["args"]["step"] for e in read_trace(run_dir / "trace.json") if e["name"] == "step"]
+    assert steps == [1, 2, 3, 4, 5]
     print(f"newest checkpoint (step 4) truncated to {size // 2} of {size} bytes: resume=auto "
           f"warned, fell back to step 2 and redid 2 steps; the rerun took {rerun_s:.1f}s")  # fmt: skip

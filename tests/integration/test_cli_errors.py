@@ -95,22 +95,50 @@ MOE_CONFIG = (
 )
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_bad_input_exits_2_before_ray_starts(case, tmp_path):
+def _case_files(tmp_path: Path) -> Path:
+    """The files the cases name; returns the reward file."""
     reward_py = tmp_path / "reward.py"
     reward_py.write_text(REWARD_PY)
     (tmp_path / "rows.jsonl").write_text(ROWS_JSONL)
     (tmp_path / "keyword.py").write_text(KEYWORD_PY)
     (tmp_path / "moe").mkdir()
     (tmp_path / "moe" / "config.json").write_text(MOE_CONFIG)
-    args, expected = CASES[case]
-    args = [a.format(reward_py=reward_py, tmp=tmp_path) for a in args]
+    return reward_py
+
+
+def _check_error(case: str, code: int, stderr: str) -> None:
+    assert code == 2, stderr[-2000:]
+    error_lines = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert error_lines, stderr[-2000:]
+    for text in CASES[case][1]:
+        assert text in stderr, (text, stderr[-2000:])
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_exits_2_before_ray_starts(case, tmp_path, monkeypatch, capsys):
+    """Every case through ``rlpost.main.main``, in this process (what the command runs,
+    less the interpreter's start-up, which the test below times once)."""
+    import ray
+
+    from rlpost.main import main
+
+    reward_py = _case_files(tmp_path)
+    args = [a.format(reward_py=reward_py, tmp=tmp_path) for a in CASES[case][0]]
+    monkeypatch.chdir(REPO)
+    code = main(
+        [*args, f"trainer.run_dir={tmp_path / 'run'}", f"model.cache_dir={tmp_path / 'cache'}"]
+    )
+    _check_error(case, code, capsys.readouterr().err)
+    assert not ray.is_initialized()
+    assert not (tmp_path / "run").exists()  # nothing written: no config.yaml, no metrics
+
+
+def test_the_command_exits_2_in_seconds_without_a_ray_session(tmp_path):
+    case = "several_problems_at_once"
+    reward_py = _case_files(tmp_path)
+    args = [a.format(reward_py=reward_py, tmp=tmp_path) for a in CASES[case][0]]
     proc, seconds, run_dir = run_cli(args, tmp_path)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    error_lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert error_lines, proc.stderr[-2000:]
-    for text in expected:
-        assert text in proc.stderr, (text, proc.stderr[-2000:])
-    assert "Traceback" not in proc.stderr
+    _check_error(case, proc.returncode, proc.stderr)
     assert seconds < FAST_S, seconds
-    assert not run_dir.exists()  # nothing written: no config.yaml, no metrics
+    assert not run_dir.exists()

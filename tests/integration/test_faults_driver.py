@@ -44,7 +44,11 @@ def _ray_of(pid: int) -> dict:
 
 @pytest.mark.parametrize(
     "sig, group",
-    [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGTERM, True)],
+    [
+        pytest.param(signal.SIGINT, True, marks=pytest.mark.extended),
+        pytest.param(signal.SIGTERM, False, marks=pytest.mark.extended),
+        (signal.SIGTERM, True),
+    ],
     ids=["SIGINT", "SIGTERM", "SIGTERM-to-the-group"],
 )
 def test_signal_checkpoints_and_stops_cleanly(model, tmp_path, sig, group):

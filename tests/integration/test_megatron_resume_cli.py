@@ -1,10 +1,13 @@
 """Exact resume with trainer=megatron through the real CLI: 4 PPO steps in one run
-equal 2 steps, a stop, and 2 more resumed from the checkpoint (fixed seed). The
+equal the same run resumed from its checkpoint of step 2, as a run cut short after
+that checkpoint leaves it (fixed seed). The
 policy and the critic both run on Megatron, each with its Adam state sharded over 2
 data-parallel ranks (the distributed optimizer); no KL penalty, so no reference
 policy (2 x 2 trainer ranks on the test machine's 2 cores)."""
 
 from __future__ import annotations
+
+import shutil
 
 import pytest
 from cli_utils import comparable, run
@@ -26,7 +29,11 @@ ARGS = (
 def test_resumed_megatron_run_matches_uninterrupted_run(tmp_path):
     model = build_tiny_model("micro", tmp_path / "m", seed=0, init_std=0.3)
     straight = run(model, tmp_path / "a", 4, *ARGS)
-    run(model, tmp_path / "b", 2, *ARGS)
+    # What a run killed between its saves of steps 2 and 4 leaves: the checkpoint of
+    # step 2, the rows and the timeline of steps past it, no final model.
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(tmp_path / "b" / "checkpoints" / "step_000004")
+    shutil.rmtree(tmp_path / "b" / "final")
     resumed = run(model, tmp_path / "b", 4, *ARGS)
     assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4]
     assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == [

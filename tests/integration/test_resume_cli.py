@@ -12,6 +12,10 @@ from rlpost.models.tiny import build_tiny_model
 pytest.importorskip("vllm")
 
 
+# A run resumed from its checkpoint of step 2 redoes steps 3 and 4 exactly in every
+# run (test_checkpoint.py's truncated newest checkpoint); this finished-then-extended
+# path with -m extended.
+@pytest.mark.extended
 def test_resumed_run_matches_uninterrupted_run(micro_model, straight_run, tmp_path):
     straight = straight_run
     run(micro_model, tmp_path / "b", 2)

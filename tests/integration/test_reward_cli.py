@@ -50,7 +50,7 @@ def _cli(tmp: Path, model: Path, fn: str, run: str) -> subprocess.CompletedProce
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("fn", ["score", "trl_style"])
+@pytest.mark.parametrize("fn", [pytest.param("score", marks=pytest.mark.extended), "trl_style"])
 def test_keyword_and_trl_style_rewards_train_on_user_files(setup, fn):
     tmp, model = setup
     proc = _cli(tmp, model, fn, fn)

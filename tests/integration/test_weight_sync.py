@@ -54,7 +54,7 @@ def moe_model(out: Path) -> str:
     return str(out)
 
 
-@pytest.mark.parametrize("kind", ["dense", "moe"])
+@pytest.mark.parametrize("kind", [pytest.param("dense", marks=pytest.mark.extended), "moe"])
 def test_rollout_logprobs_match_trainer_after_sync(cluster, tmp_path, kind):
     from transformers import AutoTokenizer
 
