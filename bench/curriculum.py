@@ -1,19 +1,20 @@
 """``data.curriculum=pool`` against uniform sampling, on a task mixing easy,
 learnable and impossible prompts.
 
-    python bench/curriculum.py                    # pool vs none, seeds 0 and 1, 30 steps
+    python bench/curriculum.py                    # pool vs none, seeds 0 and 1, 40 steps
     python bench/curriculum.py --steps 6 --seeds 0   # a smoke run
 
-The task is the built-in addition, as data files: 64 easy prompts (both
-operands under 10: the shipped base solves them every time), 64 learnable ones
-(operands 10..99) and 64 impossible ones (operands 10..99, an answer one more
-than the sum: no completion is ever right), shuffled together; held out, 200
-learnable pairs the training set does not hold. Every run is the real CLI from
-the arithmetic base rlpost ships (``model.path``: no warm-up), 16 prompts x 8
-samples a step, validated every 5 steps. A third of uniform sampling's groups
-are all right and a third all wrong, so their advantage is zero: they cost
-generation and teach nothing, which the pool stops once it has seen each such
-prompt's last two groups agree.
+The task is the built-in addition, as data files: 96 easy prompts (both
+operands under 10: the shipped base solves them every time), 96 learnable ones
+(pairs of the built-in task's training set with an operand of 10 or more) and
+96 impossible ones (the same kind of pair, an answer one more than the sum: no
+completion is ever right), shuffled together; held out, the built-in task's 200
+pairs, which the training set does not hold. Every run is the real CLI from the
+arithmetic base rlpost ships (``model.path``: no warm-up), 16 prompts x 8 samples
+a step, validated every 5 steps. A third of uniform sampling's groups are all
+right and a third all wrong, so their advantage is zero: they cost generation
+and teach nothing, which the pool stops once it has seen each such prompt's
+last two groups agree.
 
 Measured per seed: uniform's held-out accuracy after the last step is the
 target; the samples each run generated until its first validation at or above
@@ -40,20 +41,21 @@ VAL_EVERY = 5
 
 
 def write_data(out: Path) -> tuple[Path, Path]:
-    from rlpost.data.tasks.arith import make_row
+    from rlpost.data.tasks.arith import ArithTask, make_row, split_pairs
 
     rng = random.Random(0)
-    hard = [(a, b) for a in range(10, 100) for b in range(10, 100)]
-    rng.shuffle(hard)
-    val, learnable, impossible = hard[:200], hard[200:264], hard[264:328]
-    easy = rng.sample([(a, b) for a in range(10) for b in range(10)], 64)
+    task = ArithTask()  # the built-in task: its held-out pairs are the bench's
+    train, held = split_pairs(0, task.max_operand, task.num_val, task.seed)
+    hard = [(a, b) for a, b in train if max(a, b) >= 10]
+    learnable, impossible = hard[:96], hard[96:192]
+    easy = rng.sample([(a, b) for a, b in train if max(a, b) < 10], 96)
     rows = [make_row(a, b) for a, b in easy + learnable]
     rows += [{**make_row(a, b), "answer": str(a + b + 1)} for a, b in impossible]
     rng.shuffle(rows)
-    train, held = out / "mixed_train.jsonl", out / "mixed_val.jsonl"
-    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    held.write_text("".join(json.dumps(make_row(a, b)) + "\n" for a, b in val))
-    return train, held
+    train_file, held_file = out / "mixed_train.jsonl", out / "mixed_val.jsonl"
+    train_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    held_file.write_text("".join(json.dumps(make_row(a, b)) + "\n" for a, b in held))
+    return train_file, held_file
 
 
 def run(mode: str, seed: int, steps: int, out: Path, data: tuple[Path, Path]) -> dict:
@@ -91,7 +93,7 @@ def samples_to(curve: list[tuple[int, float, float]], target: float) -> float | 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--steps", type=int, default=40)
     p.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
     args = p.parse_args()
     out = ROOT / "bench" / ".runs" / "curriculum"

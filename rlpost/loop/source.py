@@ -344,7 +344,8 @@ class RolloutSource:
 
     def steer(self, metrics: dict[str, float]) -> None:
         """``async.max_inflight=auto``: the next step's limit from this step's trainer
-        wait, the engines' KV-cache peak and preemptions, and the stale drops."""
+        wait, the engines' KV-cache peak and preemptions, the stale drops and the
+        samples it trained a second."""
         assert self.limit is not None and self.producer is not None
         step_s = max(time.perf_counter() - self._step_start, 1e-9)
         preempted = metrics.get("rollout/preemptions", 0.0)
@@ -353,6 +354,7 @@ class RolloutSource:
             kv_peak=metrics.get("rollout/kv_cache_usage_peak", 0.0),
             preempted=preempted - self._seen[0],
             stale=self.dropped_stale - self._seen[1],
+            rate=metrics.get("data/samples", 0.0) / step_s,
         )
         self._seen = (preempted, self.dropped_stale)
         self.producer.set_limit(limit)  # a higher one admits more at the next take

@@ -153,6 +153,7 @@ HEADLINES = (
     Headline("val/pair_accuracy", "rm/accuracy", "val_pair_acc"),  # algo=rm
     Headline("val/rewards/accuracies", "rewards/accuracies", "val_pair_acc"),  # algo=dpo ...
     Headline("val/nll", "sft/nll", "val_nll"),  # algo=sft
+    Headline("val/loss_per_token", "loss/per_token", "loss"),  # a tenant of rlpost serve
     Headline("val/reward_mean", "reward/mean", "val_reward"),  # RL
 )
 

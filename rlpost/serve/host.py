@@ -33,6 +33,7 @@ import torch
 
 from rlpost.serve import losses
 from rlpost.serve.errors import NotFound, UserError
+from rlpost.serve.tenant_log import TenantLog
 from rlpost.serve.wire import DatumIn, ForwardBackwardIn, SampledOut
 from rlpost.trainers.files import atomic_directory
 
@@ -83,6 +84,7 @@ class Tenant:
     optimizer: torch.optim.Optimizer | None = None
     steps: int = 0
     snapshots: list[str] = field(default_factory=list)  # unnamed sampler snapshots, oldest first
+    log: TenantLog | None = None  # its training as a run folder for the board
 
 
 @dataclass
@@ -139,7 +141,9 @@ class ModelHost:
             else LoraSpec(**{**asdict(spec), "seed": secrets.randbits(31)})
         )
         adapter = self._add_adapter(spec)
-        tenant = Tenant(model_id, adapter, spec, owner)
+        description = {"model_id": model_id, "base_model": self.name, "lora": asdict(spec)}
+        folder = self.state_dir / "runs" / model_id.replace(":", "_")
+        tenant = Tenant(model_id, adapter, spec, owner, log=TenantLog.start(folder, description))
         self.tenants[model_id] = tenant
         log.info("tenant %s: LoRA rank %d on %s (%s)", model_id, spec.rank, self.name,
                  ", ".join(spec.targets()))  # fmt: skip
@@ -208,6 +212,9 @@ class ModelHost:
                 total += float(loss.detach())
                 for i, lp in zip(batch, lps, strict=True):
                     outputs[i] = lp.detach().float().cpu().numpy()
+        if not request.forward_only and tenant.log is not None:
+            tokens = sum(_weighted_targets(d) for d in request.data)
+            tenant.log.forward_backward(total, tokens, len(request.data))
         return outputs, {"loss:sum": total}
 
     def _check_datum(self, d: DatumIn, i: int) -> None:
@@ -270,6 +277,8 @@ class ModelHost:
         tenant.optimizer.step()
         tenant.optimizer.zero_grad(set_to_none=True)
         tenant.steps += 1
+        if tenant.log is not None:
+            tenant.log.optim_step(tenant.steps, norm, lr)
         return {"grad_norm": norm, "learning_rate": lr}
 
     # -- weights -------------------------------------------------------------
@@ -442,6 +451,14 @@ def _draw(logp_bv: torch.Tensor, params: SampleParams, generator: torch.Generato
         sorted_lp = sorted_lp.masked_fill(before > params.top_p, -math.inf)
         logp = torch.full_like(logp, -math.inf).scatter(-1, order, sorted_lp)
     return torch.multinomial(logp.exp(), 1, generator=generator).view(-1).to(logp_bv.device)
+
+
+def _weighted_targets(d: DatumIn) -> float:
+    """The datum's target positions that count: a nonzero weight where it has
+    weights, else every one."""
+    if "weights" in d.inputs:
+        return float(np.count_nonzero(d.inputs["weights"]))
+    return float(d.inputs["target_tokens"].shape[0])
 
 
 def _micro_batches(lengths: list[int], budget: int) -> list[list[int]]:

@@ -88,6 +88,20 @@ def test_a_supervised_loop_through_the_sdk_lowers_the_loss_it_reports(server, to
         assert out.metrics["loss:sum"] == pytest.approx(by_hand, rel=1e-5)
         losses.append(out.metrics["loss:sum"])
     assert losses[-1] < 0.5 * losses[0], losses
+    # The board lists the tenant as a run: a row per optim_step, headed by its loss.
+    from rlpost.board.runs import describe_run, find_runs
+
+    runs = server.service.state_dir / "runs"
+    folder = runs / training.model_id.replace(":", "_")
+    assert folder in find_runs(runs)
+    run = describe_run(runs, folder)
+    assert (run.algo, run.model, run.step) == ("tinker", BUILTIN, 6)
+    answer_tokens = sum(
+        float(np.count_nonzero(d.loss_fn_inputs["weights"].to_numpy())) for d in data
+    )
+    assert run.headline is not None and run.headline[0] == "loss/per_token"
+    first, last = losses[0] / answer_tokens, losses[-1] / answer_tokens
+    assert run.headline[1:] == pytest.approx((first, last))
 
 
 def test_sampled_logprobs_equal_the_trainers_for_the_same_tokens(server, tokenizer):
