@@ -96,6 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--device", default=None, help="cpu, cuda or npu (default: the accelerator present)"
     )
+    p.add_argument(
+        "--sampler", choices=("model", "vllm"), default="model",
+        help="model (default): the served model samples itself, each sampler snapshot an "
+        "adapter of its own; vllm: a vLLM engine samples, each snapshot a LoRA adapter (a "
+        "tenant that trains the unembedding is still sampled by the model)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         raise SystemExit("rlpost serve: listening on a non-local address needs --api-key (or "
@@ -116,10 +122,11 @@ def main(argv: list[str] | None = None) -> int:
 
     device = args.device or devices.detect()
     state = Path(args.state_dir)
-    hosts = {name: ModelHost(name, path, state, device) for name, path in models.items()}
+    sampler = args.sampler
+    hosts = {name: ModelHost(name, path, state, device, sampler) for name, path in models.items()}
     service = Service(hosts, state, args.api_key)
     print(f"rlpost serve: {', '.join(models)} on http://{args.host}:{args.port} "
-          f"(checkpoints in {state})", flush=True)  # fmt: skip
+          f"(checkpoints in {state}; sampling by {sampler})", flush=True)  # fmt: skip
     web.run_app(service.app(), host=args.host, port=args.port, print=None)
     return 0
 

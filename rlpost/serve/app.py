@@ -27,9 +27,10 @@ import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -206,14 +207,21 @@ class Service:
         return web.json_response({"supported_models": models})
 
     # -- futures -------------------------------------------------------------
-    def _submit(self, host: ModelHost, fn: Callable[[], Result]) -> str:
-        """Queue ``fn`` on ``host``'s worker (arrival order); its future's id."""
+    def _submit(self, host: ModelHost, fn: Callable[[], Result | Future]) -> str:
+        """Queue ``fn`` on ``host``'s worker (arrival order); its future's id. ``fn``
+        may answer with a future (the vLLM sampler's) that answers later."""
         self._ids += 1
         request_id = f"r{self._ids}-{uuid.uuid4().hex[:8]}"
         loop = asyncio.get_running_loop()
-        self.futures[request_id] = asyncio.ensure_future(
-            loop.run_in_executor(self.workers[host.name], fn)
-        )
+        worker = self.workers[host.name]
+
+        async def answer() -> Result:
+            result = await loop.run_in_executor(worker, fn)
+            if isinstance(result, Future):  # answered later, off the worker
+                return await asyncio.wrap_future(result)
+            return result
+
+        self.futures[request_id] = asyncio.ensure_future(answer())
         return request_id
 
     async def retrieve_future(self, request: web.Request) -> web.Response:
@@ -500,12 +508,29 @@ class Service:
         ids = [f"{sampler.key}:{sampler.issued + i}" for i in range(n)]
         sampler.issued += n
 
-        def run() -> Result:
+        def run() -> Result | Future:
+            pending = host.sample_later(sampler.key, prompt, n, params, with_prompt)
+            if pending is not None:  # the vLLM engine's batch, not this worker, answers
+                return then(pending, lambda out: wire.encode_sample(*out))
             sequences, first = host.sample(sampler.key, prompt, n, params, with_prompt)
             return wire.encode_sample(sequences, first)
 
         return web.json_response({"request_id": self._submit(host, run),
                                   "sample_sequence_ids": ids})  # fmt: skip
+
+
+def then(future: Future, fn: Callable[[Any], Result]) -> Future:
+    """A future of ``fn`` of ``future``'s result (its exception, if it fails)."""
+    out: Future = Future()
+
+    def done(f: Future) -> None:
+        try:
+            out.set_result(fn(f.result()))
+        except Exception as exc:
+            out.set_exception(exc)
+
+    future.add_done_callback(done)
+    return out
 
 
 def _text_chunk(chunk: object) -> list[int]:

@@ -23,6 +23,7 @@ import math
 import secrets
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,6 +40,8 @@ from rlpost.trainers.files import atomic_directory
 
 if TYPE_CHECKING:
     from peft import PeftModel
+
+    from rlpost.serve.vllm_sampler import VLLMSampler
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +113,12 @@ class SampleParams:
 class ModelHost:
     """The base model ``path``, served as ``name``, and the tenants trained on it."""
 
-    def __init__(self, name: str, path: str, state_dir: Path, device: str = "cpu"):
+    def __init__(
+        self, name: str, path: str, state_dir: Path, device: str = "cpu", sampler: str = "model"
+    ):
+        """``sampler``: ``model`` samples with this model and its adapters, ``vllm``
+        with a vLLM engine that loads the sampler snapshots as LoRA adapters
+        (``rlpost.serve.vllm_sampler``)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.name, self.path, self.state_dir = name, path, state_dir
@@ -130,6 +138,15 @@ class ModelHost:
         self._slots: OrderedDict[str, str] = OrderedDict()  # snapshot key -> adapter name
         self._adapters = 0
         self.full_finetune: str | None = None
+        self.vllm: VLLMSampler | None = None
+        if sampler == "vllm":
+            from rlpost.serve.vllm_sampler import VLLMSampler
+
+            self.vllm = VLLMSampler(
+                path, self.max_len, device, state_dir / "sampler", SAMPLER_SLOTS
+            )
+        elif sampler != "model":
+            raise ValueError(f"sampler={sampler!r}: model or vllm")
 
     # -- tenants -------------------------------------------------------------
     def create(self, model_id: str, spec: LoraSpec, owner: str) -> Tenant:
@@ -351,6 +368,8 @@ class ModelHost:
 
     def _drop_snapshot(self, key: str) -> None:
         self.snapshots.pop(key, None)
+        if self.vllm is not None:
+            self.vllm.drop(key)
         adapter = self._slots.pop(key, None)
         if adapter is not None and self.peft is not None:
             self.peft.delete_adapter(adapter)
@@ -376,13 +395,26 @@ class ModelHost:
         self._slots[key] = adapter
         return adapter
 
+    def _vllm_serves(self, key: str) -> bool:
+        """Whether the vLLM engine samples snapshot ``key``: the base model, and adapters
+        that leave the unembedding alone (vLLM 0.32 loads no LoRA on ``lm_head``);
+        the model samples the others itself."""
+        if key not in self.snapshots:
+            self._slot(key)  # raises what a snapshot no longer held says
+        spec = self.snapshots[key].spec
+        return spec is None or not spec.train_unembed
+
+    def _vllm_lora(self, key: str):
+        """The vLLM adapter of snapshot ``key`` (None: the base model)."""
+        assert self.vllm is not None
+        snap = self.snapshots[key]
+        if snap.spec is None or snap.tensors is None:
+            return None
+        return self.vllm.adapter(key, snap.spec, snap.tensors, PLACEHOLDER)
+
     # -- sampling ------------------------------------------------------------
-    @torch.no_grad()
-    def sample(
-        self, key: str, prompt: list[int], n: int, params: SampleParams, prompt_logprobs: bool
-    ) -> tuple[list[SampledOut], list[float] | None]:
-        """``n`` continuations of ``prompt`` by the snapshot ``key``: each token's
-        log-prob is under softmax(logits / temperature), before top-k and top-p."""
+    def _max_tokens(self, prompt: list[int], params: SampleParams) -> int:
+        """The tokens ``prompt`` leaves room for, at most ``params.max_tokens``."""
         if not prompt:
             raise UserError("the prompt is empty")
         if max(prompt) >= self.vocab or min(prompt) < 0:
@@ -392,7 +424,28 @@ class ModelHost:
             raise UserError(
                 f"the prompt has {len(prompt)} tokens; {self.name} takes {self.max_len}"
             )
-        steps = min(params.max_tokens, room)
+        return min(params.max_tokens, room)
+
+    def sample_later(
+        self, key: str, prompt: list[int], n: int, params: SampleParams, prompt_logprobs: bool
+    ) -> Future[tuple[list[SampledOut], list[float] | None]] | None:
+        """The vLLM engine's answer to come, where it samples snapshot ``key`` (it
+        batches the requests of every tenant); None: ``sample`` answers."""
+        if self.vllm is None or not self._vllm_serves(key):
+            return None
+        steps = self._max_tokens(prompt, params)
+        return self.vllm.submit(prompt, n, params, steps, prompt_logprobs, self._vllm_lora(key))
+
+    @torch.no_grad()
+    def sample(
+        self, key: str, prompt: list[int], n: int, params: SampleParams, prompt_logprobs: bool
+    ) -> tuple[list[SampledOut], list[float] | None]:
+        """``n`` continuations of ``prompt`` by the snapshot ``key``: each token's
+        log-prob is under softmax(logits / temperature), before top-k and top-p."""
+        pending = self.sample_later(key, prompt, n, params, prompt_logprobs)
+        if pending is not None:
+            return pending.result()
+        steps = self._max_tokens(prompt, params)
         adapter = self._slot(key)
         generator = torch.Generator(device="cpu")
         generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(62))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +28,7 @@ class TenantLog:
     last: float = field(default_factory=time.monotonic)
 
     @classmethod
-    def start(cls, folder: Path, description: dict[str, object]) -> TenantLog:
+    def start(cls, folder: Path, description: Mapping[str, object]) -> TenantLog:
         """A tenant's log in ``folder``, with its ``config.yaml`` (``description``: the
         base model, the LoRA settings and the model id)."""
         folder.mkdir(parents=True, exist_ok=True)
@@ -38,7 +39,7 @@ class TenantLog:
             "algo": {"name": "tinker"},
             "model": {"path": description.get("base_model")},
             "data": {"name": f"SDK client, LoRA rank {rank}"},
-            "tenant": description,
+            "tenant": dict(description),
         }
         (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         return cls(folder)

@@ -112,13 +112,22 @@ def test_sampled_logprobs_equal_the_trainers_for_the_same_tokens(server, tokeniz
     training.forward_backward(data, "cross_entropy").result()
     training.optim_step(tinker.AdamParams(learning_rate=1e-2)).result()  # off the base
     sampler = training.save_weights_and_get_sampling_client().result()
-    prompt = prompt_ids(tokenizer, "25+17=")
-    result = sampler.sample(
-        prompt=tinker.ModelInput.from_ints(prompt), num_samples=4,
-        sampling_params=tinker.SamplingParams(max_tokens=6, temperature=1.0, seed=3),
-    ).result()  # fmt: skip
-    assert len(result.sequences) == 4 and all(s.tokens for s in result.sequences)
-    for seq in result.sequences:
+    assert_sampler_matches_trainer(training, sampler, prompt_ids(tokenizer, "25+17="))
+
+
+def assert_sampler_matches_trainer(training, sampler, prompt: list[int], futures: int = 1) -> None:
+    """Samples of ``prompt`` (``futures`` requests sent at once) whose log-probs equal
+    the trainer's for the same tokens, within 1e-3."""
+    params = tinker.SamplingParams(max_tokens=6, temperature=1.0, seed=3)
+    pending = [sampler.sample(prompt=tinker.ModelInput.from_ints(prompt), num_samples=4,
+                              sampling_params=params) for _ in range(futures)]  # fmt: skip
+    results = [f.result() for f in pending]
+    assert all(len(r.sequences) == 4 for r in results)
+    # the same seed, the same samples
+    assert all([s.tokens for s in r.sequences] == [s.tokens for s in results[0].sequences]
+               for r in results)  # fmt: skip
+    for seq in results[0].sequences:
+        assert seq.tokens
         tokens = prompt + list(seq.tokens)
         weights = [0.0] * (len(prompt) - 1) + [1.0] * len(seq.tokens)
         datum = tinker.Datum(model_input=tinker.ModelInput.from_ints(tokens[:-1]),
@@ -126,6 +135,29 @@ def test_sampled_logprobs_equal_the_trainers_for_the_same_tokens(server, tokeniz
         trained = training.forward([datum], "cross_entropy").result()
         lp = trained.loss_fn_outputs[0]["logprobs"].to_numpy()[len(prompt) - 1 :]
         assert np.abs(lp - np.asarray(seq.logprobs)).max() < 1e-3
+
+
+def test_a_vllm_sampler_serves_adapters_and_matches_the_trainer(base_path, tokenizer, tmp_path):
+    """``rlpost serve --sampler vllm``: a tenant that leaves the unembedding alone is
+    sampled by vLLM with its snapshot as a LoRA adapter, requests sent together
+    batched; one that trains it (the SDK's default) by the model itself."""
+    host = ModelHost(BUILTIN, base_path, tmp_path, sampler="vllm")
+    server = Server(Service({BUILTIN: host}, tmp_path, poll_s=2.0)).start()
+    try:
+        service = client(server)
+        data = [sft_datum(tokenizer, q, a) for q, a in ROWS]
+        prompt = prompt_ids(tokenizer, "25+17=")
+        for unembed in (False, True):
+            training = service.create_lora_training_client(
+                base_model=BUILTIN, rank=4, seed=1, train_unembed=unembed
+            ).result()
+            training.forward_backward(data, "cross_entropy").result()
+            training.optim_step(tinker.AdamParams(learning_rate=1e-2)).result()
+            sampler = training.save_weights_and_get_sampling_client().result()
+            assert_sampler_matches_trainer(training, sampler, prompt, futures=3)
+        assert host.vllm is not None and len(host.vllm._requests) == 1  # the first tenant's
+    finally:
+        server.close()
 
 
 def adapter_logprobs(training, data) -> np.ndarray:
