@@ -23,7 +23,13 @@ answers (``"37+48="`` -> ``"85"``, the answer and end token weighted 1), then
 Reported: seconds a step (median over the timed steps), the service's overhead
 (SDK over direct), the steps a second all tenants make together, and the
 process's resident memory with every tenant made (one base model, an adapter and
-its AdamW moments per tenant: the server's process). Writes bench/results/serve_tenants.json and .md.
+its AdamW moments per tenant: the server's process).
+
+Then sampling as an RL step asks for it: 16 prompts x 8 samples of up to 16
+tokens from a tenant's snapshot (``train_unembed=False``, so either sampler
+serves it), the 16 requests sent at once, by ``--sampler model`` and by
+``--sampler vllm`` (a server of each), seconds per batch (median of 3 after one
+warm-up). Writes bench/results/serve_tenants.json and .md.
 """
 
 from __future__ import annotations
@@ -125,14 +131,33 @@ def sdk_steps(url: str, model: str, data, tenants: int, steps: int) -> dict:
             "loss_first_last": [[ls[0], ls[-1]] for ls in losses]}  # fmt: skip
 
 
-def serve(name: str, path: str, port: int, state: Path) -> subprocess.Popen:
+def sdk_sampling(url: str, model: str, prompts: list[list[int]]) -> float:
+    import tinker
+
+    service = tinker.ServiceClient(base_url=url)
+    training = service.create_lora_training_client(base_model=model, rank=RANK, seed=0,
+                                                   train_unembed=False).result()  # fmt: skip
+    sampler = training.save_weights_and_get_sampling_client().result()
+    times = []
+    for rep in range(4):
+        params = tinker.SamplingParams(max_tokens=16, temperature=1.0, seed=rep)
+        start = time.perf_counter()
+        pending = [sampler.sample(prompt=tinker.ModelInput.from_ints(p), num_samples=8,
+                                  sampling_params=params) for p in prompts]  # fmt: skip
+        for f in pending:
+            f.result()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def serve(name: str, path: str, port: int, state: Path, sampler: str = "model") -> subprocess.Popen:
     """``rlpost serve`` for ``name`` in a process of its own, once it answers."""
     import urllib.request
 
     log = open(state / "serve.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "rlpost.serve", "--port", str(port), "--model", f"{name}={path}",
-         "--state-dir", str(state), "--device", "cpu"],
+         "--state-dir", str(state), "--device", "cpu", "--sampler", sampler],
         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
     )  # fmt: skip
     deadline = time.monotonic() + 120
@@ -170,8 +195,19 @@ def measure(name: str, path: str, steps: int, port: int) -> dict:
     finally:
         server.terminate()
         server.wait(timeout=30)
+    prompts = [tokens[: weights.index(1.0) + 1] for tokens, _, weights in data[:16]]
+    sampling = {}
+    for sampler in ("model", "vllm"):
+        server = serve(name, path, port, state, sampler)
+        try:
+            sampling[sampler] = sdk_sampling(f"http://127.0.0.1:{port}", name, prompts)
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+        print(f"{name}: sampling by {sampler}: {sampling[sampler]:.2f} s a batch", flush=True)
     return {"model": name, "parameters": params, "direct_step_s": direct,
-            "overhead": runs[0]["step_s"] / direct, "runs": runs}  # fmt: skip
+            "overhead": runs[0]["step_s"] / direct, "runs": runs,
+            "sampling_s": sampling}  # fmt: skip
 
 
 def main() -> None:
@@ -208,6 +244,17 @@ def main() -> None:
                 f"{r['steps_per_s']:.2f} | {r['steps_per_s'] / one['steps_per_s']:.2f}x | "
                 f"{r['rss_gib']:.2f} GiB |"
             )
+    lines += [
+        "",
+        "Sampling, 16 prompts x 8 samples of up to 16 tokens, the requests sent at once "
+        "(s a batch, median of 3):",
+        "",
+        "| model | --sampler model | --sampler vllm |",
+        "|---|---|---|",
+    ]
+    for m in models:
+        t = m["sampling_s"]
+        lines.append(f"| {m['model']} | {t['model']:.2f} | {t['vllm']:.2f} |")
     lines.append("")
     lines += [f"The service's overhead on one tenant of {m['model']}: **{m['overhead']:.2f}x** "
               "the direct step." for m in models]  # fmt: skip
