@@ -23,6 +23,8 @@ def teacher(grpo_run) -> tuple[Path, float]:
     return run_dir / "final", [h["val/accuracy"] for h in history if "val/accuracy" in h][-1]
 
 
+# One of the learning runs with -m presets (1 min after the GRPO run it distils).
+@pytest.mark.presets
 def test_opd_closes_the_gap_to_the_teacher(tmp_path, model_cache, teacher):
     teacher_path, teacher_acc = teacher
     args = [

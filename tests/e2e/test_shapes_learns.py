@@ -13,7 +13,10 @@ pytest.importorskip("vllm")
 STEPS = 60
 
 
+# One of the learning runs with -m presets (2.5 min): a vision-language GRPO run's
+# mechanics are checked by default in tests/integration/test_vl_cli.py.
 @pytest.mark.slow
+@pytest.mark.presets
 def test_colour_accuracy_rises(tmp_path, model_cache):
     args = ["data=shapes", f"trainer.total_steps={STEPS}", "trainer.val_every=0", "trainer.seed=0"]
     history = run_cli(args, tmp_path / "run", model_cache)

@@ -291,6 +291,9 @@ def _limit_writer(proc, run_dir: Path, fsize: int) -> None:
     psutil.Process(pid).rlimit(psutil.RLIMIT_FSIZE, (fsize, fsize))
 
 
+# A full disk during a save is checked on the engine by default (above); through
+# the CLI and its rerun with -m extended.
+@pytest.mark.extended
 def test_disk_full_through_the_cli_is_a_clear_error_and_the_same_command_resumes(
     model_dir, tmp_path
 ):

@@ -82,6 +82,8 @@ def test_signal_checkpoints_and_stops_cleanly(model, tmp_path, sig, group):
     print(f"{sig.name} to {to}: stopped after step {last} with a checkpoint in {stop_s:.1f}s")
 
 
+# The first signal's clean stop runs by default (above); the second's, with -m extended.
+@pytest.mark.extended
 def test_a_second_sigint_stops_at_once_without_a_checkpoint(model, tmp_path):
     # A reward that takes 0.2 s a call: a step of 16 calls on 2 reward workers
     # lasts ~1.6 s, time for both signals to land inside one step.

@@ -31,6 +31,9 @@ def small_run(model: Path, run_dir: Path | None, steps: int) -> list[str]:
     return out + ([f"trainer.run_dir={run_dir}"] if run_dir else [])
 
 
+# The quickstart notebook runs by default (below); two runs in one process, with
+# -m extended (tests/e2e/test_presets_learn.py trains twice in one Ray by default).
+@pytest.mark.extended
 def test_train_twice_in_one_process(tmp_path: Path):
     """A second ``train`` in the same process works: the first left no Ray behind."""
     import ray
