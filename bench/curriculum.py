@@ -4,17 +4,18 @@ learnable and impossible prompts.
     python bench/curriculum.py                    # pool vs none, seeds 0 and 1, 40 steps
     python bench/curriculum.py --steps 6 --seeds 0   # a smoke run
 
-The task is the built-in addition, as data files: 96 easy prompts (both
-operands under 10: the shipped base solves them every time), 96 learnable ones
+The task is the built-in addition, as data files: 32 easy prompts (both
+operands under 10: the shipped base mostly solves them), 32 learnable ones
 (pairs of the built-in task's training set with an operand of 10 or more) and
-96 impossible ones (the same kind of pair, an answer one more than the sum: no
-completion is ever right), shuffled together; held out, the built-in task's 200
-pairs, which the training set does not hold. Every run is the real CLI from the
-arithmetic base rlpost ships (``model.path``: no warm-up), 16 prompts x 8 samples
-a step, validated every 5 steps. A third of uniform sampling's groups are all
-right and a third all wrong, so their advantage is zero: they cost generation
-and teach nothing, which the pool stops once it has seen each such prompt's
-last two groups agree.
+32 impossible ones (the same kind of pair, its answer "impossible": no
+completion is ever right; an answer one off the sum would be, now and then, and
+teach the model to be wrong), shuffled together, so each prompt comes round
+every 6 steps; held out, the built-in task's 200 pairs, which the training set
+does not hold. Every run is the real CLI from the arithmetic base rlpost ships
+(``model.path``: no warm-up), 16 prompts x 8 samples a step, validated every 5
+steps. About a third of uniform sampling's groups are all right and a third all
+wrong, so their advantage is zero: they cost generation and teach nothing,
+which the pool stops once it has seen a prompt's last two groups agree.
 
 Measured per seed: uniform's held-out accuracy after the last step is the
 target; the samples each run generated until its first validation at or above
@@ -47,10 +48,10 @@ def write_data(out: Path) -> tuple[Path, Path]:
     task = ArithTask()  # the built-in task: its held-out pairs are the bench's
     train, held = split_pairs(0, task.max_operand, task.num_val, task.seed)
     hard = [(a, b) for a, b in train if max(a, b) >= 10]
-    learnable, impossible = hard[:96], hard[96:192]
-    easy = rng.sample([(a, b) for a, b in train if max(a, b) < 10], 96)
+    learnable, impossible = hard[:32], hard[32:64]
+    easy = rng.sample([(a, b) for a, b in train if max(a, b) < 10], 32)
     rows = [make_row(a, b) for a, b in easy + learnable]
-    rows += [{**make_row(a, b), "answer": str(a + b + 1)} for a, b in impossible]
+    rows += [{**make_row(a, b), "answer": "impossible"} for a, b in impossible]
     rng.shuffle(rows)
     train_file, held_file = out / "mixed_train.jsonl", out / "mixed_val.jsonl"
     train_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
