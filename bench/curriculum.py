@@ -1,21 +1,22 @@
 """``data.curriculum=pool`` against uniform sampling, on a task mixing easy,
 learnable and impossible prompts.
 
-    python bench/curriculum.py                    # pool vs none, seeds 0 and 1, 40 steps
+    python bench/curriculum.py                    # pool vs none, seeds 0 and 1, 60 steps
     python bench/curriculum.py --steps 6 --seeds 0   # a smoke run
 
-The task is the built-in addition, as data files: 32 easy prompts (both
-operands under 10: the shipped base mostly solves them), 32 learnable ones
+The task is the built-in addition, as data files: 96 easy prompts (both
+operands under 10: the shipped base mostly solves them), 192 learnable ones
 (pairs of the built-in task's training set with an operand of 10 or more) and
-32 impossible ones (the same kind of pair, its answer "impossible": no
+96 impossible ones (the same kind of pair, its answer "impossible": no
 completion is ever right; an answer one off the sum would be, now and then, and
-teach the model to be wrong), shuffled together, so each prompt comes round
-every 6 steps; held out, the built-in task's 200 pairs, which the training set
-does not hold. Every run is the real CLI from the arithmetic base rlpost ships
-(``model.path``: no warm-up), 16 prompts x 8 samples a step, validated every 5
-steps. About a third of uniform sampling's groups are all right and a third all
-wrong, so their advantage is zero: they cost generation and teach nothing,
-which the pool stops once it has seen a prompt's last two groups agree.
+teach the model to be wrong), shuffled together; held out, the built-in task's
+200 pairs, which the training set does not hold. Every run is the real CLI from
+the arithmetic base rlpost ships (``model.path``: no warm-up), 16 prompts x 8
+samples a step, validated every 5 steps, ``data.curriculum_window=1`` (a prompt
+is set aside after one group that agreed: each comes round only every 24
+steps). Half of uniform sampling's prompts are easy or impossible, their groups
+mostly all right or all wrong, so their advantage is zero: they cost generation
+and teach nothing, which the pool stops once it has seen such a group.
 
 Measured per seed: uniform's held-out accuracy after the last step is the
 target; the samples each run generated until its first validation at or above
@@ -48,8 +49,8 @@ def write_data(out: Path) -> tuple[Path, Path]:
     task = ArithTask()  # the built-in task: its held-out pairs are the bench's
     train, held = split_pairs(0, task.max_operand, task.num_val, task.seed)
     hard = [(a, b) for a, b in train if max(a, b) >= 10]
-    learnable, impossible = hard[:32], hard[32:64]
-    easy = rng.sample([(a, b) for a, b in train if max(a, b) < 10], 32)
+    learnable, impossible = hard[:192], hard[192:288]
+    easy = rng.sample([(a, b) for a, b in train if max(a, b) < 10], 96)
     rows = [make_row(a, b) for a, b in easy + learnable]
     rows += [{**make_row(a, b), "answer": "impossible"} for a, b in impossible]
     rng.shuffle(rows)
@@ -70,7 +71,8 @@ def run(mode: str, seed: int, steps: int, out: Path, data: tuple[Path, Path]) ->
     base = SHIPPED_DIR / warmup_key(compose([]))
     args = ["algo=grpo", f"model.path={base}", "data=files", f"data.train_files=[{data[0]}]",
             f"data.val_files=[{data[1]}]", "data.val_size=200", "data.prompts_per_step=16",
-            "rollout.n=8", f"data.curriculum={mode}", f"trainer.total_steps={steps}",
+            "rollout.n=8", f"data.curriculum={mode}",
+            *(["data.curriculum_window=1"] if mode != "none" else []), f"trainer.total_steps={steps}",
             f"trainer.val_every={VAL_EVERY}", "trainer.save_every=0", "trainer.save_final=false",
             "trainer.trace=off", f"trainer.seed={seed}", f"trainer.run_dir={run_dir}"]  # fmt: skip
     wall = timed_cli(args, out, name)
@@ -94,7 +96,7 @@ def samples_to(curve: list[tuple[int, float, float]], target: float) -> float | 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--steps", type=int, default=60)
     p.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
     args = p.parse_args()
     out = ROOT / "bench" / ".runs" / "curriculum"
