@@ -94,11 +94,53 @@ def samples_to(curve: list[tuple[int, float, float]], target: float) -> float | 
     return next((samples for _, samples, acc in curve if acc >= target - 1e-9), None)
 
 
+def late_mean(curve: list[tuple[int, float, float]]) -> float:
+    """The mean held-out accuracy of the validations in the run's second half: one
+    validation of 200 questions moves by 0.05-0.1 from one to the next."""
+    last = curve[-1][0]
+    late = [acc for step, _, acc in curve if step >= last / 2]
+    return sum(late) / len(late)
+
+
+def summary(per_seed: list[dict], steps: int, seeds: list[int]) -> str:
+    lines = [
+        f"# data.curriculum=pool against uniform sampling (easy + learnable + impossible "
+        f"prompts, {steps} steps)",
+        "",
+        f"`python bench/curriculum.py --steps {steps} --seeds {' '.join(map(str, seeds))}`",
+        "",
+        "| seed | uniform: held-out by step | pool: held-out by step | target (uniform's last) | "
+        "samples to it: uniform / pool | ratio | second half's mean: uniform / pool | pool skipped |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for s in per_seed:
+        uni, pool = s["runs"]
+        curve = lambda r: ", ".join(f"{st}: {a:.3f}" for st, _, a in r["curve"])  # noqa: E731
+        u, q = s["uniform_samples"], s["pool_samples"]
+        reached = f"{u:.0f} / " + (f"{q:.0f}" if q is not None else "not reached")
+        ratio = f"{u / q:.2f}x" if u and q else "-"
+        lines.append(
+            f"| {s['seed']} | {curve(uni)} | {curve(pool)} | {s['target_accuracy']:.3f} | "
+            f"{reached} | {ratio} | {late_mean(uni['curve']):.3f} / "
+            f"{late_mean(pool['curve']):.3f} | {pool['skipped']:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
+    p.add_argument("--report", action="store_true",
+                   help="rewrite curriculum.md from curriculum.json without running")  # fmt: skip
     args = p.parse_args()
+    results = ROOT / "bench" / "results"
+    if args.report:
+        saved = json.loads((results / "curriculum.json").read_text())
+        text = summary(saved["seeds"], saved["steps"], [s["seed"] for s in saved["seeds"]])
+        (results / "curriculum.md").write_text(text)
+        print(text)
+        return
     out = ROOT / "bench" / ".runs" / "curriculum"
     out.mkdir(parents=True, exist_ok=True)
     data = write_data(out)
@@ -111,27 +153,8 @@ def main() -> None:
         per_seed.append({"seed": seed, "target_accuracy": target, "uniform_samples": u,
                          "pool_samples": q, "samples_ratio_uniform_over_pool": ratio,
                          "runs": [uniform, pool]})  # fmt: skip
-    lines = [
-        f"# data.curriculum=pool against uniform sampling (easy + learnable + impossible "
-        f"prompts, {args.steps} steps)",
-        "",
-        f"`python bench/curriculum.py --steps {args.steps} --seeds {' '.join(map(str, args.seeds))}`",
-        "",
-        "| seed | uniform: held-out by step | pool: held-out by step | target | samples to it: uniform / pool | ratio | pool skipped |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for s in per_seed:
-        uni, pool = s["runs"]
-        curve = lambda r: ", ".join(f"{st}: {a:.3f}" for st, _, a in r["curve"])  # noqa: E731
-        q = f"{s['pool_samples']:.0f}" if s["pool_samples"] else "not reached"
-        lines.append(
-            f"| {s['seed']} | {curve(uni)} | {curve(pool)} | {s['target_accuracy']:.3f} | "
-            f"{s['uniform_samples']:.0f} / {q} | {s['samples_ratio_uniform_over_pool']:.2f}x | "
-            f"{pool['skipped']:.0f} |"
-        )
-    text = "\n".join(lines) + "\n"
+    text = summary(per_seed, args.steps, args.seeds)
     print(text)
-    results = ROOT / "bench" / "results"
     (results / "curriculum.json").write_text(
         json.dumps(
             {
