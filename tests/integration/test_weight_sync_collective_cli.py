@@ -66,6 +66,10 @@ def test_ipc_hand_off_equals_the_object_store_run(model, store, tmp_path):
     assert not leftover, leftover  # every bucket's file was removed
 
 
+# A killed replica fails over, restarts and resyncs in every run
+# (tests/integration/test_faults_rollout.py); rejoining a remade collective group,
+# with -m extended.
+@pytest.mark.extended
 def test_a_killed_replica_rejoins_a_remade_weight_group(model, tmp_path):
     run_dir = tmp_path / "run"
     proc = start(model, run_dir, STEPS + 2, *COLLECTIVE)
