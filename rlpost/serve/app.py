@@ -36,7 +36,8 @@ from aiohttp import web
 
 from rlpost.serve import wire
 from rlpost.serve.errors import NotFound, UserError
-from rlpost.serve.host import LoraSpec, ModelHost, SampleParams, read_meta
+from rlpost.serve.host import LoraSpec, ModelHost, read_meta
+from rlpost.serve.wire import SampleParams
 
 log = logging.getLogger(__name__)
 
@@ -207,9 +208,12 @@ class Service:
         return web.json_response({"supported_models": models})
 
     # -- futures -------------------------------------------------------------
-    def _submit(self, host: ModelHost, fn: Callable[[], Result | Future]) -> str:
+    def _submit(
+        self, host: ModelHost, fn: Callable[[], Any], finish: Callable[[Any], Result] | None = None
+    ) -> str:
         """Queue ``fn`` on ``host``'s worker (arrival order); its future's id. ``fn``
-        may answer with a future (the vLLM sampler's) that answers later."""
+        may answer with a future (the vLLM sampler's) that answers later; ``finish``
+        makes the answer of what ``fn`` returned."""
         self._ids += 1
         request_id = f"r{self._ids}-{uuid.uuid4().hex[:8]}"
         loop = asyncio.get_running_loop()
@@ -218,8 +222,8 @@ class Service:
         async def answer() -> Result:
             result = await loop.run_in_executor(worker, fn)
             if isinstance(result, Future):  # answered later, off the worker
-                return await asyncio.wrap_future(result)
-            return result
+                result = await asyncio.wrap_future(result)
+            return finish(result) if finish is not None else result
 
         self.futures[request_id] = asyncio.ensure_future(answer())
         return request_id
@@ -508,29 +512,14 @@ class Service:
         ids = [f"{sampler.key}:{sampler.issued + i}" for i in range(n)]
         sampler.issued += n
 
-        def run() -> Result | Future:
+        def run() -> Any:
             pending = host.sample_later(sampler.key, prompt, n, params, with_prompt)
             if pending is not None:  # the vLLM engine's batch, not this worker, answers
-                return then(pending, lambda out: wire.encode_sample(*out))
-            sequences, first = host.sample(sampler.key, prompt, n, params, with_prompt)
-            return wire.encode_sample(sequences, first)
+                return pending
+            return host.sample(sampler.key, prompt, n, params, with_prompt)
 
-        return web.json_response({"request_id": self._submit(host, run),
-                                  "sample_sequence_ids": ids})  # fmt: skip
-
-
-def then(future: Future, fn: Callable[[Any], Result]) -> Future:
-    """A future of ``fn`` of ``future``'s result (its exception, if it fails)."""
-    out: Future = Future()
-
-    def done(f: Future) -> None:
-        try:
-            out.set_result(fn(f.result()))
-        except Exception as exc:
-            out.set_exception(exc)
-
-    future.add_done_callback(done)
-    return out
+        request_id = self._submit(host, run, lambda out: wire.encode_sample(*out))
+        return web.json_response({"request_id": request_id, "sample_sequence_ids": ids})
 
 
 def _text_chunk(chunk: object) -> list[int]:

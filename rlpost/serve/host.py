@@ -35,7 +35,7 @@ import torch
 from rlpost.serve import losses
 from rlpost.serve.errors import NotFound, UserError
 from rlpost.serve.tenant_log import TenantLog
-from rlpost.serve.wire import DatumIn, ForwardBackwardIn, SampledOut
+from rlpost.serve.wire import DatumIn, ForwardBackwardIn, SampledOut, SampleParams
 from rlpost.trainers.files import atomic_directory
 
 if TYPE_CHECKING:
@@ -77,6 +77,11 @@ class LoraSpec:
         return LoraConfig(r=self.rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0,
                           target_modules=self.targets(), task_type="CAUSAL_LM")  # fmt: skip
 
+    def adapter_config(self) -> dict:
+        """``adapter_config.json``'s content, as PEFT writes it (JSON-safe)."""
+        config = self.peft_config().to_dict()
+        return {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
+
 
 @dataclass
 class Tenant:
@@ -97,17 +102,6 @@ class Snapshot:
 
     spec: LoraSpec | None
     tensors: dict[str, torch.Tensor] | None
-
-
-@dataclass
-class SampleParams:
-    max_tokens: int
-    temperature: float = 1.0
-    top_k: int = -1
-    top_p: float = 1.0
-    stop_strings: tuple[str, ...] = ()
-    stop_tokens: tuple[int, ...] = ()
-    seed: int | None = None
 
 
 class ModelHost:
@@ -374,13 +368,16 @@ class ModelHost:
         if adapter is not None and self.peft is not None:
             self.peft.delete_adapter(adapter)
 
-    def _slot(self, key: str) -> str | None:
-        """The adapter holding snapshot ``key`` (loaded now if it is not); None: the base."""
+    def _snapshot(self, key: str) -> Snapshot:
         if key not in self.snapshots:
             raise NotFound(f"sampling session {key!r}: its weights are no longer held (a "
                            f"server keeps the last {SNAPSHOTS_KEPT} unnamed snapshots of a model; "
                            "save_weights_for_sampler(name) keeps one)")  # fmt: skip
-        snap = self.snapshots[key]
+        return self.snapshots[key]
+
+    def _slot(self, key: str) -> str | None:
+        """The adapter holding snapshot ``key`` (loaded now if it is not); None: the base."""
+        snap = self._snapshot(key)
         if snap.spec is None or snap.tensors is None:
             return None
         if key in self._slots:
@@ -394,23 +391,6 @@ class ModelHost:
         self._set_adapter_tensors(adapter, snap.tensors)
         self._slots[key] = adapter
         return adapter
-
-    def _vllm_serves(self, key: str) -> bool:
-        """Whether the vLLM engine samples snapshot ``key``: the base model, and adapters
-        that leave the unembedding alone (vLLM 0.32 loads no LoRA on ``lm_head``);
-        the model samples the others itself."""
-        if key not in self.snapshots:
-            self._slot(key)  # raises what a snapshot no longer held says
-        spec = self.snapshots[key].spec
-        return spec is None or not spec.train_unembed
-
-    def _vllm_lora(self, key: str):
-        """The vLLM adapter of snapshot ``key`` (None: the base model)."""
-        assert self.vllm is not None
-        snap = self.snapshots[key]
-        if snap.spec is None or snap.tensors is None:
-            return None
-        return self.vllm.adapter(key, snap.spec, snap.tensors, PLACEHOLDER)
 
     # -- sampling ------------------------------------------------------------
     def _max_tokens(self, prompt: list[int], params: SampleParams) -> int:
@@ -431,10 +411,18 @@ class ModelHost:
     ) -> Future[tuple[list[SampledOut], list[float] | None]] | None:
         """The vLLM engine's answer to come, where it samples snapshot ``key`` (it
         batches the requests of every tenant); None: ``sample`` answers."""
-        if self.vllm is None or not self._vllm_serves(key):
+        snap = self._snapshot(key)
+        # vLLM 0.32 loads no LoRA on lm_head: an adapter that trains the unembedding
+        # is sampled by the model itself
+        if self.vllm is None or (snap.spec is not None and snap.spec.train_unembed):
             return None
         steps = self._max_tokens(prompt, params)
-        return self.vllm.submit(prompt, n, params, steps, prompt_logprobs, self._vllm_lora(key))
+        lora = None
+        if snap.spec is not None and snap.tensors is not None:
+            mark = f".{PLACEHOLDER}"
+            tensors = {name.replace(mark, ""): t for name, t in snap.tensors.items()}
+            lora = self.vllm.adapter(key, tensors, snap.spec.rank, snap.spec.adapter_config())
+        return self.vllm.submit(prompt, n, params, steps, prompt_logprobs, lora)
 
     @torch.no_grad()
     def sample(

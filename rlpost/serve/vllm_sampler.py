@@ -16,7 +16,6 @@ scores; with top-k or top-p they are of the distribution cut to those tokens.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import queue
 import shutil
@@ -29,12 +28,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlpost.serve.errors import UserError
-from rlpost.serve.wire import SampledOut
+from rlpost.serve.wire import SampledOut, SampleParams
+from rlpost.trainers.fsdp.lora import save_adapter
 
 if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
 
-    from rlpost.serve.host import LoraSpec, SampleParams
 
 MAX_RANK = 64  # the largest tenant rank the engine allocates room for
 KV_CACHE_GIB = 0.25  # the engine's KV cache on the CPU
@@ -67,28 +66,20 @@ class VLLMSampler:
 
     # -- adapters ------------------------------------------------------------
     def adapter(
-        self, key: str, spec: LoraSpec, tensors: dict[str, torch.Tensor], placeholder: str
+        self, key: str, tensors: dict[str, torch.Tensor], rank: int, config: dict
     ) -> LoRARequest:
-        """The snapshot ``key`` as a vLLM adapter, written as a PEFT folder the first
-        time it is asked for."""
+        """The snapshot ``key`` as a vLLM adapter: ``tensors`` named and ``config`` as
+        PEFT saves them, written as an adapter folder the first time it is asked for."""
         if key in self._requests:
             return self._requests[key]
-        from safetensors.torch import save_file
         from vllm.lora.request import LoRARequest
 
-        if spec.rank > MAX_RANK:
-            raise UserError(f"LoRA rank {spec.rank}: the vLLM sampler serves ranks up to "
+        if rank > MAX_RANK:
+            raise UserError(f"LoRA rank {rank}: the vLLM sampler serves ranks up to "
                             f"{MAX_RANK} (rlpost serve --sampler model serves any)")  # fmt: skip
         where = self.folder / key.replace(":", "_").replace("/", "_")
         shutil.rmtree(where, ignore_errors=True)
-        where.mkdir(parents=True)
-        named = {name.replace(f".{placeholder}", ""): t.detach().cpu().contiguous()
-                 for name, t in tensors.items()}  # fmt: skip
-        save_file(named, str(where / "adapter_model.safetensors"))
-        config = spec.peft_config().to_dict()
-        config["target_modules"] = sorted(config["target_modules"])
-        config["peft_type"] = "LORA"
-        (where / "adapter_config.json").write_text(json.dumps(config, default=str))
+        save_adapter(where, tensors, config)
         request = LoRARequest(key, next(self._ids), str(where))
         self._requests[key] = request
         return request

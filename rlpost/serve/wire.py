@@ -32,6 +32,17 @@ class DatumIn:
 
 
 @dataclass
+class SampleParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    stop_strings: tuple[str, ...] = ()
+    stop_tokens: tuple[int, ...] = ()
+    seed: int | None = None
+
+
+@dataclass
 class ForwardBackwardIn:
     model_id: str
     seq_id: int
