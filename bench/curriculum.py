@@ -18,11 +18,16 @@ steps). Half of uniform sampling's prompts are easy or impossible, their groups
 mostly all right or all wrong, so their advantage is zero: they cost generation
 and teach nothing, which the pool stops once it has seen such a group.
 
-Measured per seed: uniform's held-out accuracy after the last step is the
-target; the samples each run generated until its first validation at or above
-it (``samples_ratio_uniform_over_pool``: uniform's over the pool's; more than 1
-is the pool reaching the same accuracy with fewer samples). A pool that never
-reaches it is reported as such, with ratio 0.
+One validation of 200 questions moves by 0.05-0.1 from one to the next, so
+each curve is read smoothed: the mean of three validations in a row, and the
+curves of all seeds averaged. Uniform sampling's smoothed accuracy at the last
+step is the target; the samples each mode generated until its smoothed curve
+first reached it (``samples_ratio_uniform_over_pool``: uniform's over the
+pool's; more than 1 is the pool reaching the same accuracy with fewer samples;
+0 when the pool never reaches it). The same figure per seed, and the second
+half's mean accuracy, are in the table beside it.
+
+``--add`` runs more seeds into the saved results instead of replacing them.
 
 Writes bench/results/curriculum.json and curriculum.md.
 """
@@ -90,8 +95,39 @@ def run(mode: str, seed: int, steps: int, out: Path, data: tuple[Path, Path]) ->
     return result
 
 
-def samples_to(curve: list[tuple[int, float, float]], target: float) -> float | None:
+Curve = list[tuple[int, float, float]]  # (step, samples generated so far, held-out accuracy)
+SMOOTH = 3  # validations averaged into one point
+
+
+def smoothed(curve: Curve) -> Curve:
+    """Each point from the mean of it and the validations before it, up to ``SMOOTH``."""
+    return [
+        (step, samples, sum(a for _, _, a in curve[max(0, i - SMOOTH + 1) : i + 1])
+         / len(curve[max(0, i - SMOOTH + 1) : i + 1]))
+        for i, (step, samples, _) in enumerate(curve)
+    ]  # fmt: skip
+
+
+def averaged(curves: list[Curve]) -> Curve:
+    """The seeds' curves averaged point by point (the same validation steps)."""
+    return [
+        (points[0][0], sum(p[1] for p in points) / len(points),
+         sum(p[2] for p in points) / len(points))
+        for points in zip(*curves, strict=True)
+    ]  # fmt: skip
+
+
+def samples_to(curve: Curve, target: float) -> float | None:
     return next((samples for _, samples, acc in curve if acc >= target - 1e-9), None)
+
+
+def reading(uniform: Curve, pool: Curve) -> dict:
+    """Uniform's smoothed last accuracy as the target, and each mode's samples to it."""
+    uni, poo = smoothed(uniform), smoothed(pool)
+    target = uni[-1][2]
+    u, q = samples_to(uni, target), samples_to(poo, target)
+    return {"target_accuracy": target, "uniform_samples": u, "pool_samples": q,
+            "samples_ratio_uniform_over_pool": (u / q) if (u and q) else 0.0}  # fmt: skip
 
 
 def late_mean(curve: list[tuple[int, float, float]]) -> float:
@@ -102,29 +138,55 @@ def late_mean(curve: list[tuple[int, float, float]]) -> float:
     return sum(late) / len(late)
 
 
-def summary(per_seed: list[dict], steps: int, seeds: list[int]) -> str:
+def ratio(r: dict) -> str:
+    return f"{r['samples_ratio_uniform_over_pool']:.2f}x" if r["pool_samples"] else "-"
+
+
+def reached(r: dict) -> str:
+    pool = f"{r['pool_samples']:.0f}" if r["pool_samples"] is not None else "not reached"
+    return f"{r['uniform_samples']:.0f} / {pool}"
+
+
+def summary(per_seed: list[dict], steps: int) -> str:
+    seeds = [s["seed"] for s in per_seed]
+    pooled = reading(*(averaged([s["runs"][i]["curve"] for s in per_seed]) for i in (0, 1)))
     lines = [
         f"# data.curriculum=pool against uniform sampling (easy + learnable + impossible "
-        f"prompts, {steps} steps)",
+        f"prompts, {steps} steps, {len(seeds)} seeds)",
         "",
         f"`python bench/curriculum.py --steps {steps} --seeds {' '.join(map(str, seeds))}`",
         "",
-        "| seed | uniform: held-out by step | pool: held-out by step | target (uniform's last) | "
-        "samples to it: uniform / pool | ratio | second half's mean: uniform / pool | pool skipped |",
+        f"Curves smoothed over {SMOOTH} validations in a row. All seeds averaged: target "
+        f"(uniform's last) {pooled['target_accuracy']:.3f}; samples to it, uniform / pool: "
+        f"{reached(pooled)}; **{ratio(pooled)}**.",
+        "",
+        "| seed | uniform: held-out by step | pool: held-out by step | target (uniform's last, "
+        "smoothed) | samples to it: uniform / pool | ratio | second half's mean: uniform / pool "
+        "| pool skipped |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for s in per_seed:
         uni, pool = s["runs"]
         curve = lambda r: ", ".join(f"{st}: {a:.3f}" for st, _, a in r["curve"])  # noqa: E731
-        u, q = s["uniform_samples"], s["pool_samples"]
-        reached = f"{u:.0f} / " + (f"{q:.0f}" if q is not None else "not reached")
-        ratio = f"{u / q:.2f}x" if u and q else "-"
         lines.append(
             f"| {s['seed']} | {curve(uni)} | {curve(pool)} | {s['target_accuracy']:.3f} | "
-            f"{reached} | {ratio} | {late_mean(uni['curve']):.3f} / "
+            f"{reached(s)} | {ratio(s)} | {late_mean(uni['curve']):.3f} / "
             f"{late_mean(pool['curve']):.3f} | {pool['skipped']:.0f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def write(results: Path, per_seed: list[dict], steps: int) -> str:
+    per_seed = sorted(per_seed, key=lambda s: s["seed"])
+    for s in per_seed:  # the reading is recomputed from the curves: one rule for all seeds
+        s.update(reading(s["runs"][0]["curve"], s["runs"][1]["curve"]))
+    pooled = reading(*(averaged([s["runs"][i]["curve"] for s in per_seed]) for i in (0, 1)))
+    text = summary(per_seed, steps)
+    saved = {"steps": steps, "smooth": SMOOTH, "seeds": per_seed, "all_seeds": pooled,
+             "samples_ratio_uniform_over_pool": pooled["samples_ratio_uniform_over_pool"]}  # fmt: skip
+    (results / "curriculum.json").write_text(json.dumps(saved, indent=1) + "\n")
+    (results / "curriculum.md").write_text(text)
+    return text
 
 
 def main() -> None:
@@ -133,42 +195,26 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
     p.add_argument("--report", action="store_true",
                    help="rewrite curriculum.md from curriculum.json without running")  # fmt: skip
+    p.add_argument("--add", action="store_true",
+                   help="run --seeds into the saved results instead of replacing them")  # fmt: skip
     args = p.parse_args()
     results = ROOT / "bench" / "results"
+    saved = json.loads((results / "curriculum.json").read_text()) if (
+        args.report or args.add) else {"steps": args.steps, "seeds": []}  # fmt: skip
     if args.report:
-        saved = json.loads((results / "curriculum.json").read_text())
-        text = summary(saved["seeds"], saved["steps"], [s["seed"] for s in saved["seeds"]])
-        (results / "curriculum.md").write_text(text)
-        print(text)
+        print(write(results, saved["seeds"], saved["steps"]))
         return
+    if args.add and saved["steps"] != args.steps:
+        raise SystemExit(f"--add: the saved results ran {saved['steps']} steps; pass --steps "
+                         f"{saved['steps']}")  # fmt: skip
     out = ROOT / "bench" / ".runs" / "curriculum"
     out.mkdir(parents=True, exist_ok=True)
     data = write_data(out)
-    per_seed = []
+    per_seed = [s for s in saved["seeds"] if s["seed"] not in args.seeds]
     for seed in args.seeds:
         uniform, pool = (run(mode, seed, args.steps, out, data) for mode in ("none", "pool"))
-        target = uniform["curve"][-1][2]
-        u, q = samples_to(uniform["curve"], target), samples_to(pool["curve"], target)
-        ratio = (u / q) if (u and q) else 0.0
-        per_seed.append({"seed": seed, "target_accuracy": target, "uniform_samples": u,
-                         "pool_samples": q, "samples_ratio_uniform_over_pool": ratio,
-                         "runs": [uniform, pool]})  # fmt: skip
-    text = summary(per_seed, args.steps, args.seeds)
-    print(text)
-    (results / "curriculum.json").write_text(
-        json.dumps(
-            {
-                "steps": args.steps,
-                "seeds": per_seed,
-                "samples_ratio_uniform_over_pool": [
-                    s["samples_ratio_uniform_over_pool"] for s in per_seed
-                ],
-            },
-            indent=1,
-        )
-        + "\n"  # fmt: skip
-    )
-    (results / "curriculum.md").write_text(text)
+        per_seed.append({"seed": seed, "runs": [uniform, pool]})
+    print(write(results, per_seed, args.steps))
 
 
 if __name__ == "__main__":

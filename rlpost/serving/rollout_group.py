@@ -69,6 +69,16 @@ QUIET = {"env_vars": WORKER_ENV}
 T = TypeVar("T")
 
 
+def replica_env(engine_cfg: object) -> dict[str, dict[str, str]]:
+    """A replica's runtime environment: ``WORKER_ENV``, and no ``torch.compile``
+    under an eager engine. vLLM 0.32 compiles its sampler's log-prob rank count
+    even then, at the first request that asks for log-probs: 2-3 s of every run
+    on the CPU. torch reads the variable once, at import; the same switch set on
+    a running process holds only in the thread that set it."""
+    eager = getattr(getattr(engine_cfg, "prefill", engine_cfg), "enforce_eager", False)
+    return {"env_vars": {**WORKER_ENV, **({"TORCH_COMPILE_DISABLE": "1"} if eager else {})}}
+
+
 class RolloutGroup:
     """``replicas`` rollout actors (engine ``engine``: vllm or hf) and their router.
 
@@ -93,9 +103,9 @@ class RolloutGroup:
         max_restarts: int = 3,
         wait: bool = True,
     ):
-        cls: ActorClass = ray.remote(num_cpus=num_cpus, runtime_env=QUIET, **(device_opts or {}))(
-            RolloutWorker
-        )
+        cls: ActorClass = ray.remote(
+            num_cpus=num_cpus, runtime_env=replica_env(engine_cfg), **(device_opts or {})
+        )(RolloutWorker)
         where: Sequence[Scheduling] = scheduling or [None] * replicas
         assert len(where) == replicas, "one scheduling strategy per replica"
         # PD mode: set only when engine_cfg is a PDEngineConfig.

@@ -13,7 +13,11 @@ pytest.importorskip("vllm")
 STEPS = 30
 
 
+# A learning run, opt-in with the presets' (-m presets); agent episodes' mechanics
+# through the CLI (tools, environments, programs, log-prob parity over the gaps)
+# are tests/integration/test_agent_cli.py's, in every run.
 @pytest.mark.slow
+@pytest.mark.presets
 def test_tool_use_accuracy_rises(tmp_path, model_cache):
     args = [
         "algo=grpo", "agent=calculator", f"trainer.total_steps={STEPS}", "trainer.val_every=0",

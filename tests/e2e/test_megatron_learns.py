@@ -1,8 +1,10 @@
 """The real CLI trains PPO with a Megatron policy, reference and critic at
 tensor parallel 2, on the built-in task, and the policy gets better (fixed seed).
 One of the presets' runs (``-m presets``, 2.5 min): by default the Megatron engines
-are checked against FSDP2 step by step (tests/integration/test_megatron_engine.py)
-and PPO on both through the CLI (tests/integration/test_megatron_resume_cli.py).
+are checked against FSDP2 step by step (tests/integration/test_megatron_engine.py,
+test_megatron_critic.py) and GRPO on Megatron runs through the CLI at expert
+parallelism 2 (tests/integration/test_megatron_moe.py); PPO on Megatron through
+the CLI, resumed exactly, is tests/integration/test_megatron_resume_cli.py (-m extended).
 
 The base policy is the one every other e2e test starts from: the warm-up trains
 with its own recipe (one float32 FSDP2 rank, ``rlpost.models.warmup.warmup_config``)

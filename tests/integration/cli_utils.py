@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.cli_in_process import Finished, main_in_process
+
 COMMON = [
     "trainer.save_every=2", "trainer.val_every=2", "data.prompts_per_step=4", "rollout.n=4",
     "data.val_size=16", "rollout.kv_cache_gib=0.0625", "trainer.lr=1e-3",
@@ -22,23 +24,34 @@ REWARD = "def score(completion, row):\n    return len(completion) / 8.0\n"
 ENV = {**os.environ, "TQDM_DISABLE": "1"}
 
 
-def cli_command(model: Path, run_dir: Path, steps: int, *extra: str) -> list[str]:
-    """``python -m rlpost.main`` on ``model`` with a length reward, ``steps`` steps."""
+def cli_args(model: Path, run_dir: Path, steps: int, *extra: str) -> list[str]:
+    """The CLI's arguments for ``model`` with a length reward, ``steps`` steps."""
     reward = run_dir.parent / "reward.py"
     reward.write_text(REWARD)
-    return [sys.executable, "-m", "rlpost.main", f"model.path={model}", *COMMON,
-            "reward=custom", f"reward.fn={reward}:score",
+    return [f"model.path={model}", *COMMON, "reward=custom", f"reward.fn={reward}:score",
             f"trainer.total_steps={steps}", f"trainer.run_dir={run_dir}", *extra]  # fmt: skip
 
 
+def cli_command(model: Path, run_dir: Path, steps: int, *extra: str) -> list[str]:
+    """``python -m rlpost.main`` with ``cli_args``."""
+    return [sys.executable, "-m", "rlpost.main", *cli_args(model, run_dir, steps, *extra)]
+
+
 def run(model: Path, run_dir: Path, steps: int, *extra: str) -> list[dict]:
-    """Run the CLI to the end; returns its metrics rows."""
-    proc = subprocess.run(
-        cli_command(model, run_dir, steps, *extra),
-        capture_output=True, text=True, timeout=600, env=ENV,
-    )  # fmt: skip
+    """Run the CLI to the end (in this process: ``tests/cli_in_process.py``);
+    returns its metrics rows."""
+    proc = cli(cli_args(model, run_dir, steps, *extra))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return metrics(run_dir)
+
+
+def cli(
+    args: list[str], env: dict[str, str | None] | None = None, cwd: Path | str | None = None
+) -> Finished:
+    """``python -m rlpost.main *args`` run in this process, ``env`` added to the
+    environment (None removes a variable): returncode, stdout and stderr as
+    ``subprocess.run`` captures them."""
+    return main_in_process(args, env, cwd)
 
 
 def start(

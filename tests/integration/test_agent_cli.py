@@ -5,17 +5,15 @@ over the masked gaps, and bad agent specs stopped before Ray starts."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_utils import cli
 
 from rlpost.models.tiny import build_tiny_model
+from tests.cli_in_process import Finished, stop_ray
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "TQDM_DISABLE": "1"}
 COMMON = [
     "algo=grpo", "data=files", "data.prompts_per_step=4", "rollout.n=4", "data.val_size=8",
     "rollout.max_tokens=8", "data.max_prompt_tokens=48", "rollout.max_model_len=160",
@@ -34,11 +32,8 @@ def _jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def _cli(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "rlpost.main", *args],
-        capture_output=True, text=True, timeout=timeout, env=ENV, cwd=ROOT,
-    )  # fmt: skip
+def _cli(args: list[str], env: dict[str, str] | None = None) -> Finished:
+    return cli(args, env, cwd=ROOT)
 
 
 def _metrics(run_dir: Path) -> list[dict]:
@@ -54,13 +49,12 @@ def _program_run(
     val = _jsonl(tmp_path / "prog_val.jsonl", [{**r, "split": "val"} for r in rows])
     tokens = tmp_path / "tokens.jsonl"
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "rlpost.main", f"model.path={model}", *COMMON,
+    proc = _cli(
+        [f"model.path={model}", *COMMON,
          f"data.train_files={train}", f"data.val_files={val}", "data.val_size=4",
          f"agent.program={program}", "agent.max_turns=3", "agent.max_response_tokens=64",
          f"trainer.run_dir={run_dir}", *extra],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
-        env={**ENV, "RLPOST_TEST_TOKENS": str(tokens)},
+        env={"RLPOST_TEST_TOKENS": str(tokens)},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run_dir, tokens
@@ -272,6 +266,7 @@ def test_bad_agent_specs_are_config_errors_before_ray(
 
     from rlpost.main import main
 
+    stop_ray()  # the Ray this module's runs shared: this run must start none
     train = _jsonl(tmp_path / "t.jsonl", [{"prompt": "x", "secret": 1, "answer": 1.0}])
     monkeypatch.chdir(ROOT)
     code = main([

@@ -272,12 +272,9 @@ def test_disk_full_during_save_is_a_clear_error_and_the_previous_checkpoint_load
 
 
 def _cli(model: str, run_dir: Path, steps: int, *extra: str):
-    import subprocess
+    from cli_utils import cli, cli_args
 
-    from cli_utils import ENV, cli_command
-
-    cmd = cli_command(Path(model), run_dir, steps, *extra)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
+    return cli(cli_args(Path(model), run_dir, steps, *extra))
 
 
 def _limit_writer(proc, run_dir: Path, fsize: int) -> None:

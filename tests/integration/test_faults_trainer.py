@@ -32,6 +32,7 @@ from cli_utils import (
 )
 
 from rlpost.models.tiny import build_tiny_model
+from tests.cli_in_process import stop_ray
 
 pytest.importorskip("vllm")
 
@@ -149,6 +150,7 @@ def test_a_rank_death_is_raised_over_the_survivors_broken_collective():
                 raise RuntimeError("Read error: Connection reset by peer")
             time.sleep(60)
 
+    stop_ray()  # the Ray this module's in-process runs shared: this test starts its own
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         rank = ray.remote(num_cpus=0)(Rank)

@@ -5,11 +5,8 @@ it does return with the key syntax."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-from cli_utils import COMMON, ENV, metrics
+from cli_utils import COMMON, cli, metrics
 
 from rlpost.models.tiny import build_tiny_model
 
@@ -25,10 +22,10 @@ def _gdpo(tmp_path, run_dir, *extra):
     model = build_tiny_model("micro", tmp_path / "m", seed=0, init_std=0.3)
     reward = tmp_path / "reward.py"
     reward.write_text(REWARD)
-    cmd = [sys.executable, "-m", "rlpost.main", "algo=gdpo", f"model.path={model}", *COMMON,
+    args = ["algo=gdpo", f"model.path={model}", *COMMON,
            "reward=custom", f"reward.fn={reward}:score", "trainer.total_steps=1",
            "trainer.val_every=0", f"trainer.run_dir={run_dir}", *extra]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
+    return cli(args)
 
 
 def test_gdpo_weighs_every_named_reward_at_one_and_names_a_misspelled_weight(tmp_path):

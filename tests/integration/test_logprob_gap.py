@@ -6,10 +6,8 @@ default one (1e-2) must not. Under bf16 the mean gap is the check."""
 
 from __future__ import annotations
 
-import subprocess
-
 import yaml
-from cli_utils import ENV, cli_command, metrics
+from cli_utils import cli, cli_args, metrics
 
 from rlpost.models.tiny import build_tiny_model
 
@@ -17,8 +15,7 @@ from rlpost.models.tiny import build_tiny_model
 def test_a_gap_above_the_threshold_stops_the_run_and_names_the_key(tmp_path):
     model = build_tiny_model("micro", tmp_path / "m", seed=0)
     run_dir = tmp_path / "run"
-    cmd = cli_command(model, run_dir, 2, "rollout.max_logprob_gap=1e-12", "trainer.val_every=0")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
+    proc = cli(cli_args(model, run_dir, 2, "rollout.max_logprob_gap=1e-12", "trainer.val_every=0"))
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "step 1: the rollout's log-probs differ" in proc.stderr
     assert "rollout.max_logprob_gap=1e-12" in proc.stderr
@@ -37,8 +34,7 @@ def test_bf16_trains_on_both_sides_and_the_mean_gap_check_holds(tmp_path):
     1e-6, and the mean-gap check, the one that holds under bf16, lets the run through."""
     model = build_tiny_model("micro", tmp_path / "m", seed=0)
     run_dir = tmp_path / "run"
-    cmd = cli_command(model, run_dir, 2, "trainer.mixed_precision=bf16", "trainer.val_every=0")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
+    proc = cli(cli_args(model, run_dir, 2, "trainer.mixed_precision=bf16", "trainer.val_every=0"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert saved["rollout"]["dtype"] == "bfloat16"

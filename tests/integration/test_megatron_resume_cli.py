@@ -26,6 +26,10 @@ ARGS = (
 )
 
 
+# With -m extended: by default Megatron runs through the CLI once, at expert
+# parallelism 2 (test_megatron_moe.py), and its checkpoints round-trip exactly on
+# the engine (test_megatron_engine.py).
+@pytest.mark.extended
 def test_resumed_megatron_run_matches_uninterrupted_run(tmp_path):
     model = build_tiny_model("micro", tmp_path / "m", seed=0, init_std=0.3)
     straight = run(model, tmp_path / "a", 4, *ARGS)

@@ -7,11 +7,9 @@ the prompts' KV from the prefill side (prompts longer than a 32-token block)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from cli_utils import cli
 
 from rlpost.models.tiny import build_tiny_model
 
@@ -28,7 +26,7 @@ def test_cli_runs_grpo_steps_with_pd(tmp_path):
         rows = [{"prompt": f"Sequence {k}: " + "abcdefgh"[k % 8] * (30 + k % 9)} for k in range(n)]
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "rlpost.main", f"model.path={model}",
+    args = [f"model.path={model}",
            "rollout.pd.enabled=true", "rollout.pd.prefill_replicas=1",
            "rollout.pd.decode_replicas=1", "rollout.block_size=32", "rollout.num_cpus=0.5",
            "trainer.total_steps=3", "trainer.val_every=0", "trainer.lr=1e-3",
@@ -37,8 +35,7 @@ def test_cli_runs_grpo_steps_with_pd(tmp_path):
            "rollout.n=4", "rollout.kv_cache_gib=0.0625",
            "reward=custom", f"reward.fn={tmp_path / 'reward.py'}:score",
            f"trainer.run_dir={run_dir}"]  # fmt: skip
-    env = {**os.environ, "TQDM_DISABLE": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    proc = cli(args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["step"] >= 1]

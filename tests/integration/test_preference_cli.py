@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
-from cli_utils import ENV, metrics
+from cli_utils import cli, metrics
 
 from rlpost.models.tiny import build_tiny_model
 from rlpost.rewards.reward_model import SequenceRewardModel, check_reward_model
+from tests.cli_in_process import Finished
 
 pytest.importorskip("vllm")
 
@@ -22,9 +21,8 @@ SMALL = [
 ]  # fmt: skip
 
 
-def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "rlpost.main", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV)
+def _cli(*args: str) -> Finished:
+    return cli(list(args))
 
 
 def _pair(a: int, b: int, wrong: int) -> dict:

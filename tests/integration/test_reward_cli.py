@@ -6,14 +6,13 @@ with its first traceback."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_utils import cli
 
 from rlpost.models.tiny import build_tiny_model
+from tests.cli_in_process import Finished
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,7 +35,7 @@ def setup(tmp_path_factory):
     return tmp, model
 
 
-def _cli(tmp: Path, model: Path, fn: str, run: str) -> subprocess.CompletedProcess:
+def _cli(tmp: Path, model: Path, fn: str, run: str) -> Finished:
     args = [
         f"model.path={model}", "data=files", f"data.train_files={tmp / 'mine.jsonl'}",
         f"data.val_files={tmp / 'mine.jsonl'}", "reward=custom", f"reward.fn={tmp}/my_reward.py:{fn}",
@@ -44,10 +43,7 @@ def _cli(tmp: Path, model: Path, fn: str, run: str) -> subprocess.CompletedProce
         "trainer.val_every=0", "rollout.kv_cache_gib=0.0625", "trainer.logger=[jsonl]",
         "trainer.save_final=false", f"trainer.run_dir={tmp / run}",
     ]  # fmt: skip
-    return subprocess.run(
-        [sys.executable, "-m", "rlpost.main", *args], capture_output=True, text=True,
-        timeout=600, cwd=ROOT, env={**os.environ, "TQDM_DISABLE": "1"},
-    )  # fmt: skip
+    return cli(args, cwd=ROOT)
 
 
 @pytest.mark.parametrize("fn", [pytest.param("score", marks=pytest.mark.extended), "trl_style"])
@@ -83,10 +79,7 @@ def test_reasoning_gym_datasets_train_with_their_own_verifiers(setup):
         "trainer.val_every=0", "rollout.kv_cache_gib=0.0625", "trainer.logger=[jsonl]",
         "trainer.save_final=false", f"trainer.run_dir={run}",
     ]  # fmt: skip
-    proc = subprocess.run(
-        [sys.executable, "-m", "rlpost.main", *args], capture_output=True, text=True,
-        timeout=600, cwd=ROOT, env={**os.environ, "TQDM_DISABLE": "1"},
-    )  # fmt: skip
+    proc = cli(args, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["step"] > 0]

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from cli_utils import cli
 
 from rlpost.models.tiny import build_tiny_model
 
@@ -32,15 +30,13 @@ def test_sft_on_multi_turn_chats(tmp_path):
     train.write_text("".join(json.dumps(_chat(a, b)) + "\n" for a in range(8) for b in range(8)))
     val.write_text("".join(json.dumps(_chat(a, 9)) + "\n" for a in range(4)))
     run_dir = tmp_path / "run"
-    cmd = [
-        sys.executable, "-m", "rlpost.main", "algo=sft", "data=files",
+    args = [
+        "algo=sft", "data=files",
         f"data.train_files=[{train}]", f"data.val_files=[{val}]", f"model.path={model}",
         "data.prompts_per_step=16", "trainer.lr=3e-3", "trainer.total_steps=12",
         "trainer.val_every=0", "rollout.kv_cache_gib=0.0625", f"trainer.run_dir={run_dir}",
     ]  # fmt: skip
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "TQDM_DISABLE": "1"}
-    )
+    proc = cli(args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     nll = [r["sft/nll"] for r in rows if "sft/nll" in r]

@@ -7,15 +7,13 @@ language model trains, and the rollout samples from the trained policy."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
 pytest.importorskip("vllm")
 
-from cli_utils import ENV, metrics  # noqa: E402
+from cli_utils import cli, metrics  # noqa: E402
 
 from rlpost.models.vl import IMAGE_SIDE, build_vl_model  # noqa: E402
 from rlpost.runtime.vl_compat import torchvision_available  # noqa: E402
@@ -50,8 +48,8 @@ def test_grpo_on_image_prompts_trains_the_language_model_only(tmp_path):
     reward = tmp_path / "reward.py"
     reward.write_text(REWARD)
     run_dir = tmp_path / "run"
-    cmd = [
-        sys.executable, "-m", "rlpost.main", "algo=grpo", f"model.path={model}", "data=files",
+    args = [
+        "algo=grpo", f"model.path={model}", "data=files",
         f"data.train_files={write_rows(tmp_path, 12, 'train')}",
         f"data.val_files={write_rows(tmp_path, 6, 'val')}",
         "reward=custom", f"reward.fn={reward}:score", f"trainer.run_dir={run_dir}",
@@ -59,7 +57,7 @@ def test_grpo_on_image_prompts_trains_the_language_model_only(tmp_path):
         "rollout.n=4", "rollout.max_tokens=8", "rollout.kv_cache_gib=0.0625",
         "trainer.lr=1e-3", "trainer.lr_warmup_steps=0",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=ENV)
+    proc = cli(args)
     assert proc.returncode == 0, proc.stderr[-4000:]
     if not torchvision_available():  # the run's last line says what AutoProcessor needs
         last = proc.stdout.strip().splitlines()[-1]
