@@ -29,7 +29,8 @@ half's mean accuracy, are in the table beside it.
 
 ``--add`` runs more seeds into the saved results instead of replacing them.
 
-Writes bench/results/curriculum.json and curriculum.md.
+Writes bench/results/curriculum.json and curriculum.md, and the docs' figure
+docs/images/curriculum.png.
 """
 
 from __future__ import annotations
@@ -186,7 +187,34 @@ def write(results: Path, per_seed: list[dict], steps: int) -> str:
              "samples_ratio_uniform_over_pool": pooled["samples_ratio_uniform_over_pool"]}  # fmt: skip
     (results / "curriculum.json").write_text(json.dumps(saved, indent=1) + "\n")
     (results / "curriculum.md").write_text(text)
+    plot(per_seed, ROOT / "docs" / "images" / "curriculum.png")
     return text
+
+
+def plot(per_seed: list[dict], path: Path) -> None:
+    """Held-out accuracy against samples generated, smoothed and averaged over the
+    seeds, each mode's seeds faint behind it: the docs' figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=120)
+    for i, (mode, colour) in enumerate((("uniform (none)", "tab:gray"), ("pool", "tab:blue"))):
+        for s in per_seed:
+            curve = smoothed(s["runs"][i]["curve"])
+            ax.plot([c[1] for c in curve], [c[2] for c in curve], color=colour, alpha=0.15)
+        mean = smoothed(averaged([s["runs"][i]["curve"] for s in per_seed]))
+        ax.plot([c[1] for c in mean], [c[2] for c in mean], color=colour, lw=2.2, label=mode)
+    target = reading(*(averaged([s["runs"][i]["curve"] for s in per_seed]) for i in (0, 1)))
+    ax.axhline(target["target_accuracy"], color="black", lw=0.8, ls=":")
+    ax.set_xlabel("samples generated")
+    ax.set_ylabel(f"held-out accuracy ({SMOOTH} validations)")
+    ax.set_title(f"data.curriculum: {len(per_seed)} seeds, mean and each seed", fontsize=10)
+    ax.legend(loc="lower right", frameon=False)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def main() -> None:
