@@ -26,6 +26,7 @@ import logging
 import re
 import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from aiohttp import web
 
 from rlpost.serve import wire
 from rlpost.serve.errors import NotFound, UserError
-from rlpost.serve.host import LoraSpec, ModelHost, read_meta
+from rlpost.serve.host import LoraSpec, ModelHost, SampleRequest, read_meta
 from rlpost.serve.wire import SampleParams
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,8 @@ class Service:
         self.hosts, self.state_dir, self.api_key, self.poll_s = hosts, state_dir, api_key, poll_s
         self.workers = {name: ThreadPoolExecutor(1, thread_name_prefix=f"serve-{name}")
                         for name in hosts}  # fmt: skip
+        # sample requests waiting for their host's worker, which answers them together
+        self.sampling: dict[str, deque[SampleRequest]] = {name: deque() for name in hosts}
         self.sessions: dict[str, Session] = {}
         self.samplers: dict[str, Sampler] = {}
         self.futures: dict[str, asyncio.Future[Result]] = {}
@@ -511,12 +514,13 @@ class Service:
         host = sampler.host
         ids = [f"{sampler.key}:{sampler.issued + i}" for i in range(n)]
         sampler.issued += n
+        asked = SampleRequest(sampler.key, prompt, n, params, with_prompt)
+        queue = self.sampling[host.name]
+        queue.append(asked)
 
         def run() -> Any:
-            pending = host.sample_later(sampler.key, prompt, n, params, with_prompt)
-            if pending is not None:  # the vLLM engine's batch, not this worker, answers
-                return pending
-            return host.sample(sampler.key, prompt, n, params, with_prompt)
+            host.sample_queued(queue)  # this request and every one sent since, together
+            return asked.answer
 
         request_id = self._submit(host, run, lambda out: wire.encode_sample(*out))
         return web.json_response({"request_id": request_id, "sample_sequence_ids": ids})

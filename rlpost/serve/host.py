@@ -10,6 +10,8 @@ and a tenant trained beside others ends where it would have alone.
 Sampling uses snapshots of an adapter (``save_weights_for_sampler``): each is
 loaded into an adapter slot of its own (a few at once, the least recently used
 evicted), so training can go on while samplers read the weights they were given.
+Sample requests waiting for the worker are answered together: one batched
+generation per snapshot (``sample_queued``).
 
 Legend: b = sequences, t = tokens, v = vocabulary, n = tokens of one datum,
 k = targets per position.
@@ -17,15 +19,17 @@ k = targets per position.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
 import secrets
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,6 +55,7 @@ UNEMBED = ("lm_head",)
 LORA_ALPHA = 32  # the update is (32 / rank) B A, whatever the rank
 MICRO_TOKENS = 16384  # padded tokens per forward pass of a forward_backward
 SAMPLER_SLOTS = 4  # sampler snapshots loaded as adapters at once
+SAMPLE_ROWS = 256  # sequences generated together, at most, by the model sampler
 SNAPSHOTS_KEPT = 8  # unnamed sampler snapshots kept per tenant (the newest)
 PLACEHOLDER = "{adapter}"
 
@@ -93,6 +98,19 @@ class Tenant:
     steps: int = 0
     snapshots: list[str] = field(default_factory=list)  # unnamed sampler snapshots, oldest first
     log: TenantLog | None = None  # its training as a run folder for the board
+
+
+@dataclass
+class SampleRequest:
+    """One ``asample`` waiting for the host's worker; ``answer`` holds its sequences
+    and prompt log-probs (or its error) once it is done."""
+
+    key: str  # the sampler snapshot
+    prompt: list[int]
+    n: int
+    params: SampleParams
+    prompt_logprobs: bool
+    answer: Future[tuple[list[SampledOut], list[float] | None]] = field(default_factory=Future)
 
 
 @dataclass
@@ -424,58 +442,144 @@ class ModelHost:
             lora = self.vllm.adapter(key, tensors, snap.spec.rank, snap.spec.adapter_config())
         return self.vllm.submit(prompt, n, params, steps, prompt_logprobs, lora)
 
+    def sample_queued(self, queue: deque[SampleRequest]) -> None:
+        """Answer every request in ``queue`` (the worker runs this for the first of
+        them; later ones find theirs answered). The vLLM engine answers those it
+        samples; the model the rest, in one batched generation per snapshot, so
+        requests sent together -- a recipe sends each episode's on its own --
+        share their forward passes. A request's error is its own answer."""
+        by_key: dict[str, list[SampleRequest]] = {}
+        while queue:
+            r = queue.popleft()
+            try:
+                pending = self.sample_later(r.key, r.prompt, r.n, r.params, r.prompt_logprobs)
+                if pending is None:
+                    self._max_tokens(r.prompt, r.params)
+            except Exception as e:  # noqa: BLE001 (answered to its request, not raised here)
+                r.answer.set_exception(e)
+                continue
+            if pending is not None:
+                pending.add_done_callback(partial(_pass_on, r.answer))
+            else:
+                by_key.setdefault(r.key, []).append(r)
+        for key, requests in by_key.items():
+            for batch in _batches(requests, SAMPLE_ROWS):
+                try:
+                    answers = self._generate(key, batch)
+                except Exception as e:  # noqa: BLE001 (each request of the batch answered)
+                    for r in batch:
+                        r.answer.set_exception(e)
+                    continue
+                for r, answer in zip(batch, answers, strict=True):
+                    r.answer.set_result(answer)
+
     @torch.no_grad()
-    def sample(
-        self, key: str, prompt: list[int], n: int, params: SampleParams, prompt_logprobs: bool
-    ) -> tuple[list[SampledOut], list[float] | None]:
-        """``n`` continuations of ``prompt`` by the snapshot ``key``: each token's
-        log-prob is under softmax(logits / temperature), before top-k and top-p."""
-        pending = self.sample_later(key, prompt, n, params, prompt_logprobs)
-        if pending is not None:
-            return pending.result()
-        steps = self._max_tokens(prompt, params)
+    def _generate(
+        self, key: str, requests: list[SampleRequest]
+    ) -> list[tuple[list[SampledOut], list[float] | None]]:
+        """Each request's ``n`` continuations by the snapshot ``key``, all rows in one
+        batch: prompts left-padded, positions counted from each prompt's first token.
+        Each token's log-prob is under softmax(logits / temperature), before top-k and
+        top-p; each request draws from its own generator (its seed), as it would alone."""
         adapter = self._slot(key)
-        generator = torch.Generator(device="cpu")
-        generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(62))
-        ids = torch.tensor([prompt] * n, device=self.device)
+        spans = list(itertools.accumulate((r.n for r in requests), initial=0))
+        owner = [i for i, r in enumerate(requests) for _ in range(r.n)]  # row -> request
+        limit = [self._max_tokens(requests[i].prompt, requests[i].params) for i in owner]
+        width = max(len(r.prompt) for r in requests)
+        pad = self.tokenizer.pad_token_id or 0
+        ids = torch.full((len(owner), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(owner), width), dtype=torch.long)
+        for row, i in enumerate(owner):
+            prompt = requests[i].prompt
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        temperature = torch.tensor(
+            [max(requests[i].params.temperature, 1e-6) for i in owner], device=self.device
+        )[:, None]
+        generators = []
+        for r in requests:
+            generators.append(torch.Generator(device="cpu"))
+            generators[-1].manual_seed(
+                r.params.seed if r.params.seed is not None else secrets.randbits(62)
+            )
         eos = self.tokenizer.eos_token_id
-        stops = set(params.stop_tokens) | ({eos} if eos is not None else set())
+        stops = [
+            set(r.params.stop_tokens) | ({eos} if eos is not None else set()) for r in requests
+        ]
+        rows = len(owner)
+        tokens: list[list[int]] = [[] for _ in range(rows)]
+        lps: list[list[float]] = [[] for _ in range(rows)]
+        done, stopped = [False] * rows, [False] * rows
         with self._active(adapter) as model:
-            out = model(input_ids=ids, use_cache=True)
-            past, logits = out.past_key_values, out.logits
-            first = None
-            if prompt_logprobs:
-                lp = torch.log_softmax(logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None])
-                first = [math.nan, *lp.view(-1).tolist()]
-            tokens: list[list[int]] = [[] for _ in range(n)]
-            lps: list[list[float]] = [[] for _ in range(n)]
-            done = [False] * n
-            stopped = [False] * n
-            last = logits[:, -1]
-            for _ in range(steps):
-                logp = torch.log_softmax(last.float() / max(params.temperature, 1e-6), -1)
-                choice = _draw(logp, params, generator)
+            out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+            past, last = out.past_key_values, out.logits[:, -1]
+            firsts: list[list[float] | None] = [None] * len(requests)
+            for i, r in enumerate(requests):
+                if r.prompt_logprobs:
+                    row, start = spans[i], width - len(r.prompt)
+                    lp = torch.log_softmax(out.logits[row, start:-1].float(), -1)
+                    picked = lp.gather(-1, ids[row, start + 1 :, None]).view(-1)
+                    firsts[i] = [math.nan, *picked.tolist()]
+            for _ in range(max(limit)):
+                logp = torch.log_softmax(last.float() / temperature, -1)
+                choice = torch.cat([
+                    _draw(logp[spans[i] : spans[i + 1]], r.params, generators[i])
+                    for i, r in enumerate(requests)
+                ])  # fmt: skip
                 chosen = logp.gather(-1, choice[:, None]).view(-1)
-                for i in range(n):
-                    if done[i]:
+                for row, i in enumerate(owner):
+                    if done[row]:
                         continue
-                    token = int(choice[i])
-                    tokens[i].append(token)
-                    lps[i].append(float(chosen[i]))
-                    if token in stops or self._stop_string(tokens[i], params.stop_strings):
-                        done[i] = stopped[i] = True
+                    token = int(choice[row])
+                    tokens[row].append(token)
+                    lps[row].append(float(chosen[row]))
+                    if token in stops[i] or self._stop_string(
+                        tokens[row], requests[i].params.stop_strings
+                    ):
+                        done[row] = stopped[row] = True
+                    elif len(tokens[row]) >= limit[row]:
+                        done[row] = True
                 if all(done):
                     break
-                out = model(input_ids=choice[:, None].to(self.device), past_key_values=past,
-                            use_cache=True)  # fmt: skip
+                mask = torch.cat([mask, mask.new_ones((rows, 1))], -1)
+                positions = positions[:, -1:] + 1
+                out = model(input_ids=choice[:, None], attention_mask=mask,
+                            position_ids=positions, past_key_values=past, use_cache=True)  # fmt: skip
                 past, last = out.past_key_values, out.logits[:, -1]
-        return [SampledOut(t, lp, s) for t, lp, s in zip(tokens, lps, stopped, strict=True)], first
+        return [
+            ([SampledOut(tokens[row], lps[row], stopped[row])
+              for row in range(spans[i], spans[i + 1])], firsts[i])
+            for i in range(len(requests))
+        ]  # fmt: skip
 
     def _stop_string(self, tokens: list[int], stops: tuple[str, ...]) -> bool:
         if not stops:
             return False
         tail = self.tokenizer.decode(tokens[-32:], skip_special_tokens=False)
         return any(s in tail for s in stops)
+
+
+def _pass_on(answer: Future, pending: Future) -> None:
+    """``pending``'s outcome (the vLLM engine's) as ``answer``'s."""
+    if pending.exception() is not None:
+        answer.set_exception(pending.exception())
+    else:
+        answer.set_result(pending.result())
+
+
+def _batches(requests: list[SampleRequest], rows: int) -> Iterator[list[SampleRequest]]:
+    """``requests`` in order, in batches of at most ``rows`` sequences (a request
+    asking for more is a batch of its own)."""
+    batch: list[SampleRequest] = []
+    for r in requests:
+        if batch and sum(b.n for b in batch) + r.n > rows:
+            yield batch
+            batch = []
+        batch.append(r)
+    if batch:
+        yield batch
 
 
 def _draw(logp_bv: torch.Tensor, params: SampleParams, generator: torch.Generator) -> torch.Tensor:
