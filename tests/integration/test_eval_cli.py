@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_utils import cli
 
 from rlpost.models.tiny import build_tiny_model
 
@@ -44,12 +45,12 @@ def trained(tmp_path_factory):
     model = build_tiny_model("micro", tmp / "m", seed=0)
     (tmp / "reward.py").write_text(REWARD)
     run = tmp / "run"
-    proc = _cli(
-        "rlpost.main", f"model.path={model}", "reward=custom", f"reward.fn={tmp}/reward.py:score",
+    proc = cli([
+        f"model.path={model}", "reward=custom", f"reward.fn={tmp}/reward.py:score",
         "data.prompts_per_step=4", "rollout.n=4", "trainer.total_steps=2", "trainer.val_every=0",
         "trainer.save_every=0", "trainer.save_final=true", "trainer.val_n=4",
         "trainer.logger=[jsonl]", f"trainer.run_dir={run}", *FAST,
-    )  # fmt: skip
+    ], cwd=ROOT)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run
 
