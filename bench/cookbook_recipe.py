@@ -3,7 +3,7 @@ machine, offline: supervised learning with ``recipes.chat_sl.train`` on
 conversations in the arithmetic environment's format, then RL with
 ``recipes.math_rl.train env=arithmetic`` from that checkpoint.
 
-    python bench/cookbook_recipe.py                              # 40 SL, 40 RL steps
+    python bench/cookbook_recipe.py                              # 640 SL, 30 RL steps
     python bench/cookbook_recipe.py --sl-steps 3 --rl-steps 3    # a smoke run
 
 The server serves the built-in model (``rlpost/tiny-arith``, ~1 M parameters,
@@ -38,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 COOKBOOK = ROOT / ".cookbook"
 MODEL = "rlpost/tiny-arith"
+ROWS = 4096  # conversations in the supervised data (an epoch: 64 steps of 64)
 FEWSHOT = [{"role": "user", "content": "What is 4 + 5?"}, {"role": "assistant", "content": "9"}]
 
 
@@ -86,10 +87,13 @@ def rows(path: Path) -> list[dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sl-steps", type=int, default=40)
-    p.add_argument("--rl-steps", type=int, default=40)
-    p.add_argument("--sl-lr", type=float, default=2e-3)
+    p.add_argument("--sl-steps", type=int, default=640)
+    p.add_argument("--rl-steps", type=int, default=30)
+    p.add_argument("--sl-lr", type=float, default=3e-3)
     p.add_argument("--rl-lr", type=float, default=1e-3)
+    p.add_argument("--max-tokens", type=int, default=12,
+                   help="the RL recipe's max_tokens: a character-level tokenizer needs 9 for "
+                   "an answer and the stop sequence (its default, 5, is for words)")  # fmt: skip
     args = p.parse_args()
     if not (COOKBOOK / "tinker_cookbook").is_dir():
         raise SystemExit(f"the cookbook is not in {COOKBOOK}: run install.sh (COOKBOOK=1)")
@@ -97,7 +101,7 @@ def main() -> None:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     data = out / "arith_conversations.jsonl"
-    write_conversations(data, 4096)
+    write_conversations(data, ROWS)
     env = {**os.environ, "HF_HOME": str(out / "hf"), "TINKER_TELEMETRY": "0",
            "TINKER_API_KEY": "tml-bench", "TQDM_DISABLE": "1"}  # fmt: skip
     client_env = {**env, "PYTHONPATH": str(COOKBOOK), "HF_HUB_OFFLINE": "1"}
@@ -108,13 +112,14 @@ def main() -> None:
         sl_s = recipe("tinker_cookbook.recipes.chat_sl.train",
                       [*common, f"dataset={data}", f"log_path={out / 'sl'}", "batch_size=64",
                        f"learning_rate={args.sl_lr}", f"max_steps={args.sl_steps}",
+                       f"num_epochs={-(-args.sl_steps * 64 // ROWS)}",
                        "save_every=0", "eval_every=0", "infrequent_eval_every=0"],
                       out, "sl", client_env)  # fmt: skip
         state = rows(out / "sl" / "checkpoints.jsonl")[-1]["state_path"]
         rl_s = recipe("tinker_cookbook.recipes.math_rl.train",
                       [*common, "env=arithmetic", "loss_fn=importance_sampling",
                        f"load_checkpoint_path={state}", "groups_per_batch=16", "group_size=8",
-                       "max_tokens=8", f"learning_rate={args.rl_lr}",
+                       f"max_tokens={args.max_tokens}", f"learning_rate={args.rl_lr}",
                        f"max_steps={args.rl_steps}", "eval_every=0", "save_every=0",
                        f"log_path={out / 'rl'}"],
                       out, "rl", client_env)  # fmt: skip
@@ -123,13 +128,14 @@ def main() -> None:
         server.wait(timeout=60)
     sl = [(r["step"], r["train_mean_nll"]) for r in rows(out / "sl" / "metrics.jsonl")
           if "train_mean_nll" in r]  # fmt: skip
-    rl = [(r["step"], r["env/all/correct"], r["env/all/reward/total"])
+    rl = [(r["step"], r["env/all/correct"], r["env/all/format"], r["env/all/reward/total"])
           for r in rows(out / "rl" / "metrics.jsonl") if "env/all/correct" in r]  # fmt: skip
     result = {"sl_steps": args.sl_steps, "rl_steps": args.rl_steps, "sl_lr": args.sl_lr,
+              "max_tokens": args.max_tokens,
               "rl_lr": args.rl_lr, "sl_wall_s": sl_s, "rl_wall_s": rl_s, "sl_nll": sl,
               "rl_correct": rl}  # fmt: skip
-    first = sum(c for _, c, _ in rl[:5]) / max(1, len(rl[:5]))
-    last = sum(c for _, c, _ in rl[-5:]) / max(1, len(rl[-5:]))
+    first = sum(r[1] for r in rl[:5]) / max(1, len(rl[:5]))
+    last = sum(r[1] for r in rl[-5:]) / max(1, len(rl[-5:]))
     result["rl_correct_first5"], result["rl_correct_last5"] = first, last
     lines = [
         "# The tinker cookbook's recipes against `rlpost serve` (built-in model, offline)",
@@ -139,12 +145,14 @@ def main() -> None:
         f"- `recipes.chat_sl.train` ({args.sl_steps} steps of 64 conversations, lr "
         f"{args.sl_lr}): {sl_s:.0f} s; train NLL {sl[0][1]:.3f} -> {sl[-1][1]:.3f}",
         f"- `recipes.math_rl.train env=arithmetic loss_fn=importance_sampling` from that "
-        f"checkpoint ({args.rl_steps} steps of 16 x 8 samples, lr {args.rl_lr}): {rl_s:.0f} s; "
+        f"checkpoint ({args.rl_steps} steps of 16 x 8 samples, max_tokens={args.max_tokens}, "
+        f"lr {args.rl_lr}): {rl_s:.0f} s; "
         f"right answers {first:.3f} (mean of the first 5 steps) -> {last:.3f} (last 5)",
         "",
-        "| RL step | right answers (`env/all/correct`) | reward |",
-        "|---|---|---|",
-        *(f"| {s} | {c:.3f} | {r:.3f} |" for s, c, r in rl),
+        "| RL step | right answers (`env/all/correct`) | ended by the stop sequence "
+        "(`env/all/format`) | reward |",
+        "|---|---|---|---|",
+        *(f"| {s} | {c:.3f} | {f:.3f} | {r:.3f} |" for s, c, f, r in rl),
     ]
     text = "\n".join(lines) + "\n"
     results = ROOT / "bench" / "results"

@@ -184,7 +184,11 @@ def write(results: Path, per_seed: list[dict], steps: int) -> str:
     pooled = reading(*(averaged([s["runs"][i]["curve"] for s in per_seed]) for i in (0, 1)))
     text = summary(per_seed, steps)
     saved = {"steps": steps, "smooth": SMOOTH, "seeds": per_seed, "all_seeds": pooled,
-             "samples_ratio_uniform_over_pool": pooled["samples_ratio_uniform_over_pool"]}  # fmt: skip
+             # per seed, in the order of "seeds" (0: the pool never reached the target)
+             "samples_ratio_uniform_over_pool": [
+                 s["samples_ratio_uniform_over_pool"] for s in per_seed],
+             "samples_ratio_uniform_over_pool_all_seeds":
+                 pooled["samples_ratio_uniform_over_pool"]}  # fmt: skip
     (results / "curriculum.json").write_text(json.dumps(saved, indent=1) + "\n")
     (results / "curriculum.md").write_text(text)
     plot(per_seed, ROOT / "docs" / "images" / "curriculum.png")

@@ -108,6 +108,7 @@ class Service:
             ("POST", "asample", self.asample),
             ("POST", "retrieve_future", self.retrieve_future),
             ("POST", "cancel_future", self.cancel_future),
+            ("GET", "training_runs/{run_id}", self.training_run),
             ("GET", "training_runs/{run_id}/checkpoints", self.list_checkpoints),
             ("DELETE", "training_runs/{run_id}/checkpoints/{kind}/{name}", self.delete_checkpoint),
             ("POST", "weights_info", self.weights_info),
@@ -298,9 +299,14 @@ class Service:
             f"{body['session_id']}:train:{int(body.get('model_seq_id', len(session.models)))}"
         )
         owner = self.owner(request)
+        metadata = body.get("user_metadata") or {}
+        if not isinstance(metadata, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+        ):
+            raise UserError("user_metadata must map strings to strings")
 
         def create() -> Result:
-            host.create(model_id, spec, owner)
+            host.create(model_id, spec, owner, metadata)
             return {"model_id": model_id, "type": "create_model"}
 
         session.models.append(model_id)
@@ -426,6 +432,32 @@ class Service:
 
         session.models.append(model_id)
         return web.json_response({"request_id": self._submit(host, run), "model_id": model_id})
+
+    async def training_run(self, request: web.Request) -> web.Response:
+        """A training run (a tenant) as the SDK's ``RestClient.get_training_run`` reads
+        it, with the ``user_metadata`` it was made with (the cookbook keeps its
+        renderer there); one no longer served is read from a checkpoint it wrote."""
+        run_id = request.match_info["run_id"]
+        owner = self.owner(request)
+        try:
+            host, model_id = self.model(request, run_id)
+            t = host.tenant(model_id)
+            base, rank, metadata = host.name, t.spec.rank, t.metadata
+        except NotFound:
+            run = self.state_dir / "runs" / run_id.replace(":", "_")
+            metas = [read_meta(w) for kind in KINDS for w in sorted((run / kind).glob("*"))
+                     if MODEL_ID.match(run_id) and (w / "meta.json").is_file()]  # fmt: skip
+            metas = [m for m in metas if m.get("owner") == owner]
+            if not metas:
+                raise
+            base, rank = metas[-1]["base_model"], metas[-1]["lora"]["rank"]
+            metadata = metas[-1].get("user_metadata") or {}
+        return web.json_response({
+            "training_run_id": run_id, "base_model": base, "model_owner": owner, "is_lora": True,
+            "corrupted": False, "lora_rank": rank,
+            "last_request_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "last_checkpoint": None, "last_sampler_checkpoint": None, "user_metadata": metadata,
+        })  # fmt: skip
 
     async def list_checkpoints(self, request: web.Request) -> web.Response:
         run_id = request.match_info["run_id"]

@@ -98,6 +98,7 @@ class Tenant:
     steps: int = 0
     snapshots: list[str] = field(default_factory=list)  # unnamed sampler snapshots, oldest first
     log: TenantLog | None = None  # its training as a run folder for the board
+    metadata: dict[str, str] = field(default_factory=dict)  # the client's user_metadata
 
 
 @dataclass
@@ -161,7 +162,9 @@ class ModelHost:
             raise ValueError(f"sampler={sampler!r}: model or vllm")
 
     # -- tenants -------------------------------------------------------------
-    def create(self, model_id: str, spec: LoraSpec, owner: str) -> Tenant:
+    def create(
+        self, model_id: str, spec: LoraSpec, owner: str, metadata: dict[str, str] | None = None
+    ) -> Tenant:
         if model_id in self.tenants:
             raise UserError(f"model {model_id} exists")
         spec = (
@@ -170,9 +173,11 @@ class ModelHost:
             else LoraSpec(**{**asdict(spec), "seed": secrets.randbits(31)})
         )
         adapter = self._add_adapter(spec)
-        description = {"model_id": model_id, "base_model": self.name, "lora": asdict(spec)}
+        description = {"model_id": model_id, "base_model": self.name, "lora": asdict(spec),
+                       "user_metadata": dict(metadata or {})}  # fmt: skip
         folder = self.state_dir / "runs" / model_id.replace(":", "_")
-        tenant = Tenant(model_id, adapter, spec, owner, log=TenantLog.start(folder, description))
+        tenant = Tenant(model_id, adapter, spec, owner, log=TenantLog.start(folder, description),
+                        metadata=dict(metadata or {}))  # fmt: skip
         self.tenants[model_id] = tenant
         log.info("tenant %s: LoRA rank %d on %s (%s)", model_id, spec.rank, self.name,
                  ", ".join(spec.targets()))  # fmt: skip
@@ -336,7 +341,8 @@ class ModelHost:
             if optimizer and tenant.optimizer is not None:
                 torch.save(tenant.optimizer.state_dict(), tmp / "optimizer.pt")
             meta = {"base_model": self.name, "lora": asdict(tenant.spec), "owner": tenant.owner,
-                    "steps": tenant.steps, "model_id": tenant.model_id}  # fmt: skip
+                    "steps": tenant.steps, "model_id": tenant.model_id,
+                    "user_metadata": tenant.metadata}  # fmt: skip
             (tmp / "meta.json").write_text(json.dumps(meta))
 
     def load(self, model_id: str, where: Path, optimizer: bool, owner: str) -> Tenant:

@@ -191,7 +191,11 @@ def test_a_restarted_server_resumes_a_tenant_from_its_checkpoint(base_path, toke
     first = serve(base_path, tmp_path)
     try:
         training = (
-            client(first).create_lora_training_client(base_model=BUILTIN, rank=4, seed=2).result()
+            client(first)
+            .create_lora_training_client(
+                base_model=BUILTIN, rank=4, seed=2, user_metadata={"renderer_name": "role_colon"}
+            )
+            .result()
         )
         for _ in range(2):
             training.forward_backward(data, "cross_entropy").result()
@@ -206,6 +210,10 @@ def test_a_restarted_server_resumes_a_tenant_from_its_checkpoint(base_path, toke
         first.close()
     second = serve(base_path, tmp_path)  # a new process's state: only the folder is shared
     try:
+        # the run's user_metadata, read back by its checkpoint's path (the cookbook finds
+        # a checkpoint's renderer so) from the run's checkpoint: the run is not served now
+        run = client(second).create_rest_client().get_training_run_by_tinker_path(path).result()
+        assert run.user_metadata == {"renderer_name": "role_colon"} and run.lora_rank == 4
         resumed = client(second).create_training_client_from_state_with_optimizer(path).result()
         np.testing.assert_allclose(adapter_logprobs(resumed, data), before, atol=1e-6)
         resumed.forward_backward(data, "cross_entropy").result()

@@ -52,6 +52,7 @@ def test_a_name_the_cache_lacks_says_how_to_fetch_it(tmp_path, monkeypatch):
 def test_hf_cache_puts_a_folders_tokenizer_under_the_served_name(tmp_path, monkeypatch):
     """``rlpost serve --hf-cache``: AutoTokenizer loads the served name offline, the
     same tokens as from the folder; a name the cache holds already is left alone."""
+    import huggingface_hub.constants as hc
     from transformers import AutoTokenizer
 
     from rlpost.models.tiny import build_tiny_model
@@ -59,6 +60,7 @@ def test_hf_cache_puts_a_folders_tokenizer_under_the_served_name(tmp_path, monke
 
     cache = tmp_path / "hub"
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", True)  # read at import: no network tried
     folder = build_tiny_model("micro", tmp_path / "m", seed=0)
     snapshot = register_tokenizer("Org/Served", folder, cache)
     assert (
