@@ -444,9 +444,11 @@ class Service:
             t = host.tenant(model_id)
             base, rank, metadata = host.name, t.spec.rank, t.metadata
         except NotFound:
+            if not MODEL_ID.match(run_id):
+                raise
             run = self.state_dir / "runs" / run_id.replace(":", "_")
             metas = [read_meta(w) for kind in KINDS for w in sorted((run / kind).glob("*"))
-                     if MODEL_ID.match(run_id) and (w / "meta.json").is_file()]  # fmt: skip
+                     if (w / "meta.json").is_file()]  # fmt: skip
             metas = [m for m in metas if m.get("owner") == owner]
             if not metas:
                 raise

@@ -173,11 +173,12 @@ class ModelHost:
             else LoraSpec(**{**asdict(spec), "seed": secrets.randbits(31)})
         )
         adapter = self._add_adapter(spec)
+        metadata = dict(metadata or {})
         description = {"model_id": model_id, "base_model": self.name, "lora": asdict(spec),
-                       "user_metadata": dict(metadata or {})}  # fmt: skip
+                       "user_metadata": metadata}  # fmt: skip
         folder = self.state_dir / "runs" / model_id.replace(":", "_")
         tenant = Tenant(model_id, adapter, spec, owner, log=TenantLog.start(folder, description),
-                        metadata=dict(metadata or {}))  # fmt: skip
+                        metadata=metadata)  # fmt: skip
         self.tenants[model_id] = tenant
         log.info("tenant %s: LoRA rank %d on %s (%s)", model_id, spec.rank, self.name,
                  ", ".join(spec.targets()))  # fmt: skip
@@ -434,7 +435,7 @@ class ModelHost:
         self, key: str, prompt: list[int], n: int, params: SampleParams, prompt_logprobs: bool
     ) -> Future[tuple[list[SampledOut], list[float] | None]] | None:
         """The vLLM engine's answer to come, where it samples snapshot ``key`` (it
-        batches the requests of every tenant); None: ``sample`` answers."""
+        batches the requests of every tenant); None: the model answers (``sample_queued``)."""
         snap = self._snapshot(key)
         # vLLM 0.32 loads no LoRA on lm_head: an adapter that trains the unembedding
         # is sampled by the model itself
