@@ -37,7 +37,8 @@ from aiohttp import web
 
 from rlpost.serve import wire
 from rlpost.serve.errors import NotFound, UserError
-from rlpost.serve.host import LoraSpec, ModelHost, SampleRequest, read_meta
+from rlpost.serve.host import LoraSpec, ModelHost, read_meta
+from rlpost.serve.sampling import SampleRequest
 from rlpost.serve.wire import SampleParams
 
 log = logging.getLogger(__name__)

@@ -38,6 +38,7 @@ import torch
 
 from rlpost.serve import losses
 from rlpost.serve.errors import NotFound, UserError
+from rlpost.serve.sampling import SampleRequest, batches, draw, pass_on
 from rlpost.serve.tenant_log import TenantLog
 from rlpost.serve.wire import DatumIn, ForwardBackwardIn, SampledOut, SampleParams
 from rlpost.trainers.files import atomic_directory
@@ -99,19 +100,6 @@ class Tenant:
     snapshots: list[str] = field(default_factory=list)  # unnamed sampler snapshots, oldest first
     log: TenantLog | None = None  # its training as a run folder for the board
     metadata: dict[str, str] = field(default_factory=dict)  # the client's user_metadata
-
-
-@dataclass
-class SampleRequest:
-    """One ``asample`` waiting for the host's worker; ``answer`` holds its sequences
-    and prompt log-probs (or its error) once it is done."""
-
-    key: str  # the sampler snapshot
-    prompt: list[int]
-    n: int
-    params: SampleParams
-    prompt_logprobs: bool
-    answer: Future[tuple[list[SampledOut], list[float] | None]] = field(default_factory=Future)
 
 
 @dataclass
@@ -466,11 +454,11 @@ class ModelHost:
                 r.answer.set_exception(e)
                 continue
             if pending is not None:
-                pending.add_done_callback(partial(_pass_on, r.answer))
+                pending.add_done_callback(partial(pass_on, r.answer))
             else:
                 by_key.setdefault(r.key, []).append(r)
         for key, requests in by_key.items():
-            for batch in _batches(requests, SAMPLE_ROWS):
+            for batch in batches(requests, SAMPLE_ROWS):
                 try:
                     answers = self._generate(key, batch)
                 except Exception as e:  # noqa: BLE001 (each request of the batch answered)
@@ -532,7 +520,7 @@ class ModelHost:
             for _ in range(max(limit)):
                 logp = torch.log_softmax(last.float() / temperature, -1)
                 choice = torch.cat([
-                    _draw(logp[spans[i] : spans[i + 1]], r.params, generators[i])
+                    draw(logp[spans[i] : spans[i + 1]], r.params, generators[i])
                     for i, r in enumerate(requests)
                 ])  # fmt: skip
                 chosen = logp.gather(-1, choice[:, None]).view(-1)
@@ -566,43 +554,6 @@ class ModelHost:
             return False
         tail = self.tokenizer.decode(tokens[-32:], skip_special_tokens=False)
         return any(s in tail for s in stops)
-
-
-def _pass_on(answer: Future, pending: Future) -> None:
-    """``pending``'s outcome (the vLLM engine's) as ``answer``'s."""
-    if pending.exception() is not None:
-        answer.set_exception(pending.exception())
-    else:
-        answer.set_result(pending.result())
-
-
-def _batches(requests: list[SampleRequest], rows: int) -> Iterator[list[SampleRequest]]:
-    """``requests`` in order, in batches of at most ``rows`` sequences (a request
-    asking for more is a batch of its own)."""
-    batch: list[SampleRequest] = []
-    for r in requests:
-        if batch and sum(b.n for b in batch) + r.n > rows:
-            yield batch
-            batch = []
-        batch.append(r)
-    if batch:
-        yield batch
-
-
-def _draw(logp_bv: torch.Tensor, params: SampleParams, generator: torch.Generator) -> torch.Tensor:
-    """A token per row from ``logp_bv`` cut to its top-k and top-p."""
-    if params.temperature <= 0:
-        return logp_bv.argmax(-1)
-    logp = logp_bv.cpu()
-    if params.top_k > 0:
-        kth = logp.topk(min(params.top_k, logp.shape[-1]), -1).values[:, -1:]
-        logp = logp.masked_fill(logp < kth, -math.inf)
-    if params.top_p < 1:
-        sorted_lp, order = logp.sort(-1, descending=True)
-        before = sorted_lp.exp().cumsum(-1) - sorted_lp.exp()  # mass above each token
-        sorted_lp = sorted_lp.masked_fill(before > params.top_p, -math.inf)
-        logp = torch.full_like(logp, -math.inf).scatter(-1, order, sorted_lp)
-    return torch.multinomial(logp.exp(), 1, generator=generator).view(-1).to(logp_bv.device)
 
 
 def _weighted_targets(d: DatumIn) -> float:

@@ -12,7 +12,8 @@ import pytest
 
 from rlpost.models.tiny import build_tiny_model
 from rlpost.serve.errors import UserError
-from rlpost.serve.host import ModelHost, SampleRequest
+from rlpost.serve.host import ModelHost
+from rlpost.serve.sampling import SampleRequest
 from rlpost.serve.wire import SampleParams
 
 
