@@ -64,12 +64,13 @@ def shared_ray():
 # controller does the most for. The others are each checked elsewhere by default:
 # - dr_grpo, rloo, reinforce_pp, gspo, cispo, sapo differ from GRPO only in an
 #   advantage estimator or a policy loss, whose arithmetic the unit tests check by hand;
-# - dapo, ppo, one-step-off, LoRA and PD train agent episodes in
-#   tests/integration/test_agent_modes.py, dapo and LoRA adapter sync stream under
+# - ppo and LoRA train agent episodes in tests/integration/test_agent_modes.py (dapo,
+#   one-step-off and PD with -m extended), dapo and LoRA adapter sync stream under
 #   fully_async in tests/integration/test_fully_async_cli.py, PD's log-prob parity is
 #   tests/integration/test_pd_cli.py's, gdpo's weights tests/integration/test_gdpo_weights.py's;
 # - PPO learns on the Megatron trainer in tests/e2e/test_megatron_learns.py;
-# - cispo, sapo and rm run three steps each by default (test_preset_runs_short).
+# - cispo (one-step-off), sapo and rm run three steps each by default
+#   (test_preset_runs_short).
 BY_DEFAULT = {"grpo_fully_async"}
 
 
@@ -125,12 +126,15 @@ def test_preset_learns(algo, tmp_path, model_cache, shared_ray):
 
 
 # The presets whose learning runs are opt-in still run in CI, briefly: three steps
-# each through the same API and Ray, checking what each adds to GRPO's step.
+# each through the same API and Ray, checking what each adds to GRPO's step. CISPO
+# runs one-step-off (each step trains on samples of the weights before the last
+# update), the async mode no other default test trains in.
 SHORT = {
-    "cispo": ["actor/pg_clipfrac"],
+    "cispo": ["actor/pg_clipfrac", "rollout/staleness"],
     "sapo": ["actor/gate_mean"],
     "rm": ["rm/loss", "rm/accuracy"],
 }
+SHORT_ARGS = {"cispo": ["trainer.async_mode=one_step_off"], "rm": ["data=arith_pref"]}
 
 
 @pytest.mark.slow
@@ -140,7 +144,7 @@ def test_preset_runs_short(algo, tmp_path, model_cache, shared_ray):
 
     run_dir = tmp_path / "run"
     args = [
-        f"algo={algo}", *(["data=arith_pref"] if algo == "rm" else []),
+        f"algo={algo}", *SHORT_ARGS.get(algo, []),
         "trainer.total_steps=3", "trainer.val_every=0", "trainer.seed=0",
         f"trainer.run_dir={run_dir}", f"model.cache_dir={model_cache}",
     ]  # fmt: skip
@@ -148,6 +152,9 @@ def test_preset_runs_short(algo, tmp_path, model_cache, shared_ray):
     trained = [h for h in history if h["step"] > 0 and "timing/step_s" in h]
     assert len(trained) == 3
     assert all(key in h for h in trained for key in SHORT[algo]), trained[-1].keys()
+    if algo == "cispo":  # the first step samples the initial weights, the others one update back
+        assert [h["rollout/staleness"] for h in trained] == [0.0, 1.0, 1.0], trained
+        assert max(h["actor/grad_norm"] for h in trained) > 0
     if algo == "sapo":
         # on-policy the ratio is 1, where the gate sigmoid(tau (r - 1)) 4 / tau is
         # 2 / tau: 2.0 for positive advantages (tau_pos 1), 1.905 for the others (1.05)

@@ -23,9 +23,9 @@ from rlpost.models.tiny import build_tiny_model  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 MODES = {
     "dapo": ["algo=dapo", "algo.dynamic_sampling.max_rounds=2"],
-    "ppo": ["algo=ppo"],
+    # one run: PPO's critic and GAE over the environment's tokens, the policy a LoRA adapter
+    "ppo_lora": ["algo=ppo", "model.lora.rank=4", "trainer.lr=2e-3"],
     "one_step_off": ["trainer.async_mode=one_step_off"],
-    "lora": ["model.lora.rank=4", "trainer.lr=2e-3"],
     "pd": ["rollout=vllm_pd"],
 }
 SCRIPT = textwrap.dedent(
@@ -43,12 +43,12 @@ SCRIPT = textwrap.dedent(
 )
 
 
-# PPO (GAE over the environment's tokens) and LoRA in every run; DAPO, one-step-off
+# PPO (GAE over the environment's tokens) with LoRA in every run; DAPO, one-step-off
 # and PD with -m extended.
 @pytest.mark.parametrize(
     "modes",
-    [("ppo", "lora"), pytest.param(("dapo", "one_step_off", "pd"), marks=pytest.mark.extended)],
-    ids=["ppo-lora", "dapo-one_step_off-pd"],
+    [("ppo_lora",), pytest.param(("dapo", "one_step_off", "pd"), marks=pytest.mark.extended)],
+    ids=["ppo_lora", "dapo-one_step_off-pd"],
 )
 def test_agent_episodes_train_in_every_mode(tmp_path, modes):
     model = build_tiny_model("micro", tmp_path / "m", seed=0)
@@ -90,7 +90,7 @@ def test_agent_episodes_train_in_every_mode(tmp_path, modes):
             assert r["agent/env_tokens_mean"] > 0, name
             if name != "one_step_off":  # there the rollout is one update stale by design
                 assert r["rollout/logprob_abs_diff_max"] < 1e-3, (name, r)
-        if name == "ppo":
+        if name == "ppo_lora":
             assert all("critic/vf_loss" in r for r in steps)
         if name == "one_step_off":
             assert steps[1]["rollout/staleness"] == 1.0

@@ -29,6 +29,7 @@ from ports import free_port
 
 from rlpost.config.compose import compose
 from rlpost.models.warmup import SHIPPED_DIR, warmup_key
+from tests.cli_in_process import main_in_process, stop_ray
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "TQDM_DISABLE": "1"}
@@ -48,11 +49,10 @@ DRIVER = shutil.which("chromedriver")
 EVIL = '<img src=x onerror="document.title=\'pwned\'"><script>document.title="pwned"</script>'
 
 
-def _train(run_dir: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "rlpost.main", f"trainer.run_dir={run_dir}", *SMALL, *extra],
-        stdout=open(f"{run_dir}.log", "w"), stderr=subprocess.STDOUT, env=ENV, cwd=ROOT,
-    )  # fmt: skip
+def _train(run_dir: Path, *extra: str) -> None:
+    """A short run to its end, in this process (``tests/cli_in_process.py``)."""
+    proc = main_in_process([f"trainer.run_dir={run_dir}", *SMALL, *extra], cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def _metrics(run_dir: Path) -> list[dict]:
@@ -74,18 +74,15 @@ def _board(runs: Path, *args: str) -> tuple[subprocess.Popen, str]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
-    """The runs root: two real runs (one after the other: each starts a local Ray)
-    and a hand-written dump whose model output is an HTML injection attempt."""
+    """The runs root: two real runs (one after the other, on one local Ray, stopped
+    before the board launches runs of its own) and a hand-written dump whose model
+    output is an HTML injection attempt."""
     root = tmp_path_factory.mktemp("board-runs")
-    for name, extra in (("grpo", ["trainer.total_steps=3", *ARITH]),
-                        ("agent", ["trainer.total_steps=2", *CALC])):  # fmt: skip
-        proc = _train(root / name, *extra)
-        try:
-            code = proc.wait(timeout=300)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        assert code == 0, Path(f"{root / name}.log").read_text()[-3000:]
+    try:
+        _train(root / "grpo", "trainer.total_steps=3", *ARITH)
+        _train(root / "agent", "trainer.total_steps=2", *CALC)
+    finally:
+        stop_ray()
     evil = root / "evil"
     (evil / "samples").mkdir(parents=True)
     (evil / "config.yaml").write_text("algo: {name: grpo}\ntrainer: {total_steps: 1}\n")

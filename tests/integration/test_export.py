@@ -3,6 +3,8 @@ transformers and real vLLM load and that reproduces the trainer."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -74,8 +76,15 @@ def test_export_loads_in_transformers_and_matches_the_trainer(variant, device, m
 
 
 def _export_cli(checkpoint: Path, out: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "rlpost.export", str(checkpoint), str(out)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    """``python -m rlpost.export CHECKPOINT OUT``'s exit code and output, its ``main``
+    run in this process (what the command prints before its exit is all ``main``'s)."""
+    from rlpost.export import main
+
+    argv = [str(checkpoint), str(out)]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(argv)
+    return subprocess.CompletedProcess(argv, code, stdout.getvalue(), stderr.getvalue())
 
 
 def test_export_cli_says_a_missing_path_does_not_exist(tmp_path):

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ pytest.importorskip("vllm")
 datasets = pytest.importorskip("datasets")
 
 from rlpost.models.tiny import build_tiny_model, build_tiny_reward_model  # noqa: E402
+from tests.cli_in_process import main_in_process  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS, N, LOG = 2, 2, 8  # LOG: every sample of a step (4 prompts x N)
@@ -59,9 +58,8 @@ def run(tmp_path_factory):
     model = build_tiny_model("micro", tmp / "model", seed=0)
     reward_model = build_tiny_reward_model("micro", tmp / "rm", seed=1)
     judge = build_tiny_model("micro", tmp / "judge", seed=2)
-    ray_tmp = Path(tempfile.mkdtemp(prefix="rlpost-ray-", dir="/tmp"))
     cmd = [
-        sys.executable, "-m", "rlpost.main", f"model.path={model}", "data=files",
+        f"model.path={model}", "data=files",
         f"data.train_files=[{tmp / 'train'}]", f"data.val_files=[{tmp}/val-*.parquet]",
         "data.prompt_template=Reverse: {question}", "data.answer_key=solution",
         "data.system_prompt=Reverse the letters.", f"data.prompts_per_step={len(WORDS)}",
@@ -75,11 +73,9 @@ def run(tmp_path_factory):
         "trainer.val_every=1", f"trainer.log_samples={LOG}", f"trainer.run_dir={tmp / 'run'}",
         "trainer.logger=[console,jsonl,wandb]", f"model.cache_dir={tmp / 'cache'}",
     ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS",)}
-    env.update(RAY_TMPDIR=str(ray_tmp), WANDB_MODE="offline", TQDM_DISABLE="1")
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    yield proc, tmp / "run"
-    shutil.rmtree(ray_tmp, ignore_errors=True)
+    # in this process (tests/cli_in_process.py): the run, not the process, is tested here
+    proc = main_in_process(cmd, {"RAY_ADDRESS": None, "WANDB_MODE": "offline"}, cwd=REPO)
+    return proc, tmp / "run"
 
 
 def history(run_dir):

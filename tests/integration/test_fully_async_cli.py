@@ -11,7 +11,7 @@ checkpoint did not keep.
 from __future__ import annotations
 
 import pytest
-from cli_utils import comparable, output, run, start
+from cli_utils import cli, cli_args, comparable, output, run, start
 
 pytest.importorskip("vllm")
 
@@ -55,9 +55,9 @@ def test_one_update_stale_samples_then_a_resume_that_says_what_it_dropped(model,
     assert all(0.0 <= r["perf/rollout_idle_frac"] <= 1.0 for r in trained)
 
     # Resume from step 4's checkpoint for two more steps.
-    proc = start(model, run_dir, 6, *ASYNC, "async.max_inflight=8")
-    assert proc.wait(timeout=300) == 0, output(run_dir)[-3000:]
-    text = output(run_dir)
+    proc = cli(cli_args(model, run_dir, 6, *ASYNC, "async.max_inflight=8"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = proc.stderr
     assert "resumed from" in text, text[-3000:]
     assert "were generating or buffered at the checkpoint" in text, text[-3000:]
 
@@ -89,6 +89,11 @@ def test_dynamic_sampling_and_lora_adapter_sync_stream_too(model, tmp_path):
         )
 
 
+# A replica SIGKILLed mid-run is replaced in every run (test_faults_trainer.py, sync;
+# test_faults_rollout.py, the rollout group's failover), and a signal's checkpoint
+# mid-run is test_faults_driver.py's (SIGTERM) and test_board_browser.py's (SIGINT);
+# the same with groups streaming, with -m extended.
+@pytest.mark.extended
 def test_a_killed_replica_is_replaced_and_a_sigint_checkpoints(model, tmp_path):
     """The faults of any mode, with groups streaming: a replica SIGKILLed mid-run
     is replaced and its groups' requests sent again (the run finishes every

@@ -7,13 +7,15 @@ cores) is deselected by default; run it with
 
     .venv/bin/python -m pytest -m matrix tests/integration/test_model_matrix.py
 
-Three architectures go through a real GRPO run (build, vLLM generation, weight
-sync parity, GRPO steps): Qwen3-MoE, whose experts transformers keeps fused in
-memory while checkpoints and vLLM hold them per expert (a sync that misnames
-them leaves the rollout on stale weights), in every run; with the matrix, Gemma 2,
-whose sliding window is shorter than prompt plus completion, and LLaVA, whose
-prompts hold an image and whose CLIP vision tower transformers names without the
-``vision_model.`` level that vLLM loads (the sync and the final model must add
+With the matrix, three architectures also go through a real GRPO run (build,
+vLLM generation, weight sync parity, GRPO steps): Qwen3-MoE, whose experts
+transformers keeps fused in memory while checkpoints and vLLM hold them per
+expert (a sync that misnames them leaves the rollout on stale weights; by default
+tests/integration/test_weight_sync.py checks that sync on a Qwen3-MoE, and
+tests/integration/test_megatron_moe.py one from Megatron at EP 2 through the CLI);
+Gemma 2, whose sliding window is shorter than prompt plus completion; and LLaVA,
+whose prompts hold an image and whose CLIP vision tower transformers names without
+the ``vision_model.`` level that vLLM loads (the sync and the final model must add
 it; tests/integration/test_vl_cli.py runs a vision-language model by default).
 """
 
@@ -28,11 +30,7 @@ from rlpost.support import check_architecture  # noqa: E402
 from rlpost.support.common import architectures  # noqa: E402
 from rlpost.support.vl import KNOWN_GAPS  # noqa: E402
 
-CI_ARCHS = [
-    "Qwen3MoeForCausalLM",
-    pytest.param("Gemma2ForCausalLM", marks=pytest.mark.matrix),
-    pytest.param("LlavaForConditionalGeneration", marks=pytest.mark.matrix),
-]
+RUN_ARCHS = ["Qwen3MoeForCausalLM", "Gemma2ForCausalLM", "LlavaForConditionalGeneration"]
 # Checks that fail for a known reason (rlpost.support.vl.KNOWN_GAPS): every log-prob
 # comparison between vLLM-CPU and transformers or the trainer after an image.
 KNOWN_FAILURES = {"Gemma3ForConditionalGeneration": {"vllm", "sync", "export"}}
@@ -51,7 +49,8 @@ def assert_all_pass(arch: str, results: dict[str, dict]) -> None:
         assert KNOWN_GAPS[arch] in results[check]["text"]
 
 
-@pytest.mark.parametrize("arch", CI_ARCHS)
+@pytest.mark.matrix
+@pytest.mark.parametrize("arch", RUN_ARCHS)
 def test_grpo_run_samples_from_the_synced_policy(arch, tmp_path):
     results = check_architecture(arch, tmp_path, steps=("build", "run"))
     assert set(results) == {"build", "vllm", "sync", "grpo"}

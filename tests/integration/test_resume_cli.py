@@ -37,6 +37,11 @@ def test_resumed_run_matches_uninterrupted_run(micro_model, straight_run, tmp_pa
     assert steps == [1, 2, 3, 4]
 
 
+# A run stopped by SIGTERM mid-run checkpoints and resumes in every run
+# (test_faults_driver.py, test_faults_trainer.py, test_fully_async_cli.py's resume),
+# and one-step-off trains in every run (tests/e2e/test_presets_learn.py's cispo);
+# one-step-off's batch kept in its checkpoint, resumed exactly, with -m extended.
+@pytest.mark.extended
 def test_a_one_step_off_run_stopped_mid_run_resumes_exactly(tmp_path):
     # one_step_off trains step k+1 on a batch sampled before step k's update: the
     # checkpoint of step k keeps that batch, so the resumed run trains on it too.
