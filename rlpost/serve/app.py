@@ -14,7 +14,8 @@ computes this id itself when it loads a checkpoint into a new model), its
 samplers ``<session>:sample:<n>``. Checkpoints are
 ``tinker://<model id>/weights/<name>`` (adapter and optimizer state) and
 ``tinker://<model id>/sampler_weights/<name>`` (adapter), kept under the state
-directory; a request reads one only when it was written with the same API key.
+directory; a request reads one only when it was written with the same API key
+(``rlpost.serve.checkpoints``).
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import re
-import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -36,18 +35,15 @@ from typing import Any
 from aiohttp import web
 
 from rlpost.serve import wire
+from rlpost.serve.checkpoints import MODEL_ID, Checkpoints, stamp
 from rlpost.serve.errors import NotFound, UserError
 from rlpost.serve.host import LoraSpec, ModelHost, read_meta
 from rlpost.serve.sampling import SampleRequest
-from rlpost.serve.wire import SampleParams
 
 log = logging.getLogger(__name__)
 
 PROTO = "application/x-protobuf"
 POLL_S = 25.0  # a retrieve_future waits this long before try_again (the SDK's timeout: 45 s)
-NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-MODEL_ID = re.compile(r"^(s[0-9a-f]{16}):train:(\d+)$")
-KINDS = {"weights": "training", "sampler_weights": "sampler"}
 
 
 @dataclass
@@ -76,6 +72,7 @@ class Service:
     def __init__(self, hosts: dict[str, ModelHost], state_dir: Path, api_key: str | None = None,
                  poll_s: float = POLL_S):  # fmt: skip
         self.hosts, self.state_dir, self.api_key, self.poll_s = hosts, state_dir, api_key, poll_s
+        self.checkpoints = Checkpoints(state_dir)
         self.workers = {name: ThreadPoolExecutor(1, thread_name_prefix=f"serve-{name}")
                         for name in hosts}  # fmt: skip
         # sample requests waiting for their host's worker, which answers them together
@@ -347,34 +344,12 @@ class Service:
 
         return web.json_response({"request_id": self._submit(host, run)})
 
-    # -- checkpoints ---------------------------------------------------------
-    def checkpoint_dir(self, model_id: str, kind: str, name: object) -> Path:
-        if not isinstance(name, str) or not NAME.match(name):
-            raise UserError(f"checkpoint name {name!r}: letters, digits, '_', '.' and '-' only "
-                            "(at most 128, not starting with '.' or '-')")  # fmt: skip
-        return self.state_dir / "runs" / model_id.replace(":", "_") / kind / name
-
-    def parse_path(self, request: web.Request, path: object) -> tuple[str, str, str, Path]:
-        """(model id, kind, name, folder) of a ``tinker://`` path this key may read."""
-        text = str(path)
-        parts = text.removeprefix("tinker://").split("/")
-        if not text.startswith("tinker://") or len(parts) != 3 or parts[1] not in KINDS:
-            raise UserError(f"{text!r} is not a checkpoint path: tinker://<model id>/weights/<name> "
-                            "or tinker://<model id>/sampler_weights/<name>")  # fmt: skip
-        model_id, kind, name = parts
-        if not MODEL_ID.match(model_id):
-            raise NotFound(f"no checkpoint {text}")
-        where = self.checkpoint_dir(model_id, kind, name)
-        meta = read_meta(where) if where.is_dir() else None
-        if meta is None or meta.get("owner") != self.owner(request):
-            raise NotFound(f"no checkpoint {text} (or it was written with another key)")
-        return model_id, kind, name, where
-
+    # -- checkpoints (rlpost/serve/checkpoints.py) ----------------------------
     async def save_weights(self, request: web.Request) -> web.Response:
         body = await self.body(request)
         host, model_id = self.model(request, body.get("model_id"))
         name = body.get("path")
-        where = self.checkpoint_dir(model_id, "weights", name)
+        where = self.checkpoints.folder(model_id, "weights", name)
 
         def run() -> Result:
             host.save(host.tenants[model_id], where, optimizer=True)
@@ -389,7 +364,7 @@ class Service:
         owner = self.owner(request)
         name = body.get("path")
         if name is not None:
-            where = self.checkpoint_dir(model_id, "sampler_weights", name)
+            where = self.checkpoints.folder(model_id, "sampler_weights", name)
             path = f"tinker://{model_id}/sampler_weights/{name}"
 
             def named() -> Result:
@@ -416,7 +391,7 @@ class Service:
             raise UserError("loading a checkpoint into an existing model is not served; "
                             "create_training_client_from_state(path) makes a new one from it")  # fmt: skip
         session = self.session(request, body.get("session_id"))
-        _, kind, _, where = self.parse_path(request, body.get("path"))
+        _, kind, where = self.checkpoints.readable(body.get("path"), self.owner(request))
         if kind != "weights":
             raise UserError("a training client loads a tinker://.../weights/<name> checkpoint "
                             "(save_state), not sampler weights")  # fmt: skip
@@ -445,58 +420,33 @@ class Service:
             t = host.tenant(model_id)
             base, rank, metadata = host.name, t.spec.rank, t.metadata
         except NotFound:
-            if not MODEL_ID.match(run_id):
+            meta = self.checkpoints.newest_meta(run_id, owner)
+            if meta is None:
                 raise
-            run = self.state_dir / "runs" / run_id.replace(":", "_")
-            metas = [read_meta(w) for kind in KINDS for w in sorted((run / kind).glob("*"))
-                     if (w / "meta.json").is_file()]  # fmt: skip
-            metas = [m for m in metas if m.get("owner") == owner]
-            if not metas:
-                raise
-            base, rank = metas[-1]["base_model"], metas[-1]["lora"]["rank"]
-            metadata = metas[-1].get("user_metadata") or {}
+            base, rank = meta["base_model"], meta["lora"]["rank"]
+            metadata = meta.get("user_metadata") or {}
         return web.json_response({
             "training_run_id": run_id, "base_model": base, "model_owner": owner, "is_lora": True,
             "corrupted": False, "lora_rank": rank,
-            "last_request_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "last_request_time": stamp(),
             "last_checkpoint": None, "last_sampler_checkpoint": None, "user_metadata": metadata,
         })  # fmt: skip
 
     async def list_checkpoints(self, request: web.Request) -> web.Response:
         run_id = request.match_info["run_id"]
         self.model(request, run_id)
-        found = []
-        for kind, kind_name in KINDS.items():
-            folder = self.state_dir / "runs" / run_id.replace(":", "_") / kind
-            for where in sorted(folder.glob("*")) if folder.is_dir() else []:
-                if where.name.startswith(".") or not (where / "meta.json").exists():
-                    continue
-                stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(where.stat().st_mtime))
-                size = sum(f.stat().st_size for f in where.iterdir())
-                found.append({"checkpoint_id": f"{kind}/{where.name}", "checkpoint_type": kind_name,
-                              "time": stamp, "tinker_path": f"tinker://{run_id}/{kind}/{where.name}",
-                              "size_bytes": size, "public": False})  # fmt: skip
-        return web.json_response({"checkpoints": found})
+        return web.json_response({"checkpoints": self.checkpoints.listing(run_id)})
 
     async def delete_checkpoint(self, request: web.Request) -> web.Response:
-        import shutil
-
         info = request.match_info
         path = f"tinker://{info['run_id']}/{info['kind']}/{info['name']}"
-        _, _, _, where = self.parse_path(request, path)
-        shutil.rmtree(where)
+        self.checkpoints.delete(path, self.owner(request))
         return web.json_response({})
 
     async def weights_info(self, request: web.Request) -> web.Response:
         body = await self.body(request)
-        _, _, _, where = self.parse_path(request, body.get("tinker_path"))
-        meta = read_meta(where)
-        lora = meta["lora"]
-        return web.json_response({
-            "base_model": meta["base_model"], "is_lora": True, "lora_rank": lora["rank"],
-            "train_unembed": lora["train_unembed"], "train_mlp": lora["train_mlp"],
-            "train_attn": lora["train_attn"], "optimizer_config": {"type": "adamw"},
-        })  # fmt: skip
+        _, _, where = self.checkpoints.readable(body.get("tinker_path"), self.owner(request))
+        return web.json_response(Checkpoints.info(where))
 
     # -- sampling ------------------------------------------------------------
     async def create_sampling_session(self, request: web.Request) -> web.Response:
@@ -506,7 +456,7 @@ class Service:
         sampler_id = f"{body['session_id']}:sample:{seq}"
         owner = self.owner(request)
         if body.get("model_path") is not None:
-            _, _, _, where = self.parse_path(request, body["model_path"])
+            _, _, where = self.checkpoints.readable(body["model_path"], self.owner(request))
             host = self.host_of(read_meta(where)["base_model"])
             self.samplers[sampler_id] = Sampler(sampler_id, host, owner, str(body["model_path"]))
             await asyncio.get_running_loop().run_in_executor(
@@ -534,8 +484,7 @@ class Service:
     async def asample(self, request: web.Request) -> web.Response:
         body = await self.body(request)
         sampler = self.sampler(request, body.get("sampling_session_id"))
-        prompt = [t for chunk in (body.get("prompt") or {}).get("chunks", [])
-                  for t in _text_chunk(chunk)]  # fmt: skip
+        prompt = wire.prompt_tokens(body.get("prompt") or {})
         n = int(body.get("num_samples", 1))
         if n < 1:
             raise UserError(f"num_samples={n}: at least 1")
@@ -544,7 +493,7 @@ class Service:
                 raise UserError(f"{flag}={body[flag]}: top-k log-probs are not served")
         if body.get("target_prompt_logprobs") is not None:
             raise UserError("target_prompt_logprobs is not served")
-        params = sample_params(body.get("sampling_params") or {}, sampler.host)
+        params = wire.sample_params(body.get("sampling_params") or {}, sampler.host.max_len)
         with_prompt = bool(body.get("prompt_logprobs", False))
         host = sampler.host
         ids = [f"{sampler.key}:{sampler.issued + i}" for i in range(n)]
@@ -559,43 +508,6 @@ class Service:
 
         request_id = self._submit(host, run, lambda out: wire.encode_sample(*out))
         return web.json_response({"request_id": request_id, "sample_sequence_ids": ids})
-
-
-def _text_chunk(chunk: object) -> list[int]:
-    if not isinstance(chunk, dict) or chunk.get("type", "encoded_text") != "encoded_text":
-        kind = chunk.get("type") if isinstance(chunk, dict) else type(chunk).__name__
-        raise UserError(f"a prompt chunk of type {kind!r}; this server samples from text chunks")
-    tokens = chunk.get("tokens")
-    if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-        raise UserError("a prompt chunk's tokens must be a list of integers")
-    return tokens
-
-
-def sample_params(raw: dict, host: ModelHost) -> SampleParams:
-    """The SDK's ``SamplingParams``: ``stop`` is a string, strings or token ids."""
-    stop = raw.get("stop")
-    strings: tuple[str, ...] = ()
-    tokens: tuple[int, ...] = ()
-    if isinstance(stop, str):
-        strings = (stop,)
-    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        strings = tuple(stop)
-    elif isinstance(stop, list) and all(isinstance(s, int) for s in stop):
-        tokens = tuple(stop)
-    elif stop is not None:
-        raise UserError("sampling_params.stop must be a string, strings or token ids")
-    max_tokens = raw.get("max_tokens")
-    if max_tokens is None:
-        max_tokens = host.max_len
-    if not isinstance(max_tokens, int) or max_tokens < 1:
-        raise UserError(f"sampling_params.max_tokens={max_tokens!r}: a positive integer")
-    seed = raw.get("seed")
-    return SampleParams(
-        max_tokens=max_tokens, temperature=float(raw.get("temperature", 1.0)),
-        top_k=int(raw.get("top_k", -1)), top_p=float(raw.get("top_p", 1.0)),
-        stop_strings=strings, stop_tokens=tokens,
-        seed=None if seed is None else int(seed) % (1 << 62),
-    )  # fmt: skip
 
 
 class Server:

@@ -1,5 +1,6 @@
-"""The Tinker API's protobuf messages: a forward-backward request in, its output and
-a sample's result out.
+"""The Tinker API's messages: a forward-backward request in (protobuf), a sample
+request's prompt and parameters in (JSON), the forward-backward output and a
+sample's result out (protobuf).
 
 The schema is the one the official ``tinker`` SDK ships (``tinker.proto.
 tinker_public_pb2``, package ``tinker_public``): the server reads and writes the
@@ -40,6 +41,50 @@ class SampleParams:
     stop_strings: tuple[str, ...] = ()
     stop_tokens: tuple[int, ...] = ()
     seed: int | None = None
+
+
+def prompt_tokens(prompt: dict) -> list[int]:
+    """A sample request's ``prompt`` (a ``ModelInput``: chunks) as token ids; only
+    text chunks are served."""
+    tokens: list[int] = []
+    for chunk in prompt.get("chunks", []):
+        if not isinstance(chunk, dict) or chunk.get("type", "encoded_text") != "encoded_text":
+            kind = chunk.get("type") if isinstance(chunk, dict) else type(chunk).__name__
+            raise UserError(f"a prompt chunk of type {kind!r}; this server samples from text "
+                            "chunks")  # fmt: skip
+        ids = chunk.get("tokens")
+        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+            raise UserError("a prompt chunk's tokens must be a list of integers")
+        tokens += ids
+    return tokens
+
+
+def sample_params(raw: dict, max_len: int) -> SampleParams:
+    """The SDK's ``SamplingParams`` (JSON): ``stop`` is a string, strings or token ids;
+    no ``max_tokens`` samples up to the model's ``max_len``."""
+    stop = raw.get("stop")
+    strings: tuple[str, ...] = ()
+    tokens: tuple[int, ...] = ()
+    if isinstance(stop, str):
+        strings = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        strings = tuple(stop)
+    elif isinstance(stop, list) and all(isinstance(s, int) for s in stop):
+        tokens = tuple(stop)
+    elif stop is not None:
+        raise UserError("sampling_params.stop must be a string, strings or token ids")
+    max_tokens = raw.get("max_tokens")
+    if max_tokens is None:
+        max_tokens = max_len
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        raise UserError(f"sampling_params.max_tokens={max_tokens!r}: a positive integer")
+    seed = raw.get("seed")
+    return SampleParams(
+        max_tokens=max_tokens, temperature=float(raw.get("temperature", 1.0)),
+        top_k=int(raw.get("top_k", -1)), top_p=float(raw.get("top_p", 1.0)),
+        stop_strings=strings, stop_tokens=tokens,
+        seed=None if seed is None else int(seed) % (1 << 62),
+    )  # fmt: skip
 
 
 @dataclass
