@@ -50,9 +50,7 @@ step "the wheel carries the $bases pre-warmed bases of rlpost/models/bases/"
 
 python3 -m venv "$tmp/venv"
 site=$("$tmp/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
-# --no-compile: byte-compiling all of torch's and vLLM's modules ahead (a minute of CPU
-# here) says nothing about the wheel; what a run below imports is compiled as it is.
-"$tmp/venv/bin/python" -m pip install --quiet --no-compile "$wheel[cpu]" 2> "$tmp/pip.log" \
+"$tmp/venv/bin/python" -m pip install --quiet "$wheel[cpu]" 2> "$tmp/pip.log" \
   || { tail -20 "$tmp/pip.log"; echo "wheel check: pip install <wheel>[cpu] failed" >&2; exit 1; }
 step "pip install $(basename "$wheel")[cpu] into a fresh environment"
 mkdir "$tmp/empty"
