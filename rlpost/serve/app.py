@@ -391,7 +391,7 @@ class Service:
             raise UserError("loading a checkpoint into an existing model is not served; "
                             "create_training_client_from_state(path) makes a new one from it")  # fmt: skip
         session = self.session(request, body.get("session_id"))
-        _, kind, where = self.checkpoints.readable(body.get("path"), self.owner(request))
+        kind, where = self.checkpoints.readable(body.get("path"), self.owner(request))
         if kind != "weights":
             raise UserError("a training client loads a tinker://.../weights/<name> checkpoint "
                             "(save_state), not sampler weights")  # fmt: skip
@@ -445,7 +445,7 @@ class Service:
 
     async def weights_info(self, request: web.Request) -> web.Response:
         body = await self.body(request)
-        _, _, where = self.checkpoints.readable(body.get("tinker_path"), self.owner(request))
+        _, where = self.checkpoints.readable(body.get("tinker_path"), self.owner(request))
         return web.json_response(Checkpoints.info(where))
 
     # -- sampling ------------------------------------------------------------
@@ -456,7 +456,7 @@ class Service:
         sampler_id = f"{body['session_id']}:sample:{seq}"
         owner = self.owner(request)
         if body.get("model_path") is not None:
-            _, _, where = self.checkpoints.readable(body["model_path"], self.owner(request))
+            _, where = self.checkpoints.readable(body["model_path"], self.owner(request))
             host = self.host_of(read_meta(where)["base_model"])
             self.samplers[sampler_id] = Sampler(sampler_id, host, owner, str(body["model_path"]))
             await asyncio.get_running_loop().run_in_executor(

@@ -43,9 +43,9 @@ class Checkpoints:
                             "(at most 128, not starting with '.' or '-')")  # fmt: skip
         return self.run_dir(model_id) / kind / name
 
-    def readable(self, path: object, owner: str) -> tuple[str, str, Path]:
-        """(model id, kind, folder) of the ``tinker://`` ``path`` that ``owner`` wrote;
-        NotFound for any other, so that a guessed path says nothing of another key's."""
+    def readable(self, path: object, owner: str) -> tuple[str, Path]:
+        """(kind, folder) of the ``tinker://`` ``path`` that ``owner`` wrote; NotFound
+        for any other, so that a guessed path says nothing of another key's."""
         text = str(path)
         parts = text.removeprefix("tinker://").split("/")
         if not text.startswith("tinker://") or len(parts) != 3 or parts[1] not in KINDS:
@@ -58,10 +58,10 @@ class Checkpoints:
         meta = read_meta(where) if where.is_dir() else None
         if meta is None or meta.get("owner") != owner:
             raise NotFound(f"no checkpoint {text} (or it was written with another key)")
-        return model_id, kind, where
+        return kind, where
 
     def delete(self, path: str, owner: str) -> None:
-        shutil.rmtree(self.readable(path, owner)[2])
+        shutil.rmtree(self.readable(path, owner)[1])
 
     def listing(self, run_id: str) -> list[dict]:
         """The run's checkpoints as the SDK's ``list_checkpoints`` reads them."""

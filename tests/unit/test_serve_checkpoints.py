@@ -27,8 +27,8 @@ def _written(store: Checkpoints, kind: str, name: str, owner: str) -> str:
 def test_a_path_reads_what_its_key_wrote_and_nothing_else(tmp_path):
     store = Checkpoints(tmp_path)
     path = _written(store, "weights", "step-1", owner="alice")
-    run, kind, where = store.readable(path, "alice")
-    assert (run, kind) == (RUN, "weights")
+    kind, where = store.readable(path, "alice")
+    assert kind == "weights"
     assert where == tmp_path / "runs" / "s0123456789abcdef_train_0" / "weights" / "step-1"
     # another key, a name never written and a model id not the service's own: all NotFound
     for bad, owner in ((path, "bob"), (path.replace("step-1", "step-2"), "alice"),
@@ -60,7 +60,7 @@ def test_listing_newest_metadata_info_and_delete(tmp_path):
     assert listed[0]["tinker_path"] == weights
     assert store.newest_meta(RUN, "alice")["base_model"] == "m"
     assert store.newest_meta(RUN, "bob") is None and store.newest_meta("nope", "alice") is None
-    assert Checkpoints.info(store.readable(weights, "alice")[2])["lora_rank"] == 4
+    assert Checkpoints.info(store.readable(weights, "alice")[1])["lora_rank"] == 4
     with pytest.raises(NotFound):
         store.delete(weights, "bob")
     store.delete(weights, "alice")
