@@ -139,19 +139,24 @@ def engine_steps(path: str, data, steps: int) -> list[float]:
     return times[WARMUP:]
 
 
+def tokens_in(data) -> int:
+    """The input tokens of a step's sequences."""
+    return sum(len(tokens) for tokens, _, _ in data)
+
+
 def sdk_steps(url: str, model: str, data, tenants: int, steps: int) -> dict:
+    import tinker
+
+    with tinker.ServiceClient(base_url=url) as service:  # its session finished at the end
+        return _sdk_steps(service, model, data, tenants, steps)
+
+
+def _sdk_steps(service, model: str, data, tenants: int, steps: int) -> dict:
     import tinker
 
     datums = [tinker.Datum(model_input=tinker.ModelInput.from_ints(tokens),
                            loss_fn_inputs={"target_tokens": targets, "weights": weights})
               for tokens, targets, weights in data]  # fmt: skip
-    with tinker.ServiceClient(base_url=url) as service:  # its session finished at the end
-        return _sdk_steps(service, model, datums, data, tenants, steps)
-
-
-def _sdk_steps(service, model: str, datums, data, tenants: int, steps: int) -> dict:
-    import tinker
-
     clients = [service.create_lora_training_client(base_model=model, rank=RANK, seed=t).result()
                for t in range(tenants)]  # fmt: skip
     times: list[list[float]] = [[] for _ in clients]
@@ -178,9 +183,8 @@ def _sdk_steps(service, model: str, datums, data, tenants: int, steps: int) -> d
         th.join()
     wall = time.perf_counter() - began
     step_s = statistics.median(s for ts in times for s in ts[WARMUP:])
-    tokens = sum(len(tokens) for tokens, _, _ in data)
     return {"tenants": tenants, "step_s": step_s, "steps_per_s": tenants * steps / wall,
-            "tokens_per_s": tenants * steps * tokens / wall,
+            "tokens_per_s": tenants * steps * tokens_in(data) / wall,
             "loss_first_last": [[ls[0], ls[-1]] for ls in losses]}  # fmt: skip
 
 
@@ -307,7 +311,7 @@ def measure(name: str, path: str, steps: int, port: int) -> dict:
     print(f"{name}: direct {direct:.3f} s a step", flush=True)
     trainer = statistics.median(in_own_process(engine_steps, path, data, steps))
     print(f"{name}: rlpost's trainer {trainer:.3f} s a step", flush=True)
-    step_tokens = sum(len(tokens) for tokens, _, _ in data)
+    step_tokens = tokens_in(data)
     server = serve(name, path, port, state)
     try:
         runs = []
