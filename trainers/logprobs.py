@@ -26,6 +26,11 @@ How many tokens a chunk holds follows the device's workspace
 (``rlpost.runtime.device.workspace_bytes``): a few MiB on a CPU, whose caches
 favour small chunks; about a GiB on an accelerator, where a chunk of a few dozen
 tokens leaves every kernel too small to keep it busy (launch-bound).
+
+Both take ``needed_bt``, the tokens whose log-prob a loss or metric reads (a
+policy update's response tokens): the chunks walk only the positions that predict
+them, and the rest are 0. A prompt of 512 tokens before a response of 1,536 is a
+quarter of the output layer's work, forward and backward, that no loss reads.
 """
 
 from __future__ import annotations
@@ -107,20 +112,32 @@ def _grad_chunk(
     return g_cv
 
 
+# A chunk's rows: a slice of every row, or a piece of the index of the needed rows.
+Rows = slice | torch.Tensor
+
+
+def _chunks(n: int, chunk: int, rows_k: torch.Tensor | None) -> list[Rows]:
+    """The chunks of ``chunk`` rows that cover ``rows_k`` (indices into ``n`` rows),
+    or every row when it is None."""
+    if rows_k is None:
+        return [slice(s, s + chunk) for s in range(0, n, chunk)]
+    return [rows_k[s : s + chunk] for s in range(0, rows_k.shape[0], chunk)]
+
+
 def _stats_by_chunk(
-    logits_of: Callable[[slice], torch.Tensor],
+    logits_of: Callable[[Rows], torch.Tensor],
     ids_n: torch.Tensor,
     temperature: float,
     with_entropy: bool,
     chunk: int,
+    rows_k: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logp_n, entropy_n; zeros without ``with_entropy``) of every chunk of rows,
-    ``logits_of(rows)`` giving a chunk's logits (held only while it is computed)."""
-    n = ids_n.shape[0]
-    logp_n = torch.empty(n, dtype=torch.float32, device=ids_n.device)
+    """(logp_n, entropy_n; zeros without ``with_entropy``) of every chunk of the rows
+    ``rows_k`` (all when None; 0 in the others), ``logits_of(rows)`` giving a chunk's
+    logits (held only while it is computed)."""
+    logp_n = torch.zeros(ids_n.shape[0], dtype=torch.float32, device=ids_n.device)
     entropy_n = torch.zeros_like(logp_n)
-    for s in range(0, n, chunk):
-        rows = slice(s, s + chunk)
+    for rows in _chunks(ids_n.shape[0], chunk, rows_k):
         logp_n[rows], ent = _forward_chunk(logits_of(rows), ids_n[rows], temperature, with_entropy)
         if ent is not None:
             entropy_n[rows] = ent
@@ -136,6 +153,7 @@ class _StatsContext(Protocol):
     temperature: float
     with_entropy: bool
     chunk: int
+    rows_k: torch.Tensor | None
 
     def save_for_backward(self, *tensors: torch.Tensor) -> None: ...
 
@@ -151,7 +169,8 @@ class _HiddenStatsContext(_StatsContext, Protocol):
 
 
 class _TokenStats(torch.autograd.Function):
-    """(logits_nv, ids_n) -> (logp_n, entropy_n) of softmax(logits / temperature)."""
+    """(logits_nv, ids_n) -> (logp_n, entropy_n) of softmax(logits / temperature) at
+    the rows ``rows_k`` (all when None), 0 elsewhere."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -161,12 +180,14 @@ class _TokenStats(torch.autograd.Function):
         temperature: float,
         with_entropy: bool,
         chunk: int,
+        rows_k: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         logp_n, entropy_n = _stats_by_chunk(
-            lambda rows: logits_nv[rows], ids_n, temperature, with_entropy, chunk
+            lambda rows: logits_nv[rows], ids_n, temperature, with_entropy, chunk, rows_k
         )
         ctx.save_for_backward(logits_nv, ids_n, entropy_n)
         ctx.temperature, ctx.with_entropy, ctx.chunk = temperature, with_entropy, chunk
+        ctx.rows_k = rows_k
         ctx.set_materialize_grads(False)
         if not with_entropy:
             ctx.mark_non_differentiable(entropy_n)
@@ -175,15 +196,15 @@ class _TokenStats(torch.autograd.Function):
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: _StatsContext, g_logp_n: torch.Tensor | None, g_entropy_n: torch.Tensor | None
-    ) -> tuple[torch.Tensor | None, None, None, None, None]:
+    ) -> tuple[torch.Tensor | None, None, None, None, None, None]:
         logits_nv, ids_n, entropy_n = ctx.saved_tensors
         if not ctx.with_entropy:
             g_entropy_n = None
         if g_logp_n is None and g_entropy_n is None:
-            return None, None, None, None, None
-        grad_nv = torch.empty_like(logits_nv)
-        for s in range(0, logits_nv.shape[0], ctx.chunk):
-            rows = slice(s, s + ctx.chunk)
+            return None, None, None, None, None, None
+        # rows outside rows_k gave 0, whatever their logits: their gradient is 0
+        grad_nv = torch.empty_like(logits_nv) if ctx.rows_k is None else torch.zeros_like(logits_nv)
+        for rows in _chunks(logits_nv.shape[0], ctx.chunk, ctx.rows_k):
             grad_nv[rows] = _grad_chunk(
                 logits_nv[rows],
                 ids_n[rows],
@@ -192,7 +213,7 @@ class _TokenStats(torch.autograd.Function):
                 None if g_entropy_n is None else g_entropy_n[rows],
                 entropy_n[rows],
             )
-        return grad_nv, None, None, None, None
+        return grad_nv, None, None, None, None, None
 
 
 def _chunk_logits(
@@ -207,8 +228,9 @@ def _chunk_logits(
 
 
 class _HiddenTokenStats(torch.autograd.Function):
-    """(hidden_nd, weight_vd, ids_n) -> (logp_n, entropy_n) of softmax(hidden @ W^T / T),
-    each chunk's logits computed in the forward pass and again in the backward."""
+    """(hidden_nd, weight_vd, ids_n) -> (logp_n, entropy_n) of softmax(hidden @ W^T / T)
+    at the rows ``rows_k`` (all when None), 0 elsewhere, each chunk's logits computed
+    in the forward pass and again in the backward."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -220,6 +242,7 @@ class _HiddenTokenStats(torch.autograd.Function):
         with_entropy: bool,
         chunk: int,
         never: tuple[int, ...],
+        rows_k: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         logp_n, entropy_n = _stats_by_chunk(
             lambda rows: _chunk_logits(hidden_nd[rows], weight_vd, never),
@@ -227,6 +250,7 @@ class _HiddenTokenStats(torch.autograd.Function):
             temperature,
             with_entropy,
             chunk,
+            rows_k,
         )
         ctx.save_for_backward(hidden_nd, weight_vd, ids_n, entropy_n)
         ctx.temperature, ctx.with_entropy, ctx.chunk, ctx.never = (
@@ -235,6 +259,7 @@ class _HiddenTokenStats(torch.autograd.Function):
             chunk,
             never,
         )
+        ctx.rows_k = rows_k
         ctx.set_materialize_grads(False)
         if not with_entropy:
             ctx.mark_non_differentiable(entropy_n)
@@ -248,14 +273,15 @@ class _HiddenTokenStats(torch.autograd.Function):
         if not ctx.with_entropy:
             g_entropy_n = None
         if g_logp_n is None and g_entropy_n is None:
-            return None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_hidden = torch.empty_like(hidden_nd) if need_h else None
+        grad_hidden = None
+        if need_h:  # rows outside rows_k gave 0, whatever their hidden states
+            grad_hidden = (torch.empty_like if ctx.rows_k is None else torch.zeros_like)(hidden_nd)
         # the weight's gradient adds up over chunks in float32: one rounding per chunk
         # to the weight's dtype, as the whole product would have one
         grad_weight = torch.zeros_like(weight_vd, dtype=torch.float32) if need_w else None
-        for s in range(0, hidden_nd.shape[0], ctx.chunk):
-            rows = slice(s, s + ctx.chunk)
+        for rows in _chunks(hidden_nd.shape[0], ctx.chunk, ctx.rows_k):
             g_cv = _grad_chunk(
                 _chunk_logits(hidden_nd[rows], weight_vd, ctx.never),
                 ids_n[rows],
@@ -273,7 +299,7 @@ class _HiddenTokenStats(torch.autograd.Function):
             del g_cv
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight_vd.dtype)
-        return grad_hidden, grad_weight, None, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None, None
 
 
 def token_logprobs_and_entropy(
@@ -283,6 +309,7 @@ def token_logprobs_and_entropy(
     with_entropy: bool = True,
     chunk_elements: int | None = None,
     plain_elements: int = CHUNK_ELEMENTS,
+    needed_bt: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logp_bt, entropy_bt)`` of ``softmax(logits / temperature)``, float32, aligned
     with ``input_ids_bt``: position t holds log p(token_t | tokens_<t) and the entropy
@@ -294,7 +321,9 @@ def token_logprobs_and_entropy(
     zeros, without gradient). ``chunk_elements``: logits per chunk (default: the
     device's workspace). Logits of at most ``plain_elements`` elements (a small
     vocabulary, as the built-in models have) take the plain path, whose float32
-    rounding the built-in model's cached warm-up was made with.
+    rounding the built-in model's cached warm-up was made with. ``needed_bt``
+    (bool, best on the CPU): the tokens whose values are read; the others are 0
+    and get no gradient, and the chunked path never computes them.
     """
     b, t, v = logits_btv.shape
     if b * t * v <= plain_elements:  # small enough to hold whole: the plain computation
@@ -302,12 +331,20 @@ def token_logprobs_and_entropy(
         logp_bt, entropy_bt = _plain(
             logits_btv[:, :-1], input_ids_bt[:, 1:], temperature, with_entropy
         )
-        return F.pad(logp_bt, (1, 0)), F.pad(entropy_bt, (1, 0))
-    next_ids_bt = F.pad(input_ids_bt[:, 1:], (0, 1))  # the last position predicts nothing
-    logp_bt, entropy_bt = next_token_stats(
-        logits_btv, next_ids_bt, temperature, with_entropy, chunk_elements, plain_elements
+        return _only(F.pad(logp_bt, (1, 0)), needed_bt), _only(F.pad(entropy_bt, (1, 0)), needed_bt)
+    if chunk_elements is None:
+        chunk = chunk_tokens(v, logits_btv.device.type)
+    else:
+        chunk = max(1, chunk_elements // v)
+    logp_n, entropy_n = _TokenStats.apply(
+        logits_btv.reshape(b * t, v),
+        _next_ids(input_ids_bt).reshape(-1),
+        temperature,
+        with_entropy,
+        chunk,
+        _needed_rows(needed_bt, logits_btv.device),
     )
-    return F.pad(logp_bt[:, :-1], (1, 0)), F.pad(entropy_bt[:, :-1], (1, 0))
+    return _shifted(logp_n.view(b, t)), _shifted(entropy_n.view(b, t))
 
 
 def next_token_stats(
@@ -315,21 +352,21 @@ def next_token_stats(
     next_ids_bt: torch.Tensor,
     temperature: float = 1.0,
     with_entropy: bool = True,
-    chunk_elements: int | None = None,
-    plain_elements: int = CHUNK_ELEMENTS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``token_logprobs_and_entropy`` before its shift: position t holds
     log p(next_ids_t | logits_t) and the entropy of the logits at t. A slice of a
     sequence (``trainer.ulysses``) predicts its next slice's first token too."""
     b, t, v = logits_btv.shape
-    if b * t * v <= plain_elements:  # small enough to hold whole: the plain computation
+    if b * t * v <= CHUNK_ELEMENTS:  # small enough to hold whole: the plain computation
         return _plain(logits_btv, next_ids_bt, temperature, with_entropy)
-    if chunk_elements is None:
-        chunk = chunk_tokens(v, logits_btv.device.type)
-    else:
-        chunk = max(1, chunk_elements // v)
+    chunk = chunk_tokens(v, logits_btv.device.type)
     logp_n, entropy_n = _TokenStats.apply(
-        logits_btv.reshape(b * t, v), next_ids_bt.reshape(-1), temperature, with_entropy, chunk
+        logits_btv.reshape(b * t, v),
+        next_ids_bt.reshape(-1),
+        temperature,
+        with_entropy,
+        chunk,
+        None,
     )
     return logp_n.view(b, t), entropy_n.view(b, t)
 
@@ -343,13 +380,15 @@ def hidden_token_stats(
     never: tuple[int, ...] = (),
     chunk: int | None = None,
     plain_elements: int = CHUNK_ELEMENTS,
+    needed_bt: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``token_logprobs_and_entropy`` of the logits ``F.linear(hidden, weight)`` (the
     output layer's), without holding them: each chunk of tokens computes its own,
     twice (forward and backward). Gradients reach ``hidden_btd`` and ``weight_vd``.
     ``never``: token ids whose logits are set to the dtype's lowest value (tokens the
     rollout never samples). ``chunk``: tokens per chunk (default: the device's
-    workspace, with room for the chunk's logits)."""
+    workspace, with room for the chunk's logits). ``needed_bt``: as there; the
+    output layer runs only on the hidden states that predict those tokens."""
     b, t, d = hidden_btd.shape
     v = weight_vd.shape[0]
     if b * t * v <= plain_elements:  # the logits whole, as the output layer makes them
@@ -357,22 +396,50 @@ def hidden_token_stats(
         if never:
             logits_btv[..., list(never)] = torch.finfo(logits_btv.dtype).min
         return token_logprobs_and_entropy(
-            logits_btv, input_ids_bt, temperature, with_entropy, None, plain_elements
+            logits_btv, input_ids_bt, temperature, with_entropy, None, plain_elements, needed_bt
         )
     if chunk is None:
         chunk = chunk_tokens(v, hidden_btd.device.type, 8 + hidden_btd.element_size())
-    next_ids_bt = F.pad(input_ids_bt[:, 1:], (0, 1))  # the last position predicts nothing
     logp_n, entropy_n = _HiddenTokenStats.apply(
         hidden_btd.reshape(b * t, d),
         weight_vd,
-        next_ids_bt.reshape(-1),
+        _next_ids(input_ids_bt).reshape(-1),
         temperature,
         with_entropy,
         chunk,
         tuple(never),
+        _needed_rows(needed_bt, hidden_btd.device),
     )
-    logp_bt, entropy_bt = logp_n.view(b, t), entropy_n.view(b, t)
-    return F.pad(logp_bt[:, :-1], (1, 0)), F.pad(entropy_bt[:, :-1], (1, 0))
+    return _shifted(logp_n.view(b, t)), _shifted(entropy_n.view(b, t))
+
+
+def _next_ids(input_ids_bt: torch.Tensor) -> torch.Tensor:
+    """The token each position predicts; the last position predicts nothing (id 0)."""
+    return F.pad(input_ids_bt[:, 1:], (0, 1))
+
+
+def _shifted(next_bt: torch.Tensor) -> torch.Tensor:
+    """Values of each position's prediction moved onto the token predicted."""
+    return F.pad(next_bt[:, :-1], (1, 0))
+
+
+def _needed_rows(needed_bt: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """Indices into the flattened (b, t) of the positions that predict a needed token,
+    on ``device``; None when every position does (a slice walks them faster). Read
+    from a CPU mask, this waits for nothing on the device."""
+    if needed_bt is None:
+        return None
+    predicts_n = _next_ids(needed_bt.cpu()).reshape(-1).bool()
+    if bool(predicts_n.all()):
+        return None
+    return predicts_n.nonzero()[:, 0].to(device)
+
+
+def _only(values_bt: torch.Tensor, needed_bt: torch.Tensor | None) -> torch.Tensor:
+    """``values_bt`` at the needed tokens, 0 (and no gradient) at the others."""
+    if needed_bt is None:
+        return values_bt
+    return torch.where(needed_bt.to(values_bt.device, torch.bool), values_bt, 0.0)
 
 
 def _plain(

@@ -52,9 +52,14 @@ def pack(mb: TrajectoryBatch) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     and gradients equal the padded path's.
     """
     lengths = row_lengths(mb)
-    ids = torch.cat([mb.input_ids_bt[i, :n] for i, n in enumerate(lengths)])
     pos = torch.cat([torch.arange(n) for n in lengths])
-    return ids[None], pos[None], lengths
+    return packed_values(mb.input_ids_bt, lengths), pos[None], lengths
+
+
+def packed_values(values_bt: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """Per-token values of right-padded rows laid out as ``pack`` lays out their
+    tokens: (b, t) -> (1, sum of lengths)."""
+    return torch.cat([values_bt[i, :n] for i, n in enumerate(lengths)])[None]
 
 
 def unpack(values_1T: torch.Tensor, lengths: list[int], width: int) -> torch.Tensor:

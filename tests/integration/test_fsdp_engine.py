@@ -343,3 +343,61 @@ def test_bf16_micro_batches_accumulate_to_the_whole_batch(model_dir, device, tmp
         assert g.dtype == torch.float32, name  # fp32 master gradients
         scale = float(g.abs().max()) + 1e-12
         torch.testing.assert_close(split["grads"][name], g, rtol=0, atol=3e-2 * scale, msg=name)
+
+
+# -- a vocabulary large enough for the chunked output layer ---------------------
+def _wide_worker(rank: int, model_dir: str, port: int, out: str, device: str) -> None:
+    """One ``update_policy`` step of the whole batch as one micro-batch, whose
+    8 x 13 x 49,152 logits are past the plain path's 4 M: the output layer runs
+    a chunk at a time, on the response tokens only."""
+    engine = _engine(model_dir, rank, 1, port, micro_batch_size=8, device=device)
+    batch = _batch()
+    batch.advantages_bt = _advantages(batch)
+    batch.old_logp_bt = engine.logprobs(batch)
+    metrics = engine.update_policy(batch, PolicyLossConfig())
+    grads = {n: p.grad for n, p in engine.model.named_parameters() if p.grad is not None}
+    result = {"fused": engine._head is not None, "logp": batch.old_logp_bt, "grads": grads}
+    engine.close()
+    torch.save(to_cpu({**result, "metrics": metrics}), out)
+
+
+def test_a_large_vocabulary_updates_like_the_plain_loss(device, tmp_path):
+    """The chunked output layer over the response tokens alone gives a plain
+    transformers loss's gradients: at ratio 1 the clipped loss is
+    -sum(A_t logp_t) / (response tokens), so its gradient is that of the plain
+    -cross-entropy log-probs weighted by the advantages."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(
+        vocab_size=49_152, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
+        initializer_range=0.2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "wide")
+    out = tmp_path / "wide.pt"
+    _spawn(_wide_worker, (str(tmp_path / "wide"), _free_port(), str(out), device))
+    got = torch.load(out)
+    assert got["fused"]
+
+    batch = _batch()
+    mask_bt = batch.response_mask_bt.float()
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "wide")
+    logits_btv = model(input_ids=batch.input_ids_bt, attention_mask=batch.attention_mask_bt).logits
+    ce_bt = F.cross_entropy(
+        logits_btv[:, :-1].transpose(1, 2), batch.input_ids_bt[:, 1:], reduction="none"
+    )
+    logp_bt = F.pad(-ce_bt, (1, 0))
+    (-(_advantages(batch) * logp_bt * mask_bt).sum() / mask_bt.sum()).backward()
+    want = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    on = batch.response_mask_bt.bool()
+    torch.testing.assert_close(got["logp"][on], logp_bt.detach()[on], rtol=0, atol=1e-5)
+    assert torch.all(got["logp"][~on] == 0)
+    assert got["grads"].keys() == want.keys()
+    # the norm before clipping is the plain gradient's; the engine then clipped to 1.0
+    norm = torch.cat([g.flatten() for g in want.values()]).norm().item()
+    assert got["metrics"]["actor/grad_norm"] == pytest.approx(norm, rel=1e-5)
+    assert norm > 1.0  # the clip is not vacuous: every gradient scaled by 1 / norm
+    for name, g in want.items():
+        torch.testing.assert_close(got["grads"][name], g / norm, rtol=1e-4, atol=1e-6, msg=name)

@@ -219,3 +219,39 @@ def test_chunks_follow_the_devices_workspace():
     assert chunk_tokens(151_936, "cpu") == (32 << 20) // (8 * 151_936) == 27
     assert chunk_tokens(151_936, "cuda", 10) == (1 << 30) // (10 * 151_936) == 706
     assert chunk_tokens(10**12, "cpu") == 1  # never zero
+
+
+@pytest.mark.parametrize("path", ["logits", "hidden", "plain"])
+def test_needed_tokens_alone_are_computed_the_rest_is_zero(path):
+    """With ``needed_bt`` (a policy update's response tokens), the needed tokens keep
+    the values and gradients of the whole computation, and every other token is 0
+    with no gradient, as a loss masked by ``needed_bt`` would weigh them."""
+    from rlpost.trainers.logprobs import hidden_token_stats
+
+    hidden, weight, ids, w_logp, w_ent = _hidden_case(6)
+    # row 0: a prompt of 3 then 4 response tokens; row 1: 2 + 3, then 2 of padding;
+    # row 2: no response at all (a padding row)
+    needed = torch.zeros(3, 7, dtype=torch.bool)
+    needed[0, 3:] = True
+    needed[1, 2:5] = True
+    plain = 0 if path != "plain" else 1 << 20
+
+    def run(h, w, needed_bt):
+        if path == "hidden":
+            return hidden_token_stats(h, w, ids, 0.7, True, (), 2, plain, needed_bt=needed_bt)
+        return token_logprobs_and_entropy(F.linear(h, w), ids, 0.7, True, 2 * 11, plain, needed_bt)
+
+    lp, ent, gh, gw = _hidden_grads(lambda h, w: run(h, w, needed), hidden, weight, w_logp, w_ent)
+    # the whole computation, its loss weighed by the mask: the same gradients
+    lp_all, ent_all, gh_all, gw_all = _hidden_grads(
+        lambda h, w: run(h, w, None), hidden, weight, w_logp * needed, w_ent * needed
+    )
+    assert torch.equal(lp, torch.where(needed, lp_all, 0.0))
+    assert torch.equal(ent, torch.where(needed, ent_all, 0.0))
+    torch.testing.assert_close(gh, gh_all, rtol=0, atol=1e-6)
+    torch.testing.assert_close(gw, gw_all, rtol=0, atol=1e-6)
+    # position t's log-prob comes from the hidden state at t - 1: row 2 (nothing
+    # needed), row 1 past its last needed token (positions 4..6) and each row's
+    # last position get no gradient; row 0's prompt positions 0..1 none either
+    assert torch.all(gh[2] == 0) and torch.all(gh[1, 4:] == 0) and torch.all(gh[0, :2] == 0)
+    assert torch.all(gh[0, 2:6].abs().sum(-1) > 0)

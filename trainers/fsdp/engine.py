@@ -58,7 +58,7 @@ from rlpost.trainers.logprobs import (
     token_logprobs_and_entropy,
 )
 from rlpost.trainers.logprobs import token_logprobs as token_logprobs  # re-exported
-from rlpost.trainers.micro_batching import micro_batches, pack, unpack
+from rlpost.trainers.micro_batching import micro_batches, pack, packed_values, unpack
 from rlpost.trainers.objectives import RegularizerConfig as RegularizerConfig  # re-exported
 from rlpost.trainers.policy import PolicyUpdates
 from rlpost.trainers.prefix_sharing import PrefixSharing, SharedRows
@@ -274,26 +274,31 @@ class FSDPEngine(PolicyUpdates):
         values are scattered back to the padded layout."""
         if self.sp is not None:
             return self._sp_token_stats(mb, logits, temperature, with_entropy)
-        stats: Callable[
-            [torch.Tensor, torch.Tensor, float, bool], tuple[torch.Tensor, torch.Tensor]
-        ]
-        stats = token_logprobs_and_entropy
-        if self._fused(mb):  # ``logits`` are the last hidden states
-            assert self._head is not None
-            # the weight as the forward left it: gathered whole (FSDP2 keeps the
-            # root's parameters unsharded from its forward to its backward)
-            weight, never = self._head.weight, tuple(self._never_sample)
+        # every caller reads the response tokens only (the losses, the preference
+        # log-probs and ``logprobs`` all mask by them): the rest is never computed
+        needed = mb.response_mask_bt.bool()
 
-            def stats(
-                h: torch.Tensor, ids: torch.Tensor, temp: float, ent: bool
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-                return hidden_token_stats(h, weight, ids, temp, ent, never)
+        def stats(
+            out: torch.Tensor, ids: torch.Tensor, needed: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            ids = ids.to(self.device)
+            if not self._fused(mb):
+                return token_logprobs_and_entropy(
+                    out, ids, temperature, with_entropy, needed_bt=needed
+                )
+            # ``out`` is the last hidden states, and the weight as the forward left it:
+            # gathered whole (FSDP2 keeps the root's parameters unsharded from its
+            # forward to its backward)
+            assert self._head is not None
+            never = tuple(self._never_sample)
+            return hidden_token_stats(
+                out, self._head.weight, ids, temperature, with_entropy, never, needed_bt=needed
+            )
 
         if not self._packed(mb):
-            ids = mb.input_ids_bt.to(self.device)
-            return stats(logits, ids, temperature, with_entropy)
+            return stats(logits, mb.input_ids_bt, needed)
         ids_1T, _, lengths = pack(mb)
-        logp_1T, entropy_1T = stats(logits, ids_1T.to(self.device), temperature, with_entropy)
+        logp_1T, entropy_1T = stats(logits, ids_1T, packed_values(needed, lengths))
         width = mb.input_ids_bt.shape[1]
         return unpack(logp_1T, lengths, width), unpack(entropy_1T, lengths, width)
 
