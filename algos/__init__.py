@@ -28,7 +28,13 @@ if TYPE_CHECKING:
         reinforce_pp_baseline_advantage,
         rloo_advantage,
     )
-    from rlpost.algos.aggregation import AGGREGATIONS, LossNorm, aggregate, masked_mean
+    from rlpost.algos.aggregation import (
+        AGGREGATIONS,
+        LossNorm,
+        Metrics,
+        aggregate,
+        masked_mean,
+    )
     from rlpost.algos.config import (
         KL_KINDS,
         AdvantageConfig,
@@ -84,6 +90,7 @@ __all__ = [
     "DistillConfig",
     "FixedKLController",
     "LossNorm",
+    "Metrics",
     "OffPolicyConfig",
     "PolicyLossConfig",
     "PreferenceConfig",

@@ -37,6 +37,11 @@ class LossNorm:
         check(self)
 
 
+# A loss's metrics: 0-d tensors where the loss was computed, read by the update
+# once per optimizer step (reading each one as a float would wait for the device
+# at every micro-batch, before its backward pass is even queued).
+Metrics = dict[str, "torch.Tensor"]
+
 AggFn = Callable[["torch.Tensor", "torch.Tensor", LossNorm], "torch.Tensor"]
 
 

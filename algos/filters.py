@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
+from rlpost.algos.aggregation import Metrics
 from rlpost.algos.groups import uniform_groups
 
 
@@ -37,7 +38,7 @@ def zero_std_groups(scores_b: torch.Tensor, group_ids_b: torch.Tensor | Sequence
 
 def truncated_is_weight(
     old_logp_bt: torch.Tensor, rollout_logp_bt: torch.Tensor, mask_bt: torch.Tensor, cap: float
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Metrics]:
     """Truncated importance weight w_t = min(pi_old / pi_rollout, C) per token (TIS;
     Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
     Training"), correcting for samples drawn by a stale or numerically different
@@ -49,7 +50,7 @@ def truncated_is_weight(
     w_bt = raw_bt.clamp(max=cap) * mask_bt
     n = mask_bt.sum().clamp(min=1)
     metrics = {
-        "rollout/is_weight_mean": float(w_bt.sum() / n),
-        "rollout/is_capped_frac": float(((raw_bt > cap).to(mask_bt.dtype) * mask_bt).sum() / n),
+        "rollout/is_weight_mean": w_bt.sum() / n,
+        "rollout/is_capped_frac": ((raw_bt > cap).to(mask_bt.dtype) * mask_bt).sum() / n,
     }
     return w_bt, metrics

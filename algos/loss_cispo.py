@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from rlpost.algos.aggregation import LossNorm, aggregate, masked_mean
+from rlpost.algos.aggregation import LossNorm, Metrics, aggregate, masked_mean
 from rlpost.algos.config import PolicyLossConfig
 from rlpost.algos.policy_loss import register_policy_loss
 
@@ -21,7 +21,7 @@ def cispo_loss(
     mask_bt: torch.Tensor,
     cfg: PolicyLossConfig,
     norm: LossNorm,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Metrics]:
     """loss_t = -sg(clip(r_t, 1 - clip_low, 1 + clip_high)) * A_t * logp_t, r_t = exp(logp - old).
 
     PPO's clip zeroes the gradient of a token whose ratio left the band, which in practice
@@ -39,14 +39,14 @@ def cispo_loss(
     loss = aggregate(-weight_bt * adv_bt * logp_bt, mask_bt, cfg.agg, norm)
     with torch.no_grad():
         metrics = {
-            "actor/pg_loss": loss.item(),
+            "actor/pg_loss": loss.detach(),
             "actor/pg_clipfrac": masked_mean(
                 (ratio_bt > 1.0 + cfg.clip_high).float(), mask_bt
-            ).item(),
+            ).detach(),
             "actor/pg_clipfrac_lower": masked_mean(
                 (ratio_bt < 1.0 - cfg.clip_low).float(), mask_bt
-            ).item(),
-            "actor/ppo_kl": masked_mean(-log_ratio_bt, mask_bt).item(),
-            "actor/ratio_mean": masked_mean(ratio_bt, mask_bt).item(),
+            ).detach(),
+            "actor/ppo_kl": masked_mean(-log_ratio_bt, mask_bt).detach(),
+            "actor/ratio_mean": masked_mean(ratio_bt, mask_bt).detach(),
         }
     return loss, metrics

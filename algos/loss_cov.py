@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from rlpost.algos.aggregation import LossNorm, aggregate, masked_mean
+from rlpost.algos.aggregation import LossNorm, Metrics, aggregate, masked_mean
 from rlpost.algos.config import PolicyLossConfig
 from rlpost.algos.policy_loss import register_policy_loss
 
@@ -45,15 +45,15 @@ def _metrics(
     picked_bt: torch.Tensor,
     mask_bt: torch.Tensor,
     picked_name: str,
-) -> dict[str, float]:
+) -> Metrics:
     with torch.no_grad():
         return {
-            "actor/pg_loss": loss.item(),
-            "actor/pg_clipfrac": masked_mean(clipped_bt, mask_bt).item(),
-            "actor/pg_clipfrac_lower": 0.0,
-            picked_name: masked_mean(picked_bt, mask_bt).item(),
-            "actor/ppo_kl": masked_mean(-log_ratio_bt, mask_bt).item(),
-            "actor/ratio_mean": masked_mean(torch.exp(log_ratio_bt), mask_bt).item(),
+            "actor/pg_loss": loss.detach(),
+            "actor/pg_clipfrac": masked_mean(clipped_bt, mask_bt).detach(),
+            "actor/pg_clipfrac_lower": loss.new_zeros(()),
+            picked_name: masked_mean(picked_bt, mask_bt),
+            "actor/ppo_kl": masked_mean(-log_ratio_bt, mask_bt).detach(),
+            "actor/ratio_mean": masked_mean(torch.exp(log_ratio_bt), mask_bt).detach(),
         }
 
 
@@ -65,7 +65,7 @@ def clip_cov_loss(
     mask_bt: torch.Tensor,
     cfg: PolicyLossConfig,
     norm: LossNorm,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Metrics]:
     """Clip-Cov: the clipped PPO loss (clip_low/clip_high, no dual clip:
     ``clip_c`` is not read), with the loss and gradient of k = max(1, int(clip_cov_ratio * N))
     tokens dropped (N: response tokens), chosen among those the PPO clip left active whose
@@ -102,7 +102,7 @@ def kl_cov_loss(
     mask_bt: torch.Tensor,
     cfg: PolicyLossConfig,
     norm: LossNorm,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Metrics]:
     """KL-Cov: the unclipped surrogate -A_t r_t on every token, plus
     ppo_kl_coef * |logp_t - old_t| on the k = max(1, int(kl_cov_ratio * N)) tokens with the
     largest covariance (top-k, deterministic as in the paper and verl). Keys and defaults

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from rlpost.algos.aggregation import LossNorm, aggregate, masked_mean
+from rlpost.algos.aggregation import LossNorm, Metrics, aggregate, masked_mean
 from rlpost.algos.config import PolicyLossConfig
 from rlpost.algos.policy_loss import register_policy_loss
 
@@ -22,7 +22,7 @@ def gmpo_loss(
     mask_bt: torch.Tensor,
     cfg: PolicyLossConfig,
     norm: LossNorm,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Metrics]:
     """pg_i = -A_i * exp(mean_t l_i,t), with the token log-ratio clipped pessimistically in
     log space: l_t = sign(A) min(sign(A) x_t, sign(A) clamp(x_t, -clip_low, clip_high)),
     x_t = logp_t - old_t, sign(A) that of the token's advantage (as verl; a token an
@@ -51,13 +51,13 @@ def gmpo_loss(
     with torch.no_grad():
         clipped_bt = (sign_bt * clamped_bt < sign_bt * log_ratio_bt).float()
         metrics = {
-            "actor/pg_loss": loss.item(),
-            "actor/pg_clipfrac": masked_mean(clipped_bt, mask_bt).item(),
-            "actor/pg_clipfrac_lower": 0.0,
-            "actor/ppo_kl": masked_mean(-log_ratio_bt, mask_bt).item(),
+            "actor/pg_loss": loss.detach(),
+            "actor/pg_clipfrac": masked_mean(clipped_bt, mask_bt).detach(),
+            "actor/pg_clipfrac_lower": loss.new_zeros(()),
+            "actor/ppo_kl": masked_mean(-log_ratio_bt, mask_bt).detach(),
             "actor/ratio_mean": masked_mean(
                 seq_ratio_b[:, None].expand_as(mask_bt), mask_bt
-            ).item(),
+            ).detach(),
         }
     return loss, metrics
 

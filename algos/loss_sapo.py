@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from rlpost.algos.aggregation import LossNorm, aggregate, masked_mean
+from rlpost.algos.aggregation import LossNorm, Metrics, aggregate, masked_mean
 from rlpost.algos.config import PolicyLossConfig
 from rlpost.algos.policy_loss import register_policy_loss
 
@@ -21,7 +21,7 @@ def sapo_loss(
     mask_bt: torch.Tensor,
     cfg: PolicyLossConfig,
     norm: LossNorm,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Metrics]:
     """loss_t = -f(r_t, tau_t) * A_t with f(r, tau) = sigmoid(tau (r - 1)) * 4 / tau,
     tau_t = tau_pos where A_t > 0 else tau_neg (verl's ``sapo``: the same keys and defaults,
     1.0 and 1.05).
@@ -41,11 +41,11 @@ def sapo_loss(
     loss = aggregate(-gate_bt * adv_bt, mask_bt, cfg.agg, norm)
     with torch.no_grad():
         metrics = {
-            "actor/pg_loss": loss.item(),
-            "actor/pg_clipfrac": 0.0,
-            "actor/pg_clipfrac_lower": 0.0,
-            "actor/gate_mean": masked_mean(gate_bt, mask_bt).item(),
-            "actor/ppo_kl": masked_mean(-log_ratio_bt, mask_bt).item(),
-            "actor/ratio_mean": masked_mean(ratio_bt, mask_bt).item(),
+            "actor/pg_loss": loss.detach(),
+            "actor/pg_clipfrac": loss.new_zeros(()),
+            "actor/pg_clipfrac_lower": loss.new_zeros(()),
+            "actor/gate_mean": masked_mean(gate_bt, mask_bt).detach(),
+            "actor/ppo_kl": masked_mean(-log_ratio_bt, mask_bt).detach(),
+            "actor/ratio_mean": masked_mean(ratio_bt, mask_bt).detach(),
         }
     return loss, metrics

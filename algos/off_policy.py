@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import torch
 
+from rlpost.algos.aggregation import Metrics
 from rlpost.algos.config import OffPolicyConfig
 
 # exp(20) ~ 4.9e8: log-ratios are clamped here before exp so a stale token cannot overflow.
@@ -34,7 +35,7 @@ LOG_RATIO_BOUND = 20.0
 
 OffPolicyFn = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, OffPolicyConfig],
-    tuple[torch.Tensor, dict[str, float]],
+    tuple[torch.Tensor, Metrics],
 ]
 OFF_POLICY: dict[str, OffPolicyFn] = {}
 
@@ -68,7 +69,7 @@ def off_policy_metrics(
     rejected_bt: torch.Tensor,
     prox_logp_bt: torch.Tensor,
     behav_logp_bt: torch.Tensor,
-) -> dict[str, float]:
+) -> Metrics:
     """The ``off_policy/*`` metrics over the mask's tokens.
 
     is_mean / is_max: of the applied weight; clipped_frac: tokens whose weight was
@@ -82,12 +83,12 @@ def off_policy_metrics(
     w_bt = w_bt * m_bt
     sum_w, sum_w2 = w_bt.sum(), (w_bt * w_bt).sum()
     return {
-        "off_policy/is_mean": float(sum_w / n),
-        "off_policy/is_max": float(w_bt.max()) if w_bt.numel() else 0.0,
-        "off_policy/clipped_frac": float((clipped_bt.to(m_bt.dtype) * m_bt).sum() / n),
-        "off_policy/rejected_frac": float((rejected_bt.to(m_bt.dtype) * m_bt).sum() / n),
-        "off_policy/ess": float(sum_w**2 / (n * sum_w2)) if sum_w2 > 0 else 0.0,
-        "off_policy/kl_behav": float(((behav_logp_bt - prox_logp_bt) * m_bt).sum() / n),
+        "off_policy/is_mean": sum_w / n,
+        "off_policy/is_max": w_bt.max() if w_bt.numel() else sum_w.new_zeros(()),
+        "off_policy/clipped_frac": (clipped_bt.to(m_bt.dtype) * m_bt).sum() / n,
+        "off_policy/rejected_frac": (rejected_bt.to(m_bt.dtype) * m_bt).sum() / n,
+        "off_policy/ess": torch.where(sum_w2 > 0, sum_w**2 / (n * sum_w2), 0.0),
+        "off_policy/kl_behav": ((behav_logp_bt - prox_logp_bt) * m_bt).sum() / n,
     }
 
 
@@ -119,7 +120,7 @@ def no_correction(
     mask_bt: torch.Tensor,
     adv_bt: torch.Tensor,
     cfg: OffPolicyConfig,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Metrics]:
     """Weight 1 on every mask token; the metrics still report the mismatch."""
     prox, behav, m_bt, _ = _prepare(prox_logp_bt, behav_logp_bt, mask_bt)
     zero_bt = torch.zeros_like(m_bt)
@@ -134,7 +135,7 @@ def token_is(
     mask_bt: torch.Tensor,
     adv_bt: torch.Tensor,
     cfg: OffPolicyConfig,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Metrics]:
     """Token truncated IS (TIS; Yao et al. 2025, "Your Efficient RL Framework Secretly
     Brings You Off-Policy RL Training"): w_t = min(rho_t, C), rho_t = pi_prox / pi_behav,
     C = ``is_cap``. verl: ``rollout_is=token``. ``logp_bt`` and ``adv_bt`` are unused.
@@ -154,7 +155,7 @@ def seq_is(
     mask_bt: torch.Tensor,
     adv_bt: torch.Tensor,
     cfg: OffPolicyConfig,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Metrics]:
     """Sequence truncated IS: w_i = min(prod_t rho_t, C) on every token of sample i,
     computed as exp(min(sum_t log rho_t, log C)) so a long product cannot overflow
     (Liu, Li et al. 2025, sec. "sequence-level IS"; verl ``rollout_is=sequence``)."""
@@ -175,7 +176,7 @@ def decoupled(
     mask_bt: torch.Tensor,
     adv_bt: torch.Tensor,
     cfg: OffPolicyConfig,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Metrics]:
     """Decoupled PPO's behaviour weight (Fu et al. 2025, AReaL, arXiv 2505.24298, eq. 5):
     the loss is w_t * clipped-PPO(pi_theta / pi_prox) with w_t = pi_prox / pi_behav.
 
@@ -198,7 +199,7 @@ def icepop(
     mask_bt: torch.Tensor,
     adv_bt: torch.Tensor,
     cfg: OffPolicyConfig,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Metrics]:
     """IcePop (Ling team 2025, Ring-1T report, sec. "IcePop", M(k) in eq. 2): w_t = rho_t
     where rho_t = pi_prox / pi_behav lies in [lo, hi], 0 outside. Inside the band the token
     keeps its importance weight; tokens on which the two engines disagree most give no
@@ -220,7 +221,7 @@ def mis(
     mask_bt: torch.Tensor,
     adv_bt: torch.Tensor,
     cfg: OffPolicyConfig,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Metrics]:
     """Masked IS by sequence (Liu, Li et al. 2025, "geometric rejection"): sample i is
     rejected when its geometric-mean ratio exp(mean_t log rho_t) lies outside [lo, hi],
     i.e. when its token-mean log-ratio lies outside [log lo, log hi]; kept samples get
@@ -244,7 +245,7 @@ def opsm(
     mask_bt: torch.Tensor,
     adv_bt: torch.Tensor,
     cfg: OffPolicyConfig,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Metrics]:
     """Off-policy sequence masking (DeepSeek-AI 2025, DeepSeek-V3.2, sec. 3.1 "Off-Policy
     Sequence Masking"): M_i = 0 when A_i < 0 and (1/|o_i|) sum_t log(pi_behav / pi_theta)
     > delta, else 1. A negative sample the current policy has drifted away from teaches
@@ -314,7 +315,7 @@ def _rejection(name: str) -> OffPolicyFn:
         mask_bt: torch.Tensor,
         adv_bt: torch.Tensor,
         cfg: OffPolicyConfig,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor, Metrics]:
         prox, behav, m_bt, log_r_bt = _prepare(prox_logp_bt, behav_logp_bt, mask_bt)
         k_bt = estimate(log_r_bt.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
         # token: each token's own estimate; seq_*: the sample's, on every one of its tokens

@@ -11,12 +11,12 @@ from collections.abc import Callable
 
 import torch
 
-from rlpost.algos.aggregation import LossNorm, aggregate, masked_mean
+from rlpost.algos.aggregation import LossNorm, Metrics, aggregate, masked_mean
 from rlpost.algos.config import PolicyLossConfig
 
 PolicyLossFn = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, PolicyLossConfig, LossNorm],
-    tuple[torch.Tensor, dict[str, float]],
+    tuple[torch.Tensor, Metrics],
 ]
 POLICY_LOSSES: dict[str, PolicyLossFn] = {}
 
@@ -46,7 +46,7 @@ def _clipped_pg(
     mask_bt: torch.Tensor,
     cfg: PolicyLossConfig,
     norm: LossNorm,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Metrics]:
     """Clipped surrogate on a (clamped) log-ratio, shared by PPO and GSPO.
 
     pg = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))   (Schulman et al. 2017, eq. 7)
@@ -66,11 +66,11 @@ def _clipped_pg(
     loss = aggregate(pg_bt, mask_bt, cfg.agg, norm)
     with torch.no_grad():
         metrics = {
-            "actor/pg_loss": loss.item(),
-            "actor/pg_clipfrac": masked_mean(clipped_bt, mask_bt).item(),
-            "actor/pg_clipfrac_lower": masked_mean(lower_bt, mask_bt).item(),
-            "actor/ppo_kl": masked_mean(-log_ratio_bt, mask_bt).item(),
-            "actor/ratio_mean": masked_mean(ratio_bt, mask_bt).item(),
+            "actor/pg_loss": loss.detach(),
+            "actor/pg_clipfrac": masked_mean(clipped_bt, mask_bt).detach(),
+            "actor/pg_clipfrac_lower": masked_mean(lower_bt, mask_bt).detach(),
+            "actor/ppo_kl": masked_mean(-log_ratio_bt, mask_bt).detach(),
+            "actor/ratio_mean": masked_mean(ratio_bt, mask_bt).detach(),
         }
     return loss, metrics
 
@@ -83,7 +83,7 @@ def ppo_clip_loss(
     mask_bt: torch.Tensor,
     cfg: PolicyLossConfig,
     norm: LossNorm,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Metrics]:
     """Token-level clipped PPO surrogate (Schulman et al. 2017, eq. 7), r_t = exp(logp - old).
 
     GRPO is this loss with a group-normalised advantage; DAPO's clip-higher is
@@ -104,7 +104,7 @@ def gspo_loss(
     mask_bt: torch.Tensor,
     cfg: PolicyLossConfig,
     norm: LossNorm,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Metrics]:
     """Group Sequence Policy Optimisation (Zheng et al. 2025, eq. 5-7 and GSPO-token eq. 13).
 
     s_i = exp(mean_t(logp - old_logp)) over sample i's response tokens; token form
@@ -123,10 +123,10 @@ def gspo_loss(
 
 def sft_loss(
     logp_bt: torch.Tensor, mask_bt: torch.Tensor, norm: LossNorm
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Metrics]:
     """Negative log-likelihood, -sum(logp * mask) / global_tokens (token-mean over the
     global batch). Metric ``sft/nll``: mean NLL over this micro-batch's mask tokens."""
     loss = aggregate(-logp_bt, mask_bt, "token-mean", norm)
     with torch.no_grad():
-        nll = masked_mean(-logp_bt, mask_bt).item()
+        nll = masked_mean(-logp_bt, mask_bt)
     return loss, {"sft/nll": nll}

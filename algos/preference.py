@@ -24,11 +24,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from rlpost.algos.aggregation import Metrics
 from rlpost.algos.config import PreferenceConfig
 
 PreferenceLossFn = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, PreferenceConfig, float],
-    tuple[torch.Tensor, dict[str, float]],
+    tuple[torch.Tensor, Metrics],
 ]
 
 
@@ -79,16 +80,16 @@ def _pair_metrics(
     chosen_reward_p: torch.Tensor,
     rejected_reward_p: torch.Tensor,
     num_pairs: float,
-) -> dict[str, float]:
+) -> Metrics:
     with torch.no_grad():
         c, r = chosen_reward_p.detach(), rejected_reward_p.detach()
         return {
-            "rewards/chosen": _share(c, num_pairs).item(),
-            "rewards/rejected": _share(r, num_pairs).item(),
-            "rewards/margins": _share(c - r, num_pairs).item(),
-            "rewards/accuracies": _share((c > r).float(), num_pairs).item(),
-            "logps/chosen": _share(chosen_logp_p.detach(), num_pairs).item(),
-            "logps/rejected": _share(rejected_logp_p.detach(), num_pairs).item(),
+            "rewards/chosen": _share(c, num_pairs).detach(),
+            "rewards/rejected": _share(r, num_pairs).detach(),
+            "rewards/margins": _share(c - r, num_pairs).detach(),
+            "rewards/accuracies": _share((c > r).float(), num_pairs).detach(),
+            "logps/chosen": _share(chosen_logp_p.detach(), num_pairs).detach(),
+            "logps/rejected": _share(rejected_logp_p.detach(), num_pairs).detach(),
         }
 
 
@@ -116,7 +117,7 @@ def dpo_sigmoid_loss(
     ref_rejected_logp_p: torch.Tensor | None,
     cfg: PreferenceConfig,
     num_pairs: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Metrics]:
     """DPO (Rafailov et al. 2023, eq. 7): -log sigma(r_c - r_r) with r = beta log(pi/pi_ref).
 
     With ``label_smoothing`` eps (conservative DPO, Mitchell 2023):
@@ -141,7 +142,7 @@ def ipo_loss(
     ref_rejected_logp_p: torch.Tensor | None,
     cfg: PreferenceConfig,
     num_pairs: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Metrics]:
     """IPO (Azar et al. 2023, eq. 17): (h - 1 / (2 beta))^2 with
     h = log(pi(y_c) / pi_ref(y_c)) - log(pi(y_r) / pi_ref(y_r)), beta the regulariser tau."""
     r_c, r_r = _implicit_rewards(
@@ -162,7 +163,7 @@ def hinge_loss(
     ref_rejected_logp_p: torch.Tensor | None,
     cfg: PreferenceConfig,
     num_pairs: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Metrics]:
     """SLiC's rank-calibration hinge (Zhao et al. 2023, eq. 2) on the DPO log-ratio,
     as TRL's ``hinge``: max(0, 1 - (r_c - r_r)), r = beta log(pi / pi_ref)."""
     r_c, r_r = _implicit_rewards(
@@ -182,7 +183,7 @@ def simpo_loss(
     ref_rejected_logp_p: torch.Tensor | None,
     cfg: PreferenceConfig,
     num_pairs: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Metrics]:
     """SimPO (Meng et al. 2024, eq. 6): -log sigma(beta/|y_c| log pi(y_c) -
     beta/|y_r| log pi(y_r) - gamma); the inputs are already the per-token means
     (1/|y|) log pi(y). No reference policy."""
@@ -201,7 +202,7 @@ def orpo_loss(
     ref_rejected_logp_p: torch.Tensor | None,
     cfg: PreferenceConfig,
     num_pairs: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Metrics]:
     """ORPO (Hong et al. 2024, eqs. 4-7): L_SFT + lambda L_OR, with lambda = beta,
     L_SFT = -(1/|y_c|) log pi(y_c) and L_OR = -log sigma(log odds(y_c) - log odds(y_r)),
     odds(y) = P / (1 - P) for P = exp((1/|y|) log pi(y)) (the inputs). No reference.
@@ -218,9 +219,9 @@ def orpo_loss(
     r_c, r_r = cfg.beta * chosen_logp_p, cfg.beta * rejected_logp_p
     metrics = _pair_metrics(chosen_logp_p, rejected_logp_p, r_c, r_r, num_pairs)
     with torch.no_grad():
-        metrics["orpo/nll_loss"] = _share(nll_p.detach(), num_pairs).item()
-        metrics["orpo/log_odds_ratio"] = _share(ratio_p.detach(), num_pairs).item()
-        metrics["orpo/log_odds_chosen"] = _share(log_odds_p.detach(), num_pairs).item()
+        metrics["orpo/nll_loss"] = _share(nll_p.detach(), num_pairs)
+        metrics["orpo/log_odds_ratio"] = _share(ratio_p.detach(), num_pairs)
+        metrics["orpo/log_odds_chosen"] = _share(log_odds_p.detach(), num_pairs)
     return _share(loss_p, num_pairs), metrics
 
 
@@ -230,7 +231,7 @@ def bradley_terry_loss(
     num_pairs: float,
     margin_p: torch.Tensor | None = None,
     center_coef: float = 0.0,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Metrics]:
     """A reward model's pairwise loss (Bradley and Terry 1952; Ouyang et al. 2022,
     eq. 1): -log sigma(r_c - r_r - m), with the pair's ``margin_p`` m (Touvron et al.
     2023, Llama 2, eq. 2; 0 without one), plus ``center_coef`` * mean((r_c + r_r)^2),
@@ -249,10 +250,10 @@ def bradley_terry_loss(
     with torch.no_grad():
         c, r = chosen_reward_p.detach(), rejected_reward_p.detach()
         metrics = {
-            "rm/accuracy": _share((c > r).float(), num_pairs).item(),
-            "rm/margin": _share(c - r, num_pairs).item(),
-            "rm/chosen": _share(c, num_pairs).item(),
-            "rm/rejected": _share(r, num_pairs).item(),
+            "rm/accuracy": _share((c > r).float(), num_pairs).detach(),
+            "rm/margin": _share(c - r, num_pairs).detach(),
+            "rm/chosen": _share(c, num_pairs).detach(),
+            "rm/rejected": _share(r, num_pairs).detach(),
         }
     return _share(loss_p, num_pairs), metrics
 
@@ -280,7 +281,7 @@ PAIR_METRICS = frozenset(
 
 def with_rpo_nll(
     loss: torch.Tensor,
-    metrics: dict[str, float],
+    metrics: Metrics,
     chosen_mean_logp_p: torch.Tensor,
     cfg: PreferenceConfig,
     num_pairs: float,
@@ -291,7 +292,7 @@ def with_rpo_nll(
     if not cfg.rpo_alpha:
         return loss
     nll_p = -chosen_mean_logp_p
-    metrics["rpo/nll_loss"] = _share(nll_p.detach(), num_pairs).item()
+    metrics["rpo/nll_loss"] = _share(nll_p.detach(), num_pairs)
     return loss + cfg.rpo_alpha * _share(nll_p, num_pairs)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from rlpost.algos.aggregation import LossNorm, aggregate, masked_mean
+from rlpost.algos.aggregation import LossNorm, Metrics, aggregate, masked_mean
 
 
 def clipped_value_loss(
@@ -19,7 +19,7 @@ def clipped_value_loss(
     clip: float,
     agg: str,
     norm: LossNorm,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Metrics]:
     """Clipped value loss (PPO2 baselines; Andrychowicz et al. 2021, sec. 3.2 "value clipping"):
 
     0.5 * max((V - R)^2, (clip(V, V_old - clip, V_old + clip) - R)^2), aggregated by ``agg``.
@@ -33,8 +33,8 @@ def clipped_value_loss(
     loss = aggregate(loss_bt, mask_bt, agg, norm)
     with torch.no_grad():
         metrics = {
-            "critic/vf_loss": masked_mean(loss_bt, mask_bt).item(),
-            "critic/vf_clipfrac": masked_mean((l2_bt > l1_bt).to(loss_bt.dtype), mask_bt).item(),
+            "critic/vf_loss": masked_mean(loss_bt, mask_bt).detach(),
+            "critic/vf_clipfrac": masked_mean((l2_bt > l1_bt).to(loss_bt.dtype), mask_bt).detach(),
         }
     return loss, metrics
 

@@ -16,6 +16,7 @@ import torch
 from rlpost.algos import (
     POLICY_LOSSES,
     LossNorm,
+    Metrics,
     OffPolicyConfig,
     PolicyLossConfig,
     aggregate,
@@ -53,7 +54,7 @@ def policy_objective(
     norm: LossNorm,
     is_cap: float | None = None,
     off_policy: OffPolicyConfig | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, Metrics]:
     """Policy loss of one micro-batch (its share of the global-batch loss) and its metrics.
 
     ``logp_bt`` and ``entropy_bt`` are the current policy's, ``old_logp_bt`` the
@@ -69,7 +70,7 @@ def policy_objective(
     device = logp_bt.device
     mask_bt = mb.response_mask_bt.to(device).float()
     adv_bt = mb.advantages_bt.to(device)
-    metrics: dict[str, float] = {}
+    metrics: Metrics = {}
     if off_policy is None and is_cap is not None:
         off_policy = OffPolicyConfig("token_is", is_cap=is_cap)
     if off_policy is not None and mb.rollout_logp_bt is not None:
@@ -85,7 +86,7 @@ def policy_objective(
         logp_bt, old_logp_bt, adv_bt, mask_bt, loss_cfg, norm
     )
     metrics.update(pg_metrics)
-    metrics["actor/entropy"] = float(masked_mean(entropy_bt.detach(), mask_bt))
+    metrics["actor/entropy"] = masked_mean(entropy_bt.detach(), mask_bt)
     if reg.entropy_coef != 0:
         loss = loss - reg.entropy_coef * aggregate(entropy_bt, mask_bt, loss_cfg.agg, norm)
     if reg.kl_coef > 0:
@@ -93,8 +94,8 @@ def policy_objective(
         kl_bt = kl_penalty(logp_bt, mb.ref_logp_bt.to(device), reg.kl_type)
         kl_loss = aggregate(kl_bt, mask_bt, loss_cfg.agg, norm)
         loss = loss + reg.kl_coef * kl_loss
-        metrics["actor/kl_loss"] = float(kl_loss.detach())
-        metrics["actor/kl"] = float(masked_mean(kl_bt.detach(), mask_bt))
+        metrics["actor/kl_loss"] = kl_loss.detach()
+        metrics["actor/kl"] = masked_mean(kl_bt.detach(), mask_bt)
     return loss, metrics
 
 

@@ -13,7 +13,7 @@ every rank.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import torch
@@ -26,16 +26,18 @@ from rlpost.trainers.distributed import all_reduce_
 # Metrics that are a micro-batch's share of the global loss (or of a global mean
 # over preference pairs): summed, not averaged.
 SUMMED_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss"}) | PAIR_METRICS
+# ``MetricSums``' key for the step's loss (no metric's name: those hold a slash)
+LOSS = "loss"
 
 # What the caller does with one micro-batch's model output: its loss (summed and
 # back-propagated when training) and rows (b, t) to hand back, or None.
 OnOutput = Callable[[TrajectoryBatch, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
 
 # One micro-batch's loss from the model's output: its share of the global loss,
-# its metrics and rows (b, t) to hand back, or None.
+# its metrics (0-d tensors or floats) and rows (b, t) to hand back, or None.
 MicroLoss = Callable[
     [TrajectoryBatch, torch.Tensor, LossNorm],
-    tuple[torch.Tensor, dict[str, float], torch.Tensor | None],
+    tuple[torch.Tensor, Mapping[str, torch.Tensor | float], torch.Tensor | None],
 ]
 
 
@@ -86,25 +88,56 @@ def global_norm(batch: TrajectoryBatch, norm_const: float) -> LossNorm:
     )
 
 
+class MetricSums:
+    """A step's metric sums over its micro-batches, each kept where its loss computed
+    it: the step reads the device once, at its end, not at every metric of every
+    micro-batch (each such read waits for the device to finish the forward pass
+    before the host may queue the backward). A loss may also give floats."""
+
+    def __init__(self) -> None:
+        self.floats: dict[str, float] = {}
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def add(self, key: str, value: torch.Tensor | float, weight: float = 1.0) -> None:
+        if isinstance(value, torch.Tensor):
+            v = value.detach().to(torch.float64) * weight
+            self.tensors[key] = v + self.tensors[key] if key in self.tensors else v
+        else:
+            self.floats[key] = self.floats.get(key, 0.0) + float(value) * weight
+
+    def keys(self) -> list[str]:
+        return sorted(self.floats.keys() | self.tensors.keys())
+
+    def vector(self, keys: list[str]) -> torch.Tensor:
+        """The sums of ``keys`` in that order (0 for a key never added), float64, on
+        the device of the tensors added, without reading it."""
+        out = torch.tensor([self.floats.get(k, 0.0) for k in keys], dtype=torch.float64)
+        held = [i for i, k in enumerate(keys) if k in self.tensors]
+        if held:
+            parts = torch.stack([self.tensors[keys[i]] for i in held])
+            out = out.to(parts.device).index_add_(0, torch.tensor(held, device=parts.device), parts)
+        return out
+
+
 def global_metrics(
-    sums: dict[str, float],
+    sums: MetricSums,
     keys: list[str],
-    loss_sum: float,
     norm: LossNorm,
     prefix: str,
     contributes: bool = True,
 ) -> dict[str, float]:
-    """A step's metric sums and loss added over every rank (a rank that does not
-    contribute sends zeros): ``SUMMED_METRICS`` as totals, the others as means per
-    response token of the global batch, and ``{prefix}/loss``. Collective."""
-    local = [sums[k] for k in keys] + [loss_sum] if contributes else [0.0] * (len(keys) + 1)
-    totals = torch.tensor(local, dtype=torch.float64)
-    all_reduce_(totals)
+    """A step's metric sums and loss (``sums``' key ``LOSS``) added over every rank (a
+    rank that does not contribute sends zeros): ``SUMMED_METRICS`` as totals, the others
+    as means per response token of the global batch, and ``{prefix}/loss``. Collective;
+    the step's one read of the device."""
+    names = [*keys, LOSS]
+    local = sums.vector(names) if contributes else torch.zeros(len(names), dtype=torch.float64)
+    totals = all_reduce_(local).tolist()
     out = {
-        k: totals[i].item() / (1.0 if k in SUMMED_METRICS else norm.global_tokens)
+        k: totals[i] / (1.0 if k in SUMMED_METRICS else norm.global_tokens)
         for i, k in enumerate(keys)
     }
-    out[f"{prefix}/loss"] = totals[-1].item()
+    out[f"{prefix}/loss"] = totals[-1]
     return out
 
 
@@ -121,16 +154,14 @@ def step(
         raise RuntimeError("this engine is a frozen reference policy; it cannot update")
     norm = global_norm(batch, norm_const)
     backend.zero_grad()
-    sums: dict[str, float] = {}
-    loss_sum = 0.0
+    sums = MetricSums()
 
     def on_output(mb: TrajectoryBatch, output: torch.Tensor):
-        nonlocal loss_sum
         loss, metrics, rows = loss_fn(mb, output, norm)
-        loss_sum += float(loss.detach())
-        weight = float(mb.response_mask_bt.sum())
+        sums.add(LOSS, loss)
+        weight = float(mb.response_mask_bt.sum())  # a CPU tensor: no wait
         for k, v in metrics.items():
-            sums[k] = sums.get(k, 0.0) + float(v) * (1.0 if k in SUMMED_METRICS else weight)
+            sums.add(k, v, 1.0 if k in SUMMED_METRICS else weight)
         return loss, rows
 
     rows_bt = backend.forward(batch, on_output, grad=True)
@@ -138,8 +169,8 @@ def step(
     # together: a NaN or Inf loss or gradient must not reach the weights or Adam.
     with span("optimizer", cat="micro", level="full"):
         grad_norm, lr, skipped = backend.optimizer_step()
-    keys = backend.metric_keys(sorted(sums))
-    out = global_metrics(sums, keys, loss_sum, norm, prefix, backend.reports_metrics)
+    keys = backend.metric_keys([k for k in sums.keys() if k != LOSS])
+    out = global_metrics(sums, keys, norm, prefix, backend.reports_metrics)
     out[f"{prefix}/grad_norm"] = grad_norm
     out[f"{prefix}/lr"] = lr
     out[f"{prefix}/skipped_updates"] = float(skipped)

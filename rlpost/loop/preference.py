@@ -211,6 +211,6 @@ class PreferenceSteps:
         loss, metrics = self.spec.fn(
             seq_b[0::2], seq_b[1::2], ref_c, ref_r, self.pref, len(self.val_pairs)
         )
-        out = {f"val/{k}": v for k, v in metrics.items()}
+        out = {f"val/{k}": float(v) for k, v in metrics.items()}
         out["val/dpo/loss"] = float(loss)  # the training loss's name, held out
         return out
