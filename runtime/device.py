@@ -130,6 +130,17 @@ def synchronize(name: str) -> None:
         module.synchronize()
 
 
+def upload(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A host tensor (a batch's ids, masks, advantages) on ``device``, queued without
+    waiting for the device. A blocking copy to an accelerator first waits for every
+    kernel queued so far (``torch`` synchronises the stream after it), so that a
+    micro-batch's tensors, copied as its loss needs them, would each stall the host
+    until the forward pass had finished; from pageable memory the driver stages a
+    non-blocking copy before returning, so the host tensor may change at once.
+    On the CPU it is the tensor itself."""
+    return tensor.to(device, non_blocking=True)
+
+
 def empty_cache(name: str) -> None:
     module = torch_module(name)
     if module is not None:

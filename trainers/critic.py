@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 
 from rlpost.algos import LossNorm, clipped_value_loss
+from rlpost.runtime.device import upload
 from rlpost.trainers import checkpointing
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.checkpointing import CheckpointState
@@ -66,9 +67,9 @@ class CriticUpdates:
             v_bt = self.values_of(output)
             loss, metrics = clipped_value_loss(
                 v_bt,
-                mb.old_values_bt.to(v_bt.device),
-                mb.returns_bt.to(v_bt.device),
-                mb.response_mask_bt.to(v_bt.device).float(),
+                upload(mb.old_values_bt, v_bt.device),
+                upload(mb.returns_bt, v_bt.device),
+                upload(mb.response_mask_bt, v_bt.device).float(),
                 clip=value_clip,
                 agg=agg,
                 norm=norm,

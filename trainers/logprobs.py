@@ -432,14 +432,14 @@ def _needed_rows(needed_bt: torch.Tensor | None, device: torch.device) -> torch.
     predicts_n = _next_ids(needed_bt.cpu()).reshape(-1).bool()
     if bool(predicts_n.all()):
         return None
-    return predicts_n.nonzero()[:, 0].to(device)
+    return devices.upload(predicts_n.nonzero()[:, 0], device)
 
 
 def _only(values_bt: torch.Tensor, needed_bt: torch.Tensor | None) -> torch.Tensor:
     """``values_bt`` at the needed tokens, 0 (and no gradient) at the others."""
     if needed_bt is None:
         return values_bt
-    return torch.where(needed_bt.to(values_bt.device, torch.bool), values_bt, 0.0)
+    return torch.where(devices.upload(needed_bt, values_bt.device).bool(), values_bt, 0.0)
 
 
 def _plain(

@@ -25,6 +25,7 @@ from rlpost.algos import (
     kl_penalty,
     masked_mean,
 )
+from rlpost.runtime.device import upload
 from rlpost.trainers.batch import TrajectoryBatch
 
 
@@ -68,15 +69,15 @@ def policy_objective(
     """
     assert mb.advantages_bt is not None
     device = logp_bt.device
-    mask_bt = mb.response_mask_bt.to(device).float()
-    adv_bt = mb.advantages_bt.to(device)
+    mask_bt = upload(mb.response_mask_bt, device).float()
+    adv_bt = upload(mb.advantages_bt, device)
     metrics: Metrics = {}
     if off_policy is None and is_cap is not None:
         off_policy = OffPolicyConfig("token_is", is_cap=is_cap)
     if off_policy is not None and mb.rollout_logp_bt is not None:
         # Scaling A_t by w_t >= 0 scales that token's clipped PPO term by w_t.
         w_bt, metrics = build_off_policy(off_policy)(
-            logp_bt, old_logp_bt, mb.rollout_logp_bt.to(device), mask_bt, adv_bt, off_policy
+            logp_bt, old_logp_bt, upload(mb.rollout_logp_bt, device), mask_bt, adv_bt, off_policy
         )
         adv_bt = adv_bt * w_bt
         if off_policy.name == "token_is":  # the names these figures have always had
@@ -91,7 +92,7 @@ def policy_objective(
         loss = loss - reg.entropy_coef * aggregate(entropy_bt, mask_bt, loss_cfg.agg, norm)
     if reg.kl_coef > 0:
         assert mb.ref_logp_bt is not None
-        kl_bt = kl_penalty(logp_bt, mb.ref_logp_bt.to(device), reg.kl_type)
+        kl_bt = kl_penalty(logp_bt, upload(mb.ref_logp_bt, device), reg.kl_type)
         kl_loss = aggregate(kl_bt, mask_bt, loss_cfg.agg, norm)
         loss = loss + reg.kl_coef * kl_loss
         metrics["actor/kl_loss"] = kl_loss.detach()

@@ -21,6 +21,7 @@ from typing import Protocol
 import torch
 
 from rlpost.algos import LossNorm, OffPolicyConfig, PolicyLossConfig, PreferenceConfig, sft_loss
+from rlpost.runtime.device import upload
 from rlpost.trainers import checkpointing
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.checkpointing import CheckpointState
@@ -165,7 +166,7 @@ class PolicyUpdates:
                 old_logp = logp.detach()
             else:
                 assert mb.old_logp_bt is not None
-                old_logp = mb.old_logp_bt.to(logp.device)
+                old_logp = upload(mb.old_logp_bt, logp.device)
             loss, metrics = policy_objective(
                 logp, entropy, old_logp, mb, loss_cfg, reg, norm, is_cap, off_policy
             )
@@ -178,7 +179,7 @@ class PolicyUpdates:
 
         def loss_fn(mb: TrajectoryBatch, output: torch.Tensor, norm: LossNorm):
             logp = self.token_stats(mb, output, 1.0, False)[0]
-            loss, metrics = sft_loss(logp, mb.response_mask_bt.to(logp.device).float(), norm)
+            loss, metrics = sft_loss(logp, upload(mb.response_mask_bt, logp.device).float(), norm)
             return loss, metrics, None
 
         return step(self.backend, batch, loss_fn, 1.0, "sft")[0]

@@ -24,6 +24,7 @@ from rlpost.algos import (
     sequence_logps,
     with_rpo_nll,
 )
+from rlpost.runtime.device import upload
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.update import MicroLoss
 
@@ -53,7 +54,7 @@ def preference_loss(
 
     def loss_fn(mb: TrajectoryBatch, output: torch.Tensor, norm: LossNorm):
         logp_bt = token_logps(mb, output)
-        mask_bt = mb.response_mask_bt.to(logp_bt.device)
+        mask_bt = upload(mb.response_mask_bt, logp_bt.device)
         chosen_p, rejected_p = split_pairs(
             mb, sequence_logps(logp_bt, mask_bt, spec.length_normalised)
         )
@@ -61,7 +62,7 @@ def preference_loss(
         if spec.needs_reference:
             if REF_LOGPS not in mb.scores_b:
                 raise ValueError(f"loss={cfg.loss} needs the reference log-probs in the batch")
-            ref_c, ref_r = split_pairs(mb, mb.scores_b[REF_LOGPS].to(logp_bt.device))
+            ref_c, ref_r = split_pairs(mb, upload(mb.scores_b[REF_LOGPS], logp_bt.device))
         pairs = norm.global_samples / 2
         loss, metrics = spec.fn(chosen_p, rejected_p, ref_c, ref_r, cfg, pairs)
         if cfg.rpo_alpha:
@@ -87,7 +88,7 @@ def reward_model_loss(
         chosen_p, rejected_p = split_pairs(mb, r_b)
         margin_p = None
         if "margin" in mb.scores_b:
-            margin_p = mb.scores_b["margin"].to(r_b.device)[0::2]
+            margin_p = upload(mb.scores_b["margin"], r_b.device)[0::2]
         loss, metrics = bradley_terry_loss(
             chosen_p, rejected_p, norm.global_samples / 2, margin_p, center_coef
         )

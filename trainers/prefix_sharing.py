@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlpost.runtime.device import upload
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.micro_batching import row_lengths
 
@@ -216,7 +217,7 @@ class PrefixSharing:
     ) -> dict[str, torch.Tensor]:
         """The model's keyword arguments for ``trees``."""
         return {
-            "input_ids": trees.ids_RL.to(device),
-            "position_ids": trees.pos_RL.to(device),
-            "attention_mask": trees.attention_mask(self.attention, dtype).to(device),
+            "input_ids": upload(trees.ids_RL, device),
+            "position_ids": upload(trees.pos_RL, device),
+            "attention_mask": upload(trees.attention_mask(self.attention, dtype), device),
         }

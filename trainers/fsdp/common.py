@@ -138,7 +138,9 @@ class FSDPBackend:
     def forward(self, batch: TrajectoryBatch, on_output: OnOutput, *, grad: bool) -> torch.Tensor:
         self.model.train(grad)
         data, first = (batch, 0) if self.sp is None else join_shares(batch, self.sp.group)
-        rows_bt = torch.zeros(data.input_ids_bt.shape, dtype=torch.float32)
+        # each micro-batch's rows stay on the device until the last is done: copying
+        # them to the host would wait for its backward pass before the next forward
+        handed: list[tuple[int, torch.Tensor]] = []
         start = 0
         mbs = self.split(data)
         with torch.set_grad_enabled(grad):
@@ -155,8 +157,11 @@ class FSDPBackend:
                     with span("backward", cat="micro", level="full", samples=len(mb)):
                         (loss * self.world_size).backward()
                 if rows is not None:
-                    rows_bt[start : start + len(mb), : rows.shape[1]] = rows.cpu()
+                    handed.append((start, rows.detach()))
                 start += len(mb)
+        rows_bt = torch.zeros(data.input_ids_bt.shape, dtype=torch.float32)
+        for start, rows in handed:
+            rows_bt[start : start + len(rows), : rows.shape[1]] = rows.cpu()
         return rows_bt[first : first + len(batch), : batch.input_ids_bt.shape[1]]
 
     def _accumulate_locally(self, last: bool) -> None:

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from rlpost.runtime.device import upload
 from rlpost.trainers.batch import TrajectoryBatch
 from rlpost.trainers.critic import CriticUpdates
 from rlpost.trainers.distributed import init_distributed
@@ -96,13 +97,18 @@ class CriticEngine(CriticUpdates):
             v_T = shared.gather(self.model(**self._sharing.inputs(shared, dtype, self.device)))[0]
             v_bt = padded_rows(v_T, shared.lengths, mb.input_ids_bt.shape[1])
         elif self.sp is None:
-            ids, mask = mb.input_ids_bt.to(self.device), mb.attention_mask_bt.to(self.device)
+            ids, mask = (
+                upload(mb.input_ids_bt, self.device),
+                upload(mb.attention_mask_bt, self.device),
+            )
             v_bt = self.model(ids, mask)
         else:
             width = mb.input_ids_bt.shape[1]
             ids_bl, pos_bl, _ = self.sp.inputs(mb.input_ids_bt, None)
             with self.sp.attending(None):
-                v_bl = self.model(ids_bl.to(self.device), position_ids=pos_bl.to(self.device))
+                v_bl = self.model(
+                    upload(ids_bl, self.device), position_ids=upload(pos_bl, self.device)
+                )
             v_bt = self.sp.gather(v_bl)[:, :width]
         return F.pad(v_bt[:, :-1], (1, 0))
 

@@ -172,8 +172,8 @@ class FSDPEngine(PolicyUpdates):
             ids_bl, pos_bl, segments = self.sp.inputs(ids, lengths)
             with self.sp.attending(segments):
                 return self.model(
-                    input_ids=ids_bl.to(self.device),
-                    position_ids=pos_bl.to(self.device),
+                    input_ids=devices.upload(ids_bl, self.device),
+                    position_ids=devices.upload(pos_bl, self.device),
                     use_cache=False,
                 ).logits
         shared = self._sharing.rows(mb)
@@ -182,11 +182,14 @@ class FSDPEngine(PolicyUpdates):
         if not self._packed(mb):
             if not self._fused(mb):
                 return self._logits(mb)
-            ids, mask = mb.input_ids_bt.to(self.device), mb.attention_mask_bt.to(self.device)
+            ids, mask = (
+                devices.upload(mb.input_ids_bt, self.device),
+                devices.upload(mb.attention_mask_bt, self.device),
+            )
             with self._hidden_out():
                 return self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
         ids_1T, pos_1T, _ = pack(mb)
-        ids_1T, pos_1T = ids_1T.to(self.device), pos_1T.to(self.device)
+        ids_1T, pos_1T = devices.upload(ids_1T, self.device), devices.upload(pos_1T, self.device)
         with self._hidden_out() if self._fused(mb) else nullcontext():
             return self.model(input_ids=ids_1T, position_ids=pos_1T, use_cache=False).logits
 
@@ -242,8 +245,8 @@ class FSDPEngine(PolicyUpdates):
     def _logits(self, mb: TrajectoryBatch) -> torch.Tensor:
         """The model's logits (b, t, v) in its dtype: no float32 copy, no temperature
         (``token_logprobs_and_entropy`` applies both a chunk of tokens at a time)."""
-        ids = mb.input_ids_bt.to(self.device)
-        mask = mb.attention_mask_bt.to(self.device)
+        ids = devices.upload(mb.input_ids_bt, self.device)
+        mask = devices.upload(mb.attention_mask_bt, self.device)
         images = self._image_inputs(mb, ids)
         logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False, **images).logits
         if self._never_sample:  # the rollout never samples these (placeholder_token_ids)
@@ -281,7 +284,7 @@ class FSDPEngine(PolicyUpdates):
         def stats(
             out: torch.Tensor, ids: torch.Tensor, needed: torch.Tensor
         ) -> tuple[torch.Tensor, torch.Tensor]:
-            ids = ids.to(self.device)
+            ids = devices.upload(ids, self.device)
             if not self._fused(mb):
                 return token_logprobs_and_entropy(
                     out, ids, temperature, with_entropy, needed_bt=needed
@@ -319,7 +322,7 @@ class FSDPEngine(PolicyUpdates):
         assert self.sp is not None
         ids, lengths = self._rows(mb)
         width = ids.shape[1]
-        nxt_bl = self.sp.local(next_ids(ids, self.sp.padded(width))).to(self.device)
+        nxt_bl = devices.upload(self.sp.local(next_ids(ids, self.sp.padded(width))), self.device)
         logp_bl, entropy_bl = next_token_stats(logits_blv, nxt_bl, temperature, with_entropy)
         logp = F.pad(self.sp.gather(logp_bl)[:, : width - 1], (1, 0))
         entropy = torch.zeros_like(logp)

@@ -17,6 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from rlpost.runtime.device import upload
 from rlpost.runtime.hf_format import save_preprocessing
 from rlpost.trainers import checkpointing
 from rlpost.trainers.batch import TrajectoryBatch
@@ -82,8 +83,8 @@ class RewardModelEngine:
 
     def _scores(self, mb: TrajectoryBatch) -> torch.Tensor:
         """r (b,): the head at each row's last non-padding token (float32)."""
-        ids = mb.input_ids_bt.to(self.device)
-        mask = mb.attention_mask_bt.to(self.device)
+        ids = upload(mb.input_ids_bt, self.device)
+        mask = upload(mb.attention_mask_bt, self.device)
         return self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, 0].float()
 
     @torch.no_grad()
