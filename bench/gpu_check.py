@@ -60,10 +60,15 @@ SHAPES = {
     "0.5B": (896, 24, 14, 2, 4864, 151_936),
     "1.5B": (1536, 28, 12, 2, 8960, 151_936),
     "small": (64, 2, 4, 2, 128, 1024),
+    # the 0.5B's vocabulary and output layer on two narrow layers: where the log-prob
+    # path dominates, at a size a CPU updates in seconds
+    "wide": (64, 2, 4, 2, 128, 151_936),
 }
 # The update's two shapes: samples, prompt tokens, response tokens, micro-batch
 UPDATE_SHAPES = {"short": (32, 128, 384, 8), "long": (64, 512, 1536, 16)}
 SMALL_UPDATE_SHAPES = {"short": (4, 8, 8, 2), "long": (4, 8, 24, 4)}
+# The two shapes' prompt and response lengths with fewer samples, for a CPU
+CPU_UPDATE_SHAPES = {"short": (8, 128, 384, 4), "long": (2, 512, 1536, 1)}
 
 
 def qwen2_config(shape: str):  # type: ignore[no-untyped-def]
@@ -413,9 +418,24 @@ def main() -> None:
         "--tests", type=Path, action="append", default=[], help="pytest's JUnit XML to report"
     )
     p.add_argument("--out", type=Path, default=RESULTS / "gpu_check")
+    p.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        help="the updated model (default: 0.5B; small with --small)",
+    )
+    p.add_argument(
+        "--cpu-shapes", action="store_true",
+        help="the update's prompt and response lengths with 8 and 2 samples, for a CPU",
+    )  # fmt: skip
     args = p.parse_args()
-    args.shape = "small" if args.small else "0.5B"
-    args.update_shapes = SMALL_UPDATE_SHAPES if args.small else UPDATE_SHAPES
+    args.shape = args.shape or ("small" if args.small else "0.5B")
+    args.update_shapes = (
+        SMALL_UPDATE_SHAPES
+        if args.small
+        else CPU_UPDATE_SHAPES
+        if args.cpu_shapes
+        else UPDATE_SHAPES
+    )
     if args.small:
         args.updates, args.lp_samples, args.lp_tokens = 1, 2, 16
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -401,3 +401,47 @@ def test_a_large_vocabulary_updates_like_the_plain_loss(device, tmp_path):
     assert norm > 1.0  # the clip is not vacuous: every gradient scaled by 1 / norm
     for name, g in want.items():
         torch.testing.assert_close(got["grads"][name], g / norm, rtol=1e-4, atol=1e-6, msg=name)
+
+
+# -- the host runs ahead of the device -------------------------------------------
+def _waits_worker(rank: int, model_dir: str, out: str, device: str) -> None:
+    """Where rlpost's own code waits for the device during ``update_policy``, with 1
+    and with 4 micro-batches (torch's synchronisation debug mode warns at each wait)."""
+    import warnings
+
+    from rlpost.runtime import device as devices
+
+    sites: dict[int, list[str]] = {}
+    for micro in (8, 2):
+        engine = _engine(model_dir, rank, 1, _free_port(), micro_batch_size=micro, device=device)
+        batch = _batch()
+        batch.advantages_bt = _advantages(batch)
+        batch.old_logp_bt = engine.logprobs(batch)
+        devices.synchronize(device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if device == "cuda":
+                torch.cuda.set_sync_debug_mode("warn")
+            engine.update_policy(batch, PolicyLossConfig())
+            if device == "cuda":
+                torch.cuda.set_sync_debug_mode("default")
+        sites[8 // micro] = sorted(
+            f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)
+        )
+        engine.close()
+    torch.save(sites, out)
+
+
+@pytest.mark.gpu
+def test_micro_batches_add_no_waits_for_the_device(tmp_path):
+    """A step waits for the device a fixed number of times (its gradient norm, its
+    metrics), not once per micro-batch: between a micro-batch's forward and backward
+    the host queues on, so the device never idles while the host launches kernels."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    model_dir = str(build_tiny_model("micro", tmp_path / "m", seed=0))
+    out = tmp_path / "waits.pt"
+    _spawn(_waits_worker, (model_dir, str(out), "cuda"))
+    sites = torch.load(out)
+    ours = {n: [s for s in found if "/site-packages/" not in s] for n, found in sites.items()}
+    assert len(ours[4]) == len(ours[1]), ours
