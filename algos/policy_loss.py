@@ -1,6 +1,6 @@
 """Policy-gradient losses. Each returns ``(loss, metrics)``; ``loss`` is this micro-batch's
-share of the global-batch loss (see ``rlpost.algos.aggregation``), ``metrics`` are floats over this
-micro-batch's response tokens.
+share of the global-batch loss (see ``rlpost.algos.aggregation``), ``metrics`` are 0-d tensors
+over this micro-batch's response tokens (``Metrics``: the update reads them once per step).
 
 Shapes: b = samples, t = response tokens.
 """
