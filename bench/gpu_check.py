@@ -124,7 +124,7 @@ def check_update(args: argparse.Namespace, model_dir: Path, name: str) -> dict:
 
     samples, prompt, response, micro_batch = args.update_shapes[name]
     cfg = FSDPEngineConfig(
-        model_path=str(model_dir), dtype="float32", mixed_precision="bf16", lr=1e-6,
+        model_path=str(model_dir), dtype="float32", mixed_precision=args.mixed_precision, lr=1e-6,
         lr_warmup_steps=0, micro_batch_size=micro_batch, device=args.device,
         backend=devices.kind(args.device).backend, threads=os.cpu_count() or 1,
     )  # fmt: skip
@@ -423,6 +423,10 @@ def main() -> None:
         choices=sorted(SHAPES),
         help="the updated model (default: 0.5B; small with --small)",
     )
+    p.add_argument(
+        "--mixed-precision", default="bf16", choices=["bf16", "none"],
+        help="the update's compute: bf16 over fp32 weights, or fp32 (a CPU without bf16 units)",
+    )  # fmt: skip
     p.add_argument(
         "--cpu-shapes", action="store_true",
         help="the update's prompt and response lengths with 8 and 2 samples, for a CPU",
