@@ -69,8 +69,7 @@ def shared_ray():
 #   fully_async in tests/integration/test_fully_async_cli.py, PD's log-prob parity is
 #   tests/integration/test_pd_cli.py's, gdpo's weights tests/integration/test_gdpo_weights.py's;
 # - PPO learns on the Megatron trainer in tests/e2e/test_megatron_learns.py;
-# - cispo (one-step-off), sapo and rm run three steps each by default
-#   (test_preset_runs_short).
+# - cispo runs three steps by default, one-step-off (test_preset_runs_short).
 BY_DEFAULT = {"grpo_fully_async"}
 
 
@@ -125,10 +124,11 @@ def test_preset_learns(algo, tmp_path, model_cache, shared_ray):
         assert all(h["dapo/kept_groups"] == 32 for h in history[1:])
 
 
-# The presets whose learning runs are opt-in still run in CI, briefly: three steps
-# each through the same API and Ray, checking what each adds to GRPO's step. CISPO
-# runs one-step-off (each step trains on samples of the weights before the last
-# update), the async mode no other default test trains in.
+# Three steps each through the same API and Ray, checking what each adds to GRPO's
+# step. CISPO runs by default, one-step-off (each step trains on samples of the
+# weights before the last update), the async mode no other default test trains in;
+# sapo and rm with -m presets (SAPO's loss is checked by hand in the unit tests, and
+# algo=rm runs through the CLI in tests/integration/test_preference_cli.py).
 SHORT = {
     "cispo": ["actor/pg_clipfrac", "rollout/staleness"],
     "sapo": ["actor/gate_mean"],
@@ -138,7 +138,10 @@ SHORT_ARGS = {"cispo": ["trainer.async_mode=one_step_off"], "rm": ["data=arith_p
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", sorted(SHORT))
+@pytest.mark.parametrize(
+    "algo",
+    [a if a == "cispo" else pytest.param(a, marks=pytest.mark.presets) for a in sorted(SHORT)],
+)
 def test_preset_runs_short(algo, tmp_path, model_cache, shared_ray):
     from rlpost import compose, train
 

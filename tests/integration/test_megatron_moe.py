@@ -155,6 +155,10 @@ def test_moe_update_matches_the_fsdp_engine(megatron_step, fsdp_step):
         assert (diff > 1e-6).float().mean() < 0.01, name
 
 
+# The CLI at ep=2 with -m matrix; by default the engine tests above check the stream
+# of every expert (a layer at a time, named as vLLM loads them) and
+# test_weight_sync.py's moe case an MoE's experts synced into vLLM.
+@pytest.mark.matrix
 def test_cli_run_at_ep2_syncs_every_expert_to_vllm(model_dir, tmp_path):
     """The real CLI, 2 GRPO steps at ep=2 with the collective sync: the rollout
     samples from the trainer's weights after each sync (every expert gathered off
