@@ -4,7 +4,7 @@ only torch, transformers and peft installed (no vLLM, no Ray), in a few minutes.
     bash bench/gpu_check.sh                         # on the GPU machine: the tests too
     python bench/gpu_check.py --device cpu --small  # the same code on the CPU, tiny shapes
 
-Four measurements, each printed as it finishes and all written to
+Five measurements, each printed as it finishes and all written to
 ``bench/results/gpu_check.json`` (a list of rows) and ``gpu_check.md``:
 
 1. ``update``: the FSDP2 engine's policy update (``update_policy``, forward and
@@ -32,6 +32,11 @@ Four measurements, each printed as it finishes and all written to
    asks for the next; GB/s at the 0.5B and 1.5B shapes. One bucket is held at a
    time.
 
+5. ``update`` with ``compiled``: the first measurement again with every decoder
+   layer compiled (``trainer.compile``), last and only while ``--budget-s`` lasts,
+   since the compiling takes as long as it takes; its first update's time, compiling
+   included, is in the row. Not with ``--small``.
+
 With ``--tests JUNIT.xml`` (``bench/gpu_check.sh`` runs ``pytest -m gpu`` first)
 the tests' counts join the table, which is printed last.
 """
@@ -42,6 +47,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import sys
 import tempfile
 import time
@@ -117,7 +123,9 @@ def update_batch(samples: int, prompt: int, response: int, vocab: int):  # type:
     return b
 
 
-def check_update(args: argparse.Namespace, model_dir: Path, name: str) -> dict:
+def check_update(
+    args: argparse.Namespace, model_dir: Path, name: str, compiled: bool = False
+) -> dict:
     from rlpost.algos import PolicyLossConfig
     from rlpost.runtime import device as devices
     from rlpost.trainers.fsdp.engine import FSDPEngine, FSDPEngineConfig
@@ -127,12 +135,15 @@ def check_update(args: argparse.Namespace, model_dir: Path, name: str) -> dict:
         model_path=str(model_dir), dtype="float32", mixed_precision=args.mixed_precision, lr=1e-6,
         lr_warmup_steps=0, micro_batch_size=micro_batch, device=args.device,
         backend=devices.kind(args.device).backend, threads=os.cpu_count() or 1,
+        compile_layers=compiled,
     )  # fmt: skip
     engine = FSDPEngine(cfg, 0, 1, f"file://{tempfile.mkdtemp()}/rendezvous")
     batch = update_batch(samples, prompt, response, qwen2_config(args.shape).vocab_size)
     batch.old_logp_bt = engine.logprobs(batch)
-    engine.update_policy(batch, PolicyLossConfig())  # warm-up: allocator, kernels
+    start = time.perf_counter()
+    engine.update_policy(batch, PolicyLossConfig())  # warm-up: allocator, kernels, compiling
     sync(args.device)
+    warmup_s = time.perf_counter() - start
     devices.reset_peak_memory(args.device)
     start = time.perf_counter()
     for _ in range(args.updates):
@@ -147,7 +158,7 @@ def check_update(args: argparse.Namespace, model_dir: Path, name: str) -> dict:
         "tokens": tokens, "micro_batch": micro_batch, "update_s": seconds, "tokens_per_s": tps,
         "tflops": 6 * params * tps / 1e12, "mfu": mfu(args, params, tps),
         "peak_mem_gib": (devices.peak_memory_bytes(args.device) or 0) / 2**30,
-        "fused_head": engine._head is not None,
+        "fused_head": engine._head is not None, "compiled": compiled, "warmup_s": warmup_s,
     }  # fmt: skip
     engine.close()
     del engine
@@ -356,7 +367,8 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
     updates = [r for r in rows if r["check"] == "update"]
     if updates:
         lines += [
-            "| update | rlpost (FSDP2, bf16) | plain torch + transformers | ratio |",
+            f"| update | rlpost (FSDP2, {'bf16' if args.mixed_precision == 'bf16' else 'fp32'}) "
+            "| plain torch + transformers | ratio |",
             "| --- | --- | --- | --- |",
         ]
     for r in updates:
@@ -366,6 +378,8 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
             f"micro-batch {p['micro_batch']}: out of memory" for p in plain if p["oom"]
         )
         shape = f"{r['name']}: {r['tokens']:,} tokens, {r['params'] / 1e6:.0f} M params"
+        if r.get("compiled"):
+            shape += f", compiled layers (first update {r['warmup_s']:.0f} s)"
         ours = f"{r['tokens_per_s']:,.0f} tok/s ({r['update_s']:.2f} s){_mfu(r)}, peak {r['peak_mem_gib']:.1f} GiB, micro-batch {r['micro_batch']}"
         theirs, ratio = ooms or "n/a", "n/a"
         if fits:
@@ -398,6 +412,10 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _stopped(signum: int, frame: object) -> None:
+    raise TimeoutError("SIGTERM")
+
+
 def _mfu(r: dict) -> str:
     return f", MFU {r['mfu']:.1%}" if r.get("mfu") is not None else ""
 
@@ -407,7 +425,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--small", action="store_true", help="tiny shapes (a smoke test of the code)")
     p.add_argument(
-        "--only", default="update,plain,logprob,ipc", help="which checks, comma-separated"
+        "--only", default="update,plain,logprob,ipc,compiled", help="which checks, comma-separated"
     )
     p.add_argument("--updates", type=int, default=3)
     p.add_argument("--lp-samples", type=int, default=8)
@@ -426,6 +444,10 @@ def main() -> None:
     p.add_argument(
         "--mixed-precision", default="bf16", choices=["bf16", "none"],
         help="the update's compute: bf16 over fp32 weights, or fp32 (a CPU without bf16 units)",
+    )  # fmt: skip
+    p.add_argument(
+        "--budget-s", type=float, default=120,
+        help="the compiled-layer updates (trainer.compile) start only before this many seconds",
     )  # fmt: skip
     p.add_argument(
         "--cpu-shapes", action="store_true",
@@ -461,21 +483,35 @@ def main() -> None:
                 )
         if "logprob" in only:
             steps.append(("logprob_memory", lambda: check_logprob_memory(args)))
+        # trainer.compile's update last: its compiling is the one part of unknown length
+        optional = [
+            (f"update {name} compiled", lambda n=name: [check_update(args, model_dir, n, True)])
+            for name in args.update_shapes
+            if "compiled" in only and not args.small  # a CPU compiles for minutes
+        ]
         if "ipc" in only:
             # On the CPU the same hand-off maps shared-memory files instead of CUDA-IPC handles.
             shapes = ["small"] if args.small else ["0.5B", "1.5B"]
             steps += [(f"ipc {s}", lambda s=s: [check_ipc(args, s)]) for s in shapes]
-        if {"update", "plain"} & only:
+        if {"update", "plain", "compiled"} & only:
             start = time.perf_counter()
             random_model_dir(args.shape, model_dir)
             print(f"model: {time.perf_counter() - start:.1f} s", flush=True)
-        for name, step in steps:
-            start = time.perf_counter()
-            got = step()
-            rows += got
-            print(f"{name}: {time.perf_counter() - start:.1f} s", json.dumps(got), flush=True)
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            Path(f"{args.out}.json").write_text(json.dumps(rows, indent=1) + "\n")
+        began = time.perf_counter()
+        signal.signal(signal.SIGTERM, _stopped)  # `timeout`: still print what finished
+        try:
+            for name, step in steps + optional:
+                if (name, step) in optional and time.perf_counter() - began > args.budget_s:
+                    print(f"{name}: skipped, past --budget-s {args.budget_s:.0f} s", flush=True)
+                    continue
+                start = time.perf_counter()
+                got = step()
+                rows += got
+                print(f"{name}: {time.perf_counter() - start:.1f} s", json.dumps(got), flush=True)
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                Path(f"{args.out}.json").write_text(json.dumps(rows, indent=1) + "\n")
+        except TimeoutError:
+            print(f"stopped by SIGTERM during {name}: the table holds what finished", flush=True)
     text = markdown(rows, args)
     Path(f"{args.out}.md").write_text(text)
     print(text)

@@ -5,7 +5,9 @@
 #      cases: FSDP2 full, LoRA, critic, reward model, SFT, DPO, checkpoints, export,
 #      weight stream, packing and offload, bf16; the collectives and the IPC buckets);
 #   2. bench/gpu_check.py: the FSDP2 update beside a plain torch + transformers loop at
-#      two shapes, log-prob memory and time at a 150k vocabulary, the CUDA-IPC hand-off.
+#      two shapes, log-prob memory and time at a 150k vocabulary, the CUDA-IPC hand-off,
+#      and last, while its time budget lasts, the update with compiled decoder layers
+#      (trainer.compile).
 # Every result goes to $OUT (the device machine's result folder) when it is set, else
 # bench/results/; the summary table is printed last.
 #   bash bench/gpu_check.sh                      # on the GPU machine
@@ -45,5 +47,5 @@ PY
     tests+=(--tests "$out/gpu_tests_$i.xml")
   done
 fi
-timeout 240 "$py" bench/gpu_check.py --device "$device" --out "$out/gpu_check" \
+timeout 280 "$py" bench/gpu_check.py --device "$device" --out "$out/gpu_check" \
   ${tests[@]+"${tests[@]}"} "$@"

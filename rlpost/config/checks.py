@@ -235,6 +235,11 @@ def trainer_checks(cfg: Config) -> list[str]:
             f"trainer.prefix_sharing=on with trainer={cfg.trainer.name}: prefix sharing is the "
             "fsdp trainer's; set trainer.prefix_sharing=off (auto runs unshared there)"
         )
+    if cfg.trainer.compile and cfg.trainer.name != "fsdp":
+        problems.append(
+            f"trainer.compile=true with trainer={cfg.trainer.name}: compiling the decoder "
+            "layers is the fsdp trainer's; set trainer.compile=false"
+        )
     if cfg.trainer.prefix_sharing == "on" and cfg.trainer.ulysses > 1:
         problems.append(
             f"trainer.prefix_sharing=on with trainer.ulysses={cfg.trainer.ulysses}: a "

@@ -348,6 +348,10 @@ class TrainerConfig:
         "none",
         help="bf16 compute with fp32 master weights and reductions (GPUs; CPUs with bf16 instructions, e.g. avx512_bf16 or AMX, train ~2.5x faster)",
     )
+    compile: bool = spec(
+        False,
+        help="fsdp: torch.compile each decoder layer, fusing the element-wise work between its matrix products (for accelerators; same result within rounding). The first micro-batch of each new shape compiles first: tens of seconds",
+    )
     ulysses: int = spec(
         1,
         ge=1,

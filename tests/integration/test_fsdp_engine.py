@@ -445,3 +445,43 @@ def test_micro_batches_add_no_waits_for_the_device(tmp_path):
     sites = torch.load(out)
     ours = {n: [s for s in found if "/site-packages/" not in s] for n, found in sites.items()}
     assert len(ours[4]) == len(ours[1]), ours
+
+
+# -- trainer.compile ---------------------------------------------------------------
+def _compiled_worker(rank: int, model_dir: str, out: str, device: str) -> None:
+    """One ``update_policy`` step with eager decoder layers and one with compiled ones,
+    from the same weights on the same batch; micro-batches of 3, 3 and 2 samples
+    (two shapes: the second compiles again, with symbolic lengths)."""
+    results = {}
+    for compiled in (False, True):
+        engine = _engine(
+            model_dir, rank, 1, _free_port(), micro_batch_size=3, device=device,
+            compile_layers=compiled,
+        )  # fmt: skip
+        batch = _batch()
+        batch.advantages_bt = _advantages(batch)
+        batch.old_logp_bt = engine.logprobs(batch)
+        metrics = engine.update_policy(batch, PolicyLossConfig())
+        grads = {n: p.grad for n, p in engine.model.named_parameters() if p.grad is not None}
+        results[compiled] = to_cpu({"logp": batch.old_logp_bt, "grads": grads, "m": metrics})
+        engine.close()
+    torch.save(results, out)
+
+
+# The CPU compiles for about a minute: with -m extended there, and on a GPU in
+# bench/gpu_check.sh, which measures its speed too.
+@pytest.mark.extended
+@pytest.mark.parametrize("compile_device", DEVICES)
+def test_compiled_layers_update_like_eager_ones(model_dir, compile_device, tmp_path):
+    out = tmp_path / "compiled.pt"
+    _spawn(_compiled_worker, (model_dir, str(out), compile_device))
+    got = torch.load(out)
+    eager, compiled = got[False], got[True]
+    mask = _batch().response_mask_bt.bool()
+    # float32 both ways; the compiled kernels add in another order
+    torch.testing.assert_close(compiled["logp"][mask], eager["logp"][mask], rtol=0, atol=1e-5)
+    assert compiled["grads"].keys() == eager["grads"].keys()
+    for name, g in eager["grads"].items():
+        torch.testing.assert_close(compiled["grads"][name], g, rtol=1e-4, atol=1e-6, msg=name)
+    assert compiled["m"]["actor/loss"] == pytest.approx(eager["m"]["actor/loss"], rel=1e-5)
+    assert eager["m"]["actor/grad_norm"] > 1e-3  # a real step

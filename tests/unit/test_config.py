@@ -319,3 +319,18 @@ def test_adapter_sync_without_lora_is_an_error_naming_the_rank():
     assert problem.startswith("rollout.lora_sync=adapter: model.lora.rank=0 trains the full model")
     assert "set model.lora.rank (e.g. model.lora.rank=8)" in problem
     assert compose(["rollout.lora_sync=adapter", "model.lora.rank=8"]).model.lora.rank == 8
+
+
+def test_compiled_layers_are_the_fsdp_trainers():
+    problems, _ = _problems(["trainer=megatron", "trainer.compile=true"])
+    assert (
+        "trainer.compile=true with trainer=megatron: compiling the decoder layers is the "
+        "fsdp trainer's; set trainer.compile=false"
+    ) in problems
+    # and reaches the fsdp engine's config
+    from rlpost.device import resolve_device
+    from rlpost.plan.engines import trainer_engine_config
+
+    cfg = compose(["trainer.compile=true"])
+    engine = trainer_engine_config(cfg, "policy", "m", resolve_device("cpu"))
+    assert getattr(engine, "compile_layers", None) is True

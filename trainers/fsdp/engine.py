@@ -75,6 +75,7 @@ class FSDPEngineConfig(EngineConfig):
     freeze_vision: bool = True  # VL models: no gradient to the vision tower and projector
     mixed_precision: str = "none"  # "bf16": bf16 compute, fp32 master weights and reduction
     ulysses: int = 1  # sequence-parallel ranks per sample (trainers/fsdp/ulysses.py)
+    compile_layers: bool = False  # torch.compile each decoder layer (trainer.compile)
 
     def check(self) -> None:
         """Raise on settings that cannot work together, saying what to change."""
@@ -119,6 +120,13 @@ class FSDPEngine(PolicyUpdates):
             model = apply_lora(model, cfg.lora, cfg.model_path)
         if not cfg.trainable:
             model.requires_grad_(False)
+        if cfg.compile_layers:
+            # Regional compilation: each block compiled in place before FSDP2 wraps it
+            # (its hooks stay outside the graph). The blocks share their code, so one
+            # compile serves them all; a new micro-batch shape compiles again, after
+            # which the lengths are symbolic.
+            for layer in decoder_layers(model):
+                layer.compile()
         shard(
             model,
             decoder_layers(model),
