@@ -19,12 +19,13 @@ py="${PYTHON:-python}"  # the interpreter with torch, transformers and peft
 mkdir -p "$out"
 device=cuda
 for arg in "$@"; do [ "$arg" = cpu ] && device=cpu; done
-# four groups of about equal length, run side by side (one NCCL rank each, tiny models)
+# groups run side by side (one NCCL rank each, tiny models); compiling has one of its own
 TEST_GROUPS=(
   "tests/unit/test_collective_devices.py tests/unit/test_ipc_buckets.py tests/integration/test_fsdp_engine.py"
   "tests/integration/test_lora.py tests/integration/test_critic_and_kl.py tests/integration/test_preference_engines.py"
   "tests/integration/test_checkpoint.py tests/integration/test_export.py"
   "tests/integration/test_single_pass_update.py tests/integration/test_packing.py"
+  "tests/integration/test_compiled_layers.py"
 )
 tests=()
 if [ "$device" = cuda ]; then
