@@ -19,6 +19,7 @@ exit of the interpreter -- runs the command (``subprocess``) instead.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import logging
 import os
@@ -122,11 +123,15 @@ def _captured() -> Iterator[tuple[io.StringIO, io.StringIO]]:
 
 
 def main_in_process(
-    argv: list[str], env: Mapping[str, str | None] | None = None, cwd: Path | str | None = None
+    argv: list[str],
+    env: Mapping[str, str | None] | None = None,
+    cwd: Path | str | None = None,
+    module: str = "rlpost.main",
 ) -> Finished:
-    """``python -m rlpost.main *argv`` with ``env`` added to the environment (None
-    removes a variable) and ``cwd`` the working directory, run by this process."""
-    from rlpost.main import main
+    """``python -m <module> *argv`` (``rlpost.main`` or ``rlpost.eval``) with ``env``
+    added to the environment (None removes a variable) and ``cwd`` the working
+    directory, run by this process."""
+    main = importlib.import_module(module).main
 
     env = {**BASE_ENV, **(env or {})}
     key = tuple(sorted(env.items()))

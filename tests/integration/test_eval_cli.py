@@ -16,6 +16,7 @@ import pytest
 from cli_utils import cli
 
 from rlpost.models.tiny import build_tiny_model
+from tests.cli_in_process import main_in_process
 
 pytest.importorskip("vllm")
 
@@ -69,9 +70,10 @@ def test_val_n_logs_sampled_validation_metrics(trained):
 
 def test_eval_writes_pass_at_k_for_the_trained_model(trained):
     reward = trained.parent / "reward.py"
-    proc = _cli(
-        "rlpost.eval", f"model.path={trained / 'final'}", "reward=custom",
-        f"reward.fn={reward}:score", "eval.n=4", "eval.k=[1,2,4]", *FAST,
+    proc = main_in_process(
+        [f"model.path={trained / 'final'}", "reward=custom", f"reward.fn={reward}:score",
+         "eval.n=4", "eval.k=[1,2,4]", *FAST],
+        cwd=ROOT, module="rlpost.eval",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = trained / "final" / "eval"  # the default: beside the model
