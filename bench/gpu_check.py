@@ -135,7 +135,7 @@ def check_update(
         model_path=str(model_dir), dtype="float32", mixed_precision=args.mixed_precision, lr=1e-6,
         lr_warmup_steps=0, micro_batch_size=micro_batch, device=args.device,
         backend=devices.kind(args.device).backend, threads=os.cpu_count() or 1,
-        compile_layers=compiled,
+        compile=compiled,
     )  # fmt: skip
     engine = FSDPEngine(cfg, 0, 1, f"file://{tempfile.mkdtemp()}/rendezvous")
     batch = update_batch(samples, prompt, response, qwen2_config(args.shape).vocab_size)

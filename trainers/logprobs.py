@@ -36,12 +36,15 @@ quarter of the output layer's work, forward and backward, that no loss reads.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from rlpost.runtime import device as devices
+from rlpost.trainers.chunk_kernels import ChunkKernels, kernels
+from rlpost.trainers.chunk_kernels import chunk_tokens as chunk_tokens  # re-exported
 
 # float32 elements of a chunk's temporaries on a CPU (16 MiB each, two at a time):
 # 27 tokens at a 150k vocabulary, the whole batch at a small one.
@@ -49,111 +52,74 @@ CHUNK_ELEMENTS = 1 << 22
 _LOWEST = torch.finfo(torch.float32).min
 
 
-def chunk_tokens(vocab: int, device_type: str, bytes_per_element: int = 8) -> int:
-    """Tokens per chunk on ``device_type``: its workspace over ``bytes_per_element``
-    (two float32 temporaries; more where the chunk also holds its logits) per logit."""
-    return max(1, devices.workspace_bytes(device_type) // (bytes_per_element * vocab))
-
-
-def _log_softmax(logits_cv: torch.Tensor, temperature: float) -> torch.Tensor:
-    """float32 log-softmax of logits / T, in one kernel at T = 1 (the cast fused in)."""
-    if temperature == 1.0:
-        return torch.log_softmax(logits_cv, dim=-1, dtype=torch.float32)
-    return torch.log_softmax(logits_cv.to(torch.float32, copy=True).div_(temperature), dim=-1)
-
-
-def _softmax(logits_cv: torch.Tensor, temperature: float) -> torch.Tensor:
-    if temperature == 1.0:
-        return torch.softmax(logits_cv, dim=-1, dtype=torch.float32)
-    return torch.softmax(logits_cv.to(torch.float32, copy=True).div_(temperature), dim=-1)
-
-
-def _forward_chunk(
-    logits_cv: torch.Tensor, ids_c: torch.Tensor, temperature: float, with_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(logp_c, entropy_c or None) of one chunk. H = sum_v entr(p_v), entr(x) = -x ln x
-    with entr(0) = 0, so a -inf logit (p = 0) adds nothing instead of 0 * inf = NaN."""
-    lsm_cv = _log_softmax(logits_cv, temperature)
-    logp_c = lsm_cv.gather(-1, ids_c[:, None])[:, 0]
-    if not with_entropy:
-        return logp_c, None
-    p_cv = lsm_cv.exp_()  # lsm becomes p
-    return logp_c, torch.special.entr(p_cv, out=p_cv).sum(-1)
-
-
-def _grad_chunk(
-    logits_cv: torch.Tensor,
-    ids_c: torch.Tensor,
-    temperature: float,
-    g_logp_c: torch.Tensor | None,
-    g_entropy_c: torch.Tensor | None,
-    entropy_c: torch.Tensor,
-) -> torch.Tensor:
-    """float32 d/dlogits of sum(g_logp * logp + g_entropy * H) over one chunk.
-
-    With z = logits / T and p = softmax(z): d logp / dz = onehot(id) - p and
-    dH / dz = -p (log p + H); each times 1/T for the logits.
-    """
-    scale = 1.0 / temperature
-    if g_entropy_c is None:  # one chunk-sized temporary
-        g_cv = _softmax(logits_cv, temperature)
-    else:
-        lsm_cv = _log_softmax(logits_cv, temperature).clamp_(min=_LOWEST)
-        g_cv = lsm_cv.exp()
-        # lsm becomes g_H / T * dH/dz = -(g_H / T) * p * (log p + H)
-        lsm_cv.add_(entropy_c[:, None]).mul_(g_cv).mul_(-scale * g_entropy_c[:, None])
-    if g_logp_c is None:
-        g_cv.zero_()
-    else:
-        g_cv.mul_(-scale * g_logp_c[:, None])
-        g_cv.scatter_add_(-1, ids_c[:, None], scale * g_logp_c[:, None])
-    if g_entropy_c is not None:
-        g_cv.add_(lsm_cv)
-    return g_cv
-
-
 # A chunk's rows: a slice of every row, or a piece of the index of the needed rows.
 Rows = slice | torch.Tensor
 
 
-def _chunks(n: int, chunk: int, rows_k: torch.Tensor | None) -> list[Rows]:
-    """The chunks of ``chunk`` rows that cover ``rows_k`` (indices into ``n`` rows),
-    or every row when it is None."""
-    if rows_k is None:
-        return [slice(s, s + chunk) for s in range(0, n, chunk)]
-    return [rows_k[s : s + chunk] for s in range(0, rows_k.shape[0], chunk)]
+@dataclass(frozen=True)
+class _Walk:
+    """How one call walks its chunks: the softmax's temperature, whether the entropy
+    is wanted, tokens per chunk, the rows it computes (indices into the flattened
+    (b, t); all when None, and 0 in the others), the chunk kernels, and the tokens
+    whose logits are set to the lowest value (the output layer folded in)."""
 
-
-def _stats_by_chunk(
-    logits_of: Callable[[Rows], torch.Tensor],
-    ids_n: torch.Tensor,
-    temperature: float,
-    with_entropy: bool,
-    chunk: int,
-    rows_k: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logp_n, entropy_n; zeros without ``with_entropy``) of every chunk of the rows
-    ``rows_k`` (all when None; 0 in the others), ``logits_of(rows)`` giving a chunk's
-    logits (held only while it is computed)."""
-    logp_n = torch.zeros(ids_n.shape[0], dtype=torch.float32, device=ids_n.device)
-    entropy_n = torch.zeros_like(logp_n)
-    for rows in _chunks(ids_n.shape[0], chunk, rows_k):
-        logp_n[rows], ent = _forward_chunk(logits_of(rows), ids_n[rows], temperature, with_entropy)
-        if ent is not None:
-            entropy_n[rows] = ent
-    return logp_n, entropy_n
-
-
-class _StatsContext(Protocol):
-    """The ``ctx`` torch hands ``_TokenStats``: its own methods and what ``forward``
-    keeps on it for ``backward``."""
-
-    saved_tensors: tuple[torch.Tensor, ...]
-    needs_input_grad: tuple[bool, ...]
     temperature: float
     with_entropy: bool
     chunk: int
     rows_k: torch.Tensor | None
+    kernels: ChunkKernels
+    never_v: torch.Tensor | None = None
+
+    def chunks(self, n: int) -> list[Rows]:
+        """The chunks of ``chunk`` rows that cover ``rows_k``, or all ``n`` rows."""
+        if self.rows_k is None:
+            return [slice(s, s + self.chunk) for s in range(0, n, self.chunk)]
+        k = self.rows_k.shape[0]
+        return [self.rows_k[s : s + self.chunk] for s in range(0, k, self.chunk)]
+
+    def stats(
+        self, logits_of: Callable[[Rows], torch.Tensor], ids_n: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logp_n, entropy_n; zeros without ``with_entropy``) chunk by chunk,
+        ``logits_of(rows)`` giving a chunk's logits (held only while it is computed)."""
+        logp_n = torch.zeros(ids_n.shape[0], dtype=torch.float32, device=ids_n.device)
+        entropy_n = torch.zeros_like(logp_n)
+        for rows in self.chunks(ids_n.shape[0]):
+            logp_n[rows], ent = self.kernels.forward(
+                logits_of(rows), ids_n[rows], self.temperature, self.with_entropy
+            )
+            if ent is not None:
+                entropy_n[rows] = ent
+        return logp_n, entropy_n
+
+    def grad(
+        self,
+        logits_cv: torch.Tensor,
+        rows: Rows,
+        ids_n: torch.Tensor,
+        g_logp_n: torch.Tensor | None,
+        g_entropy_n: torch.Tensor | None,
+        entropy_n: torch.Tensor,
+    ) -> torch.Tensor:
+        """One chunk's d/dlogits, in the logits' dtype."""
+        return self.kernels.grad(
+            logits_cv,
+            ids_n[rows],
+            self.temperature,
+            None if g_logp_n is None else g_logp_n[rows],
+            None if g_entropy_n is None else g_entropy_n[rows],
+            entropy_n[rows],
+            self.never_v,
+        )
+
+
+class _StatsContext(Protocol):
+    """The ``ctx`` torch hands ``_TokenStats`` and ``_HiddenTokenStats``: its own
+    methods and what ``forward`` keeps on it for ``backward``."""
+
+    saved_tensors: tuple[torch.Tensor, ...]
+    needs_input_grad: tuple[bool, ...]
+    walk: _Walk
 
     def save_for_backward(self, *tensors: torch.Tensor) -> None: ...
 
@@ -162,136 +128,100 @@ class _StatsContext(Protocol):
     def mark_non_differentiable(self, *args: torch.Tensor) -> None: ...
 
 
-class _HiddenStatsContext(_StatsContext, Protocol):
-    """``_HiddenTokenStats``' ``ctx``: the tokens it never samples too."""
-
-    never: tuple[int, ...]
+def _keep(ctx: _StatsContext, walk: _Walk, entropy_n: torch.Tensor, *saved: torch.Tensor) -> None:
+    ctx.save_for_backward(*saved, entropy_n)
+    ctx.walk = walk
+    ctx.set_materialize_grads(False)
+    if not walk.with_entropy:
+        ctx.mark_non_differentiable(entropy_n)
 
 
 class _TokenStats(torch.autograd.Function):
     """(logits_nv, ids_n) -> (logp_n, entropy_n) of softmax(logits / temperature) at
-    the rows ``rows_k`` (all when None), 0 elsewhere."""
+    the walk's rows, 0 elsewhere."""
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: _StatsContext,
-        logits_nv: torch.Tensor,
-        ids_n: torch.Tensor,
-        temperature: float,
-        with_entropy: bool,
-        chunk: int,
-        rows_k: torch.Tensor | None,
+        ctx: _StatsContext, logits_nv: torch.Tensor, ids_n: torch.Tensor, walk: _Walk
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        logp_n, entropy_n = _stats_by_chunk(
-            lambda rows: logits_nv[rows], ids_n, temperature, with_entropy, chunk, rows_k
-        )
-        ctx.save_for_backward(logits_nv, ids_n, entropy_n)
-        ctx.temperature, ctx.with_entropy, ctx.chunk = temperature, with_entropy, chunk
-        ctx.rows_k = rows_k
-        ctx.set_materialize_grads(False)
-        if not with_entropy:
-            ctx.mark_non_differentiable(entropy_n)
+        logp_n, entropy_n = walk.stats(lambda rows: logits_nv[rows], ids_n)
+        _keep(ctx, walk, entropy_n, logits_nv, ids_n)
         return logp_n, entropy_n
 
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: _StatsContext, g_logp_n: torch.Tensor | None, g_entropy_n: torch.Tensor | None
-    ) -> tuple[torch.Tensor | None, None, None, None, None, None]:
+    ) -> tuple[torch.Tensor | None, None, None]:
         logits_nv, ids_n, entropy_n = ctx.saved_tensors
-        if not ctx.with_entropy:
+        walk = ctx.walk
+        if not walk.with_entropy:
             g_entropy_n = None
         if g_logp_n is None and g_entropy_n is None:
-            return None, None, None, None, None, None
+            return None, None, None
         # rows outside rows_k gave 0, whatever their logits: their gradient is 0
-        grad_nv = torch.empty_like(logits_nv) if ctx.rows_k is None else torch.zeros_like(logits_nv)
-        for rows in _chunks(logits_nv.shape[0], ctx.chunk, ctx.rows_k):
-            grad_nv[rows] = _grad_chunk(
-                logits_nv[rows],
-                ids_n[rows],
-                ctx.temperature,
-                None if g_logp_n is None else g_logp_n[rows],
-                None if g_entropy_n is None else g_entropy_n[rows],
-                entropy_n[rows],
+        grad_nv = (
+            torch.empty_like(logits_nv) if walk.rows_k is None else torch.zeros_like(logits_nv)
+        )
+        for rows in walk.chunks(logits_nv.shape[0]):
+            grad_nv[rows] = walk.grad(
+                logits_nv[rows], rows, ids_n, g_logp_n, g_entropy_n, entropy_n
             )
-        return grad_nv, None, None, None, None, None
+        return grad_nv, None, None
 
 
 def _chunk_logits(
-    hidden_cd: torch.Tensor, weight_vd: torch.Tensor, never: tuple[int, ...]
+    hidden_cd: torch.Tensor, weight_vd: torch.Tensor, never_v: torch.Tensor | None
 ) -> torch.Tensor:
-    """One chunk's logits, as the output layer computes them; ``never`` (tokens the
-    rollout never samples) at the dtype's lowest value, as ``FSDPEngine._logits`` sets them."""
+    """One chunk's logits, as the output layer computes them; the tokens ``never_v``
+    marks (the rollout never samples them) at the dtype's lowest value, as
+    ``FSDPEngine._logits`` sets them."""
     logits_cv = F.linear(hidden_cd, weight_vd)
-    if never:
-        logits_cv[:, list(never)] = torch.finfo(logits_cv.dtype).min
+    if never_v is not None:
+        logits_cv.masked_fill_(never_v, torch.finfo(logits_cv.dtype).min)
     return logits_cv
 
 
 class _HiddenTokenStats(torch.autograd.Function):
     """(hidden_nd, weight_vd, ids_n) -> (logp_n, entropy_n) of softmax(hidden @ W^T / T)
-    at the rows ``rows_k`` (all when None), 0 elsewhere, each chunk's logits computed
-    in the forward pass and again in the backward."""
+    at the walk's rows, 0 elsewhere, each chunk's logits computed in the forward pass
+    and again in the backward."""
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: _HiddenStatsContext,
+        ctx: _StatsContext,
         hidden_nd: torch.Tensor,
         weight_vd: torch.Tensor,
         ids_n: torch.Tensor,
-        temperature: float,
-        with_entropy: bool,
-        chunk: int,
-        never: tuple[int, ...],
-        rows_k: torch.Tensor | None,
+        walk: _Walk,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        logp_n, entropy_n = _stats_by_chunk(
-            lambda rows: _chunk_logits(hidden_nd[rows], weight_vd, never),
-            ids_n,
-            temperature,
-            with_entropy,
-            chunk,
-            rows_k,
+        logp_n, entropy_n = walk.stats(
+            lambda rows: _chunk_logits(hidden_nd[rows], weight_vd, walk.never_v), ids_n
         )
-        ctx.save_for_backward(hidden_nd, weight_vd, ids_n, entropy_n)
-        ctx.temperature, ctx.with_entropy, ctx.chunk, ctx.never = (
-            temperature,
-            with_entropy,
-            chunk,
-            never,
-        )
-        ctx.rows_k = rows_k
-        ctx.set_materialize_grads(False)
-        if not with_entropy:
-            ctx.mark_non_differentiable(entropy_n)
+        _keep(ctx, walk, entropy_n, hidden_nd, weight_vd, ids_n)
         return logp_n, entropy_n
 
     @staticmethod
     def backward(  # type: ignore[override]
-        ctx: _HiddenStatsContext, g_logp_n: torch.Tensor | None, g_entropy_n: torch.Tensor | None
+        ctx: _StatsContext, g_logp_n: torch.Tensor | None, g_entropy_n: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, ...]:
         hidden_nd, weight_vd, ids_n, entropy_n = ctx.saved_tensors
-        if not ctx.with_entropy:
+        walk = ctx.walk
+        if not walk.with_entropy:
             g_entropy_n = None
         if g_logp_n is None and g_entropy_n is None:
-            return None, None, None, None, None, None, None, None
+            return None, None, None, None
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = None
         if need_h:  # rows outside rows_k gave 0, whatever their hidden states
-            grad_hidden = (torch.empty_like if ctx.rows_k is None else torch.zeros_like)(hidden_nd)
+            grad_hidden = (torch.empty_like if walk.rows_k is None else torch.zeros_like)(hidden_nd)
         # the weight's gradient adds up over chunks in float32: one rounding per chunk
         # to the weight's dtype, as the whole product would have one
         grad_weight = torch.zeros_like(weight_vd, dtype=torch.float32) if need_w else None
-        for rows in _chunks(hidden_nd.shape[0], ctx.chunk, ctx.rows_k):
-            g_cv = _grad_chunk(
-                _chunk_logits(hidden_nd[rows], weight_vd, ctx.never),
-                ids_n[rows],
-                ctx.temperature,
-                None if g_logp_n is None else g_logp_n[rows],
-                None if g_entropy_n is None else g_entropy_n[rows],
-                entropy_n[rows],
-            ).to(hidden_nd.dtype)
-            if ctx.never:  # those logits were overwritten: no gradient reaches them
-                g_cv[:, list(ctx.never)] = 0
+        for rows in walk.chunks(hidden_nd.shape[0]):
+            # the never-sampled tokens' logits were overwritten: their gradient is 0
+            logits_cv = _chunk_logits(hidden_nd[rows], weight_vd, walk.never_v)
+            g_cv = walk.grad(logits_cv, rows, ids_n, g_logp_n, g_entropy_n, entropy_n)
+            del logits_cv
             if grad_hidden is not None:
                 grad_hidden[rows] = g_cv @ weight_vd
             if grad_weight is not None:
@@ -299,7 +229,7 @@ class _HiddenTokenStats(torch.autograd.Function):
             del g_cv
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight_vd.dtype)
-        return grad_hidden, grad_weight, None, None, None, None, None, None
+        return grad_hidden, grad_weight, None, None
 
 
 def token_logprobs_and_entropy(
@@ -310,6 +240,7 @@ def token_logprobs_and_entropy(
     chunk_elements: int | None = None,
     plain_elements: int = CHUNK_ELEMENTS,
     needed_bt: torch.Tensor | None = None,
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logp_bt, entropy_bt)`` of ``softmax(logits / temperature)``, float32, aligned
     with ``input_ids_bt``: position t holds log p(token_t | tokens_<t) and the entropy
@@ -323,7 +254,8 @@ def token_logprobs_and_entropy(
     vocabulary, as the built-in models have) take the plain path, whose float32
     rounding the built-in model's cached warm-up was made with. ``needed_bt``
     (bool, best on the CPU): the tokens whose values are read; the others are 0
-    and get no gradient, and the chunked path never computes them.
+    and get no gradient, and the chunked path never computes them. ``compiled``:
+    each chunk by ``chunk_kernels.compiled_kernels()`` (``trainer.compile``).
     """
     b, t, v = logits_btv.shape
     if b * t * v <= plain_elements:  # small enough to hold whole: the plain computation
@@ -332,18 +264,15 @@ def token_logprobs_and_entropy(
             logits_btv[:, :-1], input_ids_bt[:, 1:], temperature, with_entropy
         )
         return _only(F.pad(logp_bt, (1, 0)), needed_bt), _only(F.pad(entropy_bt, (1, 0)), needed_bt)
+    chunk_kernels = kernels(compiled)
     if chunk_elements is None:
-        chunk = chunk_tokens(v, logits_btv.device.type)
+        chunk = chunk_kernels.tokens(v, logits_btv.device.type, logits_btv.element_size(), False)
     else:
         chunk = max(1, chunk_elements // v)
-    logp_n, entropy_n = _TokenStats.apply(
-        logits_btv.reshape(b * t, v),
-        _next_ids(input_ids_bt).reshape(-1),
-        temperature,
-        with_entropy,
-        chunk,
-        _needed_rows(needed_bt, logits_btv.device),
-    )
+    rows_k = _needed_rows(needed_bt, logits_btv.device)
+    walk = _Walk(temperature, with_entropy, chunk, rows_k, chunk_kernels)
+    ids_n = _next_ids(input_ids_bt).reshape(-1)
+    logp_n, entropy_n = _TokenStats.apply(logits_btv.reshape(b * t, v), ids_n, walk)
     return _shifted(logp_n.view(b, t)), _shifted(entropy_n.view(b, t))
 
 
@@ -352,6 +281,7 @@ def next_token_stats(
     next_ids_bt: torch.Tensor,
     temperature: float = 1.0,
     with_entropy: bool = True,
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``token_logprobs_and_entropy`` before its shift: position t holds
     log p(next_ids_t | logits_t) and the entropy of the logits at t. A slice of a
@@ -359,14 +289,11 @@ def next_token_stats(
     b, t, v = logits_btv.shape
     if b * t * v <= CHUNK_ELEMENTS:  # small enough to hold whole: the plain computation
         return _plain(logits_btv, next_ids_bt, temperature, with_entropy)
-    chunk = chunk_tokens(v, logits_btv.device.type)
+    chunk_kernels = kernels(compiled)
+    chunk = chunk_kernels.tokens(v, logits_btv.device.type, logits_btv.element_size(), False)
+    walk = _Walk(temperature, with_entropy, chunk, None, chunk_kernels)
     logp_n, entropy_n = _TokenStats.apply(
-        logits_btv.reshape(b * t, v),
-        next_ids_bt.reshape(-1),
-        temperature,
-        with_entropy,
-        chunk,
-        None,
+        logits_btv.reshape(b * t, v), next_ids_bt.reshape(-1), walk
     )
     return logp_n.view(b, t), entropy_n.view(b, t)
 
@@ -381,14 +308,16 @@ def hidden_token_stats(
     chunk: int | None = None,
     plain_elements: int = CHUNK_ELEMENTS,
     needed_bt: torch.Tensor | None = None,
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``token_logprobs_and_entropy`` of the logits ``F.linear(hidden, weight)`` (the
     output layer's), without holding them: each chunk of tokens computes its own,
     twice (forward and backward). Gradients reach ``hidden_btd`` and ``weight_vd``.
     ``never``: token ids whose logits are set to the dtype's lowest value (tokens the
     rollout never samples). ``chunk``: tokens per chunk (default: the device's
-    workspace, with room for the chunk's logits). ``needed_bt``: as there; the
-    output layer runs only on the hidden states that predict those tokens."""
+    workspace, with room for the chunk's logits). ``needed_bt`` and ``compiled``:
+    as there; the output layer runs only on the hidden states that predict the
+    needed tokens."""
     b, t, d = hidden_btd.shape
     v = weight_vd.shape[0]
     if b * t * v <= plain_elements:  # the logits whole, as the output layer makes them
@@ -398,17 +327,19 @@ def hidden_token_stats(
         return token_logprobs_and_entropy(
             logits_btv, input_ids_bt, temperature, with_entropy, None, plain_elements, needed_bt
         )
+    chunk_kernels = kernels(compiled)
     if chunk is None:
-        chunk = chunk_tokens(v, hidden_btd.device.type, 8 + hidden_btd.element_size())
+        chunk = chunk_kernels.tokens(v, hidden_btd.device.type, hidden_btd.element_size(), True)
+    never_v = None
+    if never:
+        never_v = torch.zeros(v, dtype=torch.bool)
+        never_v[list(never)] = True
+        never_v = devices.upload(never_v, hidden_btd.device)
+    rows_k = _needed_rows(needed_bt, hidden_btd.device)
+    walk = _Walk(temperature, with_entropy, chunk, rows_k, chunk_kernels, never_v)
+    ids_n = _next_ids(input_ids_bt).reshape(-1)
     logp_n, entropy_n = _HiddenTokenStats.apply(
-        hidden_btd.reshape(b * t, d),
-        weight_vd,
-        _next_ids(input_ids_bt).reshape(-1),
-        temperature,
-        with_entropy,
-        chunk,
-        tuple(never),
-        _needed_rows(needed_bt, hidden_btd.device),
+        hidden_btd.reshape(b * t, d), weight_vd, ids_n, walk
     )
     return _shifted(logp_n.view(b, t)), _shifted(entropy_n.view(b, t))
 

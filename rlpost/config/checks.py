@@ -238,7 +238,7 @@ def trainer_checks(cfg: Config) -> list[str]:
     if cfg.trainer.compile and cfg.trainer.name != "fsdp":
         problems.append(
             f"trainer.compile=true with trainer={cfg.trainer.name}: compiling the decoder "
-            "layers is the fsdp trainer's; set trainer.compile=false"
+            "layers and log-prob kernels is the fsdp trainer's; set trainer.compile=false"
         )
     if cfg.trainer.prefix_sharing == "on" and cfg.trainer.ulysses > 1:
         problems.append(

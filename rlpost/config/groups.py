@@ -350,7 +350,7 @@ class TrainerConfig:
     )
     compile: bool = spec(
         False,
-        help="fsdp: torch.compile each decoder layer, fusing the element-wise work between its matrix products (for accelerators; same result within rounding). The first micro-batch of each new shape compiles first: tens of seconds",
+        help="fsdp: torch.compile each decoder layer and the log-prob kernels, fusing the element-wise work between matrix products (for accelerators; same result within rounding). The first micro-batch of each new shape compiles first: tens of seconds",
     )
     ulysses: int = spec(
         1,

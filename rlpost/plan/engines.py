@@ -198,7 +198,7 @@ def trainer_engine_config(
         freeze_vision=m.freeze_vision,
         mixed_precision=t.mixed_precision,
         ulysses=t.ulysses,
-        compile_layers=t.compile,
+        compile=t.compile,
     )
 
 

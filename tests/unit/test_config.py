@@ -324,8 +324,8 @@ def test_adapter_sync_without_lora_is_an_error_naming_the_rank():
 def test_compiled_layers_are_the_fsdp_trainers():
     problems, _ = _problems(["trainer=megatron", "trainer.compile=true"])
     assert (
-        "trainer.compile=true with trainer=megatron: compiling the decoder layers is the "
-        "fsdp trainer's; set trainer.compile=false"
+        "trainer.compile=true with trainer=megatron: compiling the decoder layers and "
+        "log-prob kernels is the fsdp trainer's; set trainer.compile=false"
     ) in problems
     # and reaches the fsdp engine's config
     from rlpost.device import resolve_device
@@ -333,4 +333,4 @@ def test_compiled_layers_are_the_fsdp_trainers():
 
     cfg = compose(["trainer.compile=true"])
     engine = trainer_engine_config(cfg, "policy", "m", resolve_device("cpu"))
-    assert getattr(engine, "compile_layers", None) is True
+    assert getattr(engine, "compile", None) is True

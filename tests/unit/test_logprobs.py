@@ -255,3 +255,60 @@ def test_needed_tokens_alone_are_computed_the_rest_is_zero(path):
     # last position get no gradient; row 0's prompt positions 0..1 none either
     assert torch.all(gh[2] == 0) and torch.all(gh[1, 4:] == 0) and torch.all(gh[0, :2] == 0)
     assert torch.all(gh[0, 2:6].abs().sum(-1) > 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_kernels_compute_what_the_eager_ones_do(dtype):
+    """``trainer.compile``'s chunk kernels (one fused expression each way, compiled)
+    against the eager ones: the output layer folded in, with never-sampled tokens,
+    needed rows, a temperature and an entropy term in the loss; then the logits path
+    with a -inf logit and log-probs alone. Chunks of 4 rows leave a ragged last
+    chunk, and a second batch of another length compiles nothing new."""
+    from torch._dynamo.utils import counters
+
+    from rlpost.trainers.logprobs import hidden_token_stats
+
+    hidden, weight, ids, w_logp, w_ent = _hidden_case(7, dtype)
+    needed = torch.ones(3, 7, dtype=torch.bool)
+    needed[0, :3] = False  # a prompt
+    needed[2] = False  # a padding row
+
+    def folded(compiled):
+        return lambda h, w: hidden_token_stats(
+            h, w, ids, 0.7, True, (9, 10), 4, 0, needed, compiled=compiled
+        )
+
+    eager, fused = (_hidden_grads(folded(c), hidden, weight, w_logp, w_ent) for c in (False, True))
+    # float32 sums over the vocabulary in another order; bf16 gradients within a
+    # rounding of each other (and the weight's, a float32 sum of such chunks)
+    for a, b in zip(fused, eager):
+        assert a.dtype == b.dtype
+        if a.dtype == torch.bfloat16:
+            scale = float(b.float().abs().max())
+            torch.testing.assert_close(a.float(), b.float(), rtol=0, atol=2**-7 * scale)
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-5)
+    assert torch.all(fused[3][[9, 10]] == 0)  # no gradient to the never-sampled rows
+    assert torch.all(fused[2][2] == 0) and torch.all(fused[0][~needed] == 0)
+
+    logits = F.linear(hidden, weight).float()
+    logits[0, 2, 4] = float("-inf")
+    graphs = counters["stats"]["unique_graphs"]
+    for length in (7, 5):  # ragged chunks of 4 rows, then a shorter batch
+        x = logits[:, :length]
+
+        def alone(compiled, x=x, length=length):
+            return lambda lg: token_logprobs_and_entropy(
+                lg, ids[:, :length], 0.7, False, 4 * 11, 0, compiled=compiled
+            )
+
+        (lp, _), (lp2, _) = (alone(c)(x) for c in (False, True))
+        torch.testing.assert_close(lp2, lp, rtol=1e-5, atol=2e-5)
+        g, g2 = (
+            _grad(alone(c), x, w_logp[:, :length], 0 * w_ent[:, :length]) for c in (False, True)
+        )
+        torch.testing.assert_close(g2, g, rtol=1e-5, atol=2e-5)
+        assert torch.all(g2[0, 2, 4] == 0)
+        if length == 7:
+            graphs = counters["stats"]["unique_graphs"]
+    assert counters["stats"]["unique_graphs"] == graphs

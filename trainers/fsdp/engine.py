@@ -75,7 +75,7 @@ class FSDPEngineConfig(EngineConfig):
     freeze_vision: bool = True  # VL models: no gradient to the vision tower and projector
     mixed_precision: str = "none"  # "bf16": bf16 compute, fp32 master weights and reduction
     ulysses: int = 1  # sequence-parallel ranks per sample (trainers/fsdp/ulysses.py)
-    compile_layers: bool = False  # torch.compile each decoder layer (trainer.compile)
+    compile: bool = False  # torch.compile each decoder layer and the log-prob chunk kernels
 
     def check(self) -> None:
         """Raise on settings that cannot work together, saying what to change."""
@@ -120,7 +120,7 @@ class FSDPEngine(PolicyUpdates):
             model = apply_lora(model, cfg.lora, cfg.model_path)
         if not cfg.trainable:
             model.requires_grad_(False)
-        if cfg.compile_layers:
+        if cfg.compile:
             # Regional compilation: each block compiled in place before FSDP2 wraps it
             # (its hooks stay outside the graph). The blocks share their code, so one
             # compile serves them all; a new micro-batch shape compiles again, after
@@ -295,7 +295,7 @@ class FSDPEngine(PolicyUpdates):
             ids = devices.upload(ids, self.device)
             if not self._fused(mb):
                 return token_logprobs_and_entropy(
-                    out, ids, temperature, with_entropy, needed_bt=needed
+                    out, ids, temperature, with_entropy, needed_bt=needed, compiled=self.cfg.compile
                 )
             # ``out`` is the last hidden states, and the weight as the forward left it:
             # gathered whole (FSDP2 keeps the root's parameters unsharded from its
@@ -303,7 +303,14 @@ class FSDPEngine(PolicyUpdates):
             assert self._head is not None
             never = tuple(self._never_sample)
             return hidden_token_stats(
-                out, self._head.weight, ids, temperature, with_entropy, never, needed_bt=needed
+                out,
+                self._head.weight,
+                ids,
+                temperature,
+                with_entropy,
+                never,
+                needed_bt=needed,
+                compiled=self.cfg.compile,
             )
 
         if not self._packed(mb):
@@ -331,7 +338,9 @@ class FSDPEngine(PolicyUpdates):
         ids, lengths = self._rows(mb)
         width = ids.shape[1]
         nxt_bl = devices.upload(self.sp.local(next_ids(ids, self.sp.padded(width))), self.device)
-        logp_bl, entropy_bl = next_token_stats(logits_blv, nxt_bl, temperature, with_entropy)
+        logp_bl, entropy_bl = next_token_stats(
+            logits_blv, nxt_bl, temperature, with_entropy, self.cfg.compile
+        )
         logp = F.pad(self.sp.gather(logp_bl)[:, : width - 1], (1, 0))
         entropy = torch.zeros_like(logp)
         if with_entropy:
