@@ -24,7 +24,8 @@ Five measurements, each printed as it finishes and all written to
    their backward at a 150k vocabulary from the last hidden states: the logits
    materialised with ``log_softmax``, the engine's chunked
    ``token_logprobs_and_entropy`` over the logits, and ``hidden_token_stats``,
-   which never holds them.
+   which never holds them, with the eager chunk kernels and (not with ``--small``)
+   the compiled ones of ``trainer.compile``.
 4. ``ipc``: the CUDA-IPC weight hand-off between two processes on one device,
    the colocated path of ``rollout.weight_sync=ipc`` and its code: trainer rank 0's
    ``IpcSender`` packs the model's weights in buckets and hands out each bucket's
@@ -208,7 +209,8 @@ def check_logprob_memory(args: argparse.Namespace) -> list[dict]:
     b, t, d = args.lp_samples, args.lp_tokens, 896
     v = 150_000 if args.shape != "small" else 4096
     rows = []
-    for impl in ("materialised", "chunked", "fused"):
+    impls = ["materialised", "chunked", "fused"] + ([] if args.small else ["fused, compiled"])
+    for impl in impls:
         g = torch.Generator().manual_seed(0)
         h = torch.randn(b, t, d, generator=g).to(args.device, torch.bfloat16).requires_grad_()
         w = (torch.randn(v, d, generator=g) * d**-0.5).to(args.device, torch.bfloat16)
@@ -222,8 +224,9 @@ def check_logprob_memory(args: argparse.Namespace) -> list[dict]:
             devices.reset_peak_memory(args.device)
             base = devices.peak_memory_bytes(args.device) or 0
             start = time.perf_counter()
-            if impl == "fused":
-                logp, _ = hidden_token_stats(h, w, ids, 1.0, True)
+            if impl.startswith("fused"):
+                compiled = impl.endswith("compiled")  # the first run compiles
+                logp, _ = hidden_token_stats(h, w, ids, 1.0, True, compiled=compiled)
             else:
                 logits = h @ w.T
                 if impl == "materialised":

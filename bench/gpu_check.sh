@@ -3,11 +3,12 @@
 # vLLM, Ray, omegaconf or hydra), in at most six minutes:
 #   1. `pytest -m gpu` over the engine tests that run on one device (their `cuda`
 #      cases: FSDP2 full, LoRA, critic, reward model, SFT, DPO, checkpoints, export,
-#      weight stream, packing and offload, bf16; the collectives and the IPC buckets);
+#      weight stream, packing and offload, bf16; the collectives and the IPC buckets;
+#      the compiled log-prob kernels against the eager ones);
 #   2. bench/gpu_check.py: the FSDP2 update beside a plain torch + transformers loop at
 #      two shapes, log-prob memory and time at a 150k vocabulary, the CUDA-IPC hand-off,
 #      and last, while its time budget lasts, the update with compiled decoder layers
-#      (trainer.compile).
+#      and log-prob kernels (trainer.compile).
 # Every result goes to $OUT (the device machine's result folder) when it is set, else
 # bench/results/; the summary table is printed last.
 #   bash bench/gpu_check.sh                      # on the GPU machine
@@ -24,7 +25,7 @@ TEST_GROUPS=(
   "tests/unit/test_collective_devices.py tests/unit/test_ipc_buckets.py tests/integration/test_fsdp_engine.py"
   "tests/integration/test_lora.py tests/integration/test_critic_and_kl.py tests/integration/test_preference_engines.py"
   "tests/integration/test_checkpoint.py tests/integration/test_export.py"
-  "tests/integration/test_single_pass_update.py tests/integration/test_packing.py"
+  "tests/integration/test_single_pass_update.py tests/integration/test_packing.py tests/unit/test_logprobs.py"
   "tests/integration/test_compiled_layers.py"
 )
 tests=()
