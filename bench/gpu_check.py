@@ -34,7 +34,7 @@ Five measurements, each printed as it finishes and all written to
    time.
 
 5. ``update`` with ``compiled``: the first measurement again with every decoder
-   layer compiled (``trainer.compile``), last and only while ``--budget-s`` lasts,
+   layer and the log-prob chunk kernels compiled (``trainer.compile``), last and only while ``--budget-s`` lasts,
    since the compiling takes as long as it takes; its first update's time, compiling
    included, is in the row. Not with ``--small``.
 
@@ -382,7 +382,7 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
         )
         shape = f"{r['name']}: {r['tokens']:,} tokens, {r['params'] / 1e6:.0f} M params"
         if r.get("compiled"):
-            shape += f", compiled layers (first update {r['warmup_s']:.0f} s)"
+            shape += f", trainer.compile: layers and log-prob kernels (first update {r['warmup_s']:.0f} s)"
         ours = f"{r['tokens_per_s']:,.0f} tok/s ({r['update_s']:.2f} s){_mfu(r)}, peak {r['peak_mem_gib']:.1f} GiB, micro-batch {r['micro_batch']}"
         theirs, ratio = ooms or "n/a", "n/a"
         if fits:
