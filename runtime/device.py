@@ -209,6 +209,29 @@ def fused_optimizer(name: str) -> bool:
     return name == CUDA
 
 
+def compile_problem(name: str) -> str | None:
+    """Why ``torch.compile`` cannot build kernels for device kind ``name`` on this
+    machine, or None: on the CPU its kernels are C++, built by ``$CXX`` (else g++;
+    clang++ on macOS), the compiler torch's inductor looks for; on CUDA they are
+    Triton's. Ascend's are its own backend's, not checked here."""
+    if name == CPU:
+        import shutil
+        import sys
+
+        cxx = os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")
+        if shutil.which(cxx) is None:
+            return (
+                f"torch.compile builds its CPU kernels with a C++ compiler, and {cxx} was not "
+                "found: install one (apt install g++) or point $CXX at one"
+            )
+    elif name == CUDA:
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            return "torch.compile builds its CUDA kernels with Triton, which is not installed"
+    return None
+
+
 def bf16_supported(name: str) -> bool:
     """Whether bf16 math runs natively: the CPU's oneDNN bf16 instructions, or the
     accelerator's own answer."""

@@ -57,3 +57,20 @@ def test_vllm_on_ascend_runs_eager_with_the_nz_layout_off():
     )
     assert npu["enforce_eager"] is True and "kv_cache_memory_bytes" not in npu
     assert ASCEND_ENV == {"VLLM_ASCEND_ENABLE_NZ": "0"}
+
+
+def test_compiling_on_the_cpu_needs_the_compiler_torch_looks_for(monkeypatch, tmp_path):
+    """``trainer.compile`` on a machine without the C++ compiler torch's inductor
+    builds CPU kernels with: the engine refuses at start, naming the compiler,
+    instead of failing inside the first micro-batch's compile."""
+    from rlpost.runtime import device as devices
+
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
+    problem = devices.compile_problem("cpu")
+    assert problem is not None and f"{tmp_path / 'no-such-c++'} was not found" in problem
+    assert "apt install g++" in problem
+    fake = tmp_path / "c++"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
+    assert devices.compile_problem("cpu") is None

@@ -121,6 +121,9 @@ class FSDPEngine(PolicyUpdates):
         if not cfg.trainable:
             model.requires_grad_(False)
         if cfg.compile:
+            problem = devices.compile_problem(self.device.type)
+            if problem is not None:
+                raise RuntimeError(f"trainer.compile=true: {problem}; or set trainer.compile=false")
             # Regional compilation: each block compiled in place before FSDP2 wraps it
             # (its hooks stay outside the graph). The blocks share their code, so one
             # compile serves them all; a new micro-batch shape compiles again, after
