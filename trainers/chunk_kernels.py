@@ -194,7 +194,8 @@ def _fused_grad(
 @functools.cache
 def compiled_kernels() -> ChunkKernels:
     """The fused kernels, compiled on first use for any chunk length and vocabulary
-    (``dynamic=True``): one graph per logits dtype and temperature each way."""
+    (``dynamic=True``): one graph per logits dtype and temperature each way, and one
+    more for a chunk of a single row (torch specialises sizes 0 and 1)."""
     forward = torch.compile(_fused_forward, dynamic=True)
     grad = torch.compile(_fused_grad, dynamic=True)
 
