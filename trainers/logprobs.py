@@ -31,6 +31,10 @@ Both take ``needed_bt``, the tokens whose log-prob a loss or metric reads (a
 policy update's response tokens): the chunks walk only the positions that predict
 them, and the rest are 0. A prompt of 512 tokens before a response of 1,536 is a
 quarter of the output layer's work, forward and backward, that no loss reads.
+
+One chunk's math is ``rlpost.trainers.chunk_kernels``': torch's eager kernels, or
+with ``compiled=True`` (``trainer.compile``) the same math compiled into a few
+fused kernels that hold no float32 copy of the chunk.
 """
 
 from __future__ import annotations
