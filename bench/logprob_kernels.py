@@ -30,18 +30,12 @@ import time
 from pathlib import Path
 
 import torch
+from logprob_memory import _reset_peak, _status_kib
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 OUT = ROOT / "bench" / "results" / "logprob_kernels.md"
 ENTROPY_COEF = 0.01
-
-
-def _kib(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise KeyError(key)
 
 
 class Peak:
@@ -55,8 +49,8 @@ class Peak:
 
     def start(self) -> None:
         if self.device == "cpu":
-            Path("/proc/self/clear_refs").write_text("5")  # VmHWM back to VmRSS
-            self.base = _kib("VmRSS") * 1024
+            _reset_peak()  # VmHWM back to VmRSS
+            self.base = _status_kib("VmRSS") * 1024
         else:
             self.devices.synchronize(self.device)
             self.devices.reset_peak_memory(self.device)
@@ -64,7 +58,7 @@ class Peak:
 
     def gib(self) -> float:
         if self.device == "cpu":
-            return (_kib("VmHWM") * 1024 - self.base) / 2**30
+            return (_status_kib("VmHWM") * 1024 - self.base) / 2**30
         return ((self.devices.peak_memory_bytes(self.device) or 0) - self.base) / 2**30
 
 

@@ -36,8 +36,9 @@ Forward = Callable[
     [torch.Tensor, torch.Tensor, float, bool], tuple[torch.Tensor, torch.Tensor | None]
 ]
 # (logits_cv, ids_c, temperature, g_logp_c, g_entropy_c, entropy_c, never_v) -> g_cv,
-# d/dlogits of sum(g_logp * logp + g_entropy * H) in the logits' dtype, 0 at the
-# tokens ``never_v`` marks (logits the forward overwrote)
+# d/dlogits of sum(g_logp * logp + g_entropy * H), in float32 (eager) or the logits'
+# dtype (compiled: cast in the fused pass); 0 at the tokens ``never_v`` marks (logits
+# the forward overwrote)
 Grad = Callable[
     [
         torch.Tensor,
@@ -146,7 +147,6 @@ def _eager_grad(
     never_v: torch.Tensor | None,
 ) -> torch.Tensor:
     g_cv = _grad_chunk(logits_cv, ids_c, temperature, g_logp_c, g_entropy_c, entropy_c)
-    g_cv = g_cv.to(logits_cv.dtype)
     if never_v is not None:
         g_cv.masked_fill_(never_v, 0)
     return g_cv
@@ -217,7 +217,7 @@ def compiled_kernels() -> ChunkKernels:
         # one graph whatever is absent: a zero term costs a fused pass nothing
         zero_c = torch.zeros_like(entropy_c)
         if never_v is None:
-            never_v = torch.zeros(logits_cv.shape[-1], dtype=torch.bool, device=logits_cv.device)
+            never_v = _no_tokens(logits_cv.shape[-1], logits_cv.device)
         return grad(
             logits_cv,
             ids_c,
@@ -229,6 +229,12 @@ def compiled_kernels() -> ChunkKernels:
         )
 
     return ChunkKernels(forward_any, grad_any, compiled=True)
+
+
+@functools.lru_cache(maxsize=4)
+def _no_tokens(vocab: int, device: torch.device) -> torch.Tensor:
+    """An all-false token mask, made once rather than at every chunk."""
+    return torch.zeros(vocab, dtype=torch.bool, device=device)
 
 
 def kernels(compiled: bool) -> ChunkKernels:

@@ -105,7 +105,7 @@ class _Walk:
         g_entropy_n: torch.Tensor | None,
         entropy_n: torch.Tensor,
     ) -> torch.Tensor:
-        """One chunk's d/dlogits, in the logits' dtype."""
+        """One chunk's d/dlogits, in float32 or the logits' dtype (``Grad``)."""
         return self.kernels.grad(
             logits_cv,
             ids_n[rows],
@@ -225,6 +225,7 @@ class _HiddenTokenStats(torch.autograd.Function):
             # the never-sampled tokens' logits were overwritten: their gradient is 0
             logits_cv = _chunk_logits(hidden_nd[rows], weight_vd, walk.never_v)
             g_cv = walk.grad(logits_cv, rows, ids_n, g_logp_n, g_entropy_n, entropy_n)
+            g_cv = g_cv.to(hidden_nd.dtype)  # a no-op for the compiled kernels
             del logits_cv
             if grad_hidden is not None:
                 grad_hidden[rows] = g_cv @ weight_vd
