@@ -4,7 +4,9 @@
 #   1. `pytest -m gpu` over the engine tests that run on one device (their `cuda`
 #      cases: FSDP2 full, LoRA, critic, reward model, SFT, DPO, checkpoints, export,
 #      weight stream, packing and offload, bf16; the collectives and the IPC buckets;
-#      the compiled log-prob kernels against the eager ones);
+#      the compiled log-prob kernels against the eager ones; the Megatron engine and
+#      critic at tp = 1, when megatron-core is there or its wheel was carried in
+#      bench/.wheels: `bash bench/fetch_wheels.sh` where an index is reachable);
 #   2. bench/gpu_check.py: the FSDP2 update beside a plain torch + transformers loop at
 #      two shapes, log-prob memory and time at a 150k vocabulary, the CUDA-IPC hand-off,
 #      and last, while its time budget lasts, the update with compiled decoder layers
@@ -28,8 +30,22 @@ TEST_GROUPS=(
   "tests/integration/test_single_pass_update.py tests/integration/test_packing.py tests/unit/test_logprobs.py"
   "tests/integration/test_compiled_layers.py"
 )
+MEGATRON_GROUP="tests/integration/test_megatron_engine.py tests/integration/test_megatron_critic.py"
 tests=()
 if [ "$device" = cuda ]; then
+  # megatron-core is not on the GPU machine and it has no index: a carried wheel is
+  # unpacked (it needs only torch, numpy and packaging) and put first on the path
+  if "$py" -c "import megatron.core" > /dev/null 2>&1; then
+    TEST_GROUPS+=("$MEGATRON_GROUP")
+  elif wheel=$(ls bench/.wheels/megatron_core-*.whl 2> /dev/null | head -n 1) && [ -n "$wheel" ]; then
+    site="$(mktemp -d)"
+    "$py" -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" "$wheel" "$site"
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+    echo "megatron-core from $wheel"
+    TEST_GROUPS+=("$MEGATRON_GROUP")
+  else
+    echo "megatron-core: not installed and no wheel in bench/.wheels (bash bench/fetch_wheels.sh): the Megatron engine's GPU tests do not run"
+  fi
   "$py" - <<'PY' || exit 1
 import torch, transformers, peft
 assert torch.cuda.is_available(), "bench/gpu_check.sh needs a CUDA GPU (or --device cpu --small)"

@@ -80,6 +80,37 @@ def make_batch(seed: int = 0, lengths: list[tuple[int, int]] | None = None) -> T
     )
 
 
+@torch.no_grad()
+def greedy_batch(model_dir: str) -> tuple[TrajectoryBatch, list[bool]]:
+    """``make_batch(0)``'s prompts, each followed by the transformers model's own greedy
+    continuation of its response length; in every other row (the odd ones) one response
+    token is changed, so that row is not the model's choice. Returns the batch and, per
+    row, whether it is the greedy continuation: what ``greedy_match`` must say."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    vocab = model.config.vocab_size
+    base = make_batch(0)
+    ids, resp, expected = [], [], []
+    for row, (p, r) in enumerate(LENGTHS):
+        seq = base.input_ids_bt[row, :p].clone()
+        for _ in range(r):
+            nxt = model(input_ids=seq[None]).logits[0, -1].argmax()
+            seq = torch.cat([seq, nxt[None]])
+        if row % 2:
+            at = p + row % r  # a response position (one token: the only one)
+            seq[at] = (seq[at] + 1) % vocab
+        ids.append(seq.tolist())
+        resp.append([0] * p + [1] * r)
+        expected.append(row % 2 == 0)
+    batch = TrajectoryBatch(
+        input_ids_bt=pad_sequences(ids, 0),
+        attention_mask_bt=pad_sequences([[1] * len(s) for s in ids], 0),
+        response_mask_bt=pad_sequences(resp, 0),
+    )
+    return batch, expected
+
+
 def advantages(batch: TrajectoryBatch, seed: int = 1) -> torch.Tensor:
     adv_b = torch.randn(len(batch), generator=torch.Generator().manual_seed(seed))
     return adv_b[:, None] * batch.response_mask_bt

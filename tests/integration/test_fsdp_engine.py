@@ -14,7 +14,16 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from engine_utils import DEVICES, advantages, engine, free_port, make_batch, one_rank_only, to_cpu
+from engine_utils import (
+    DEVICES,
+    advantages,
+    engine,
+    free_port,
+    greedy_batch,
+    make_batch,
+    one_rank_only,
+    to_cpu,
+)
 
 from rlpost.algos import PolicyLossConfig
 from rlpost.models.tiny import build_tiny_model
@@ -59,8 +68,10 @@ def _logprobs_worker(rank: int, model_dir: str, port: int, out: str, device: str
     engine = _engine(model_dir, rank, 1, port, micro_batch_size=3, device=device)
     batch = _batch()
     result = {"t1": engine.logprobs(batch), "t2": engine.logprobs(batch, temperature=2.0)}
+    probe, result["greedy_expected"] = greedy_batch(model_dir)
+    result["greedy"] = engine.greedy_match(probe)
     engine.close()
-    torch.save(result, out)
+    torch.save(to_cpu(result), out)
 
 
 def _policy_worker(
@@ -236,6 +247,8 @@ def test_logprobs_match_a_plain_transformers_forward(model_dir, device, tmp_path
         assert logp_bt[mask_bt].std() > 0.05
     # the temperature divides the logits before the softmax
     assert not torch.allclose(got["t1"][mask_bt], got["t2"][mask_bt])
+    # greedy_match: the model's own greedy continuations, and one token changed in the others
+    assert got["greedy"].tolist() == got["greedy_expected"]
 
 
 def test_update_is_invariant_to_micro_batch_size(model_dir, reference_step, micro_step):

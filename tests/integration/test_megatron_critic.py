@@ -1,6 +1,7 @@
 """Megatron critic on CPU (gloo): three PPO critic updates equal the FSDP2 critic's on
 the same batch (value loss, gradient norm, values after each update) at tensor
-parallel 2, pipeline parallel 2 and data parallel 2 with the distributed optimizer.
+parallel 2, pipeline parallel 2 and data parallel 2 with the distributed optimizer,
+and on one CUDA GPU (``gpu``-marked, one NCCL rank) against the CPU's FSDP2 critic.
 
 Shapes: b = samples, t = tokens.
 
@@ -12,7 +13,7 @@ body through it.
 import pytest
 import torch
 import torch.multiprocessing as mp
-from engine_utils import free_port, make_batch
+from engine_utils import free_port, make_batch, on, to_cpu
 
 from rlpost.models.tiny import build_tiny_model
 
@@ -28,7 +29,9 @@ LAYOUTS = {
     "cp2": (2, {"cp": 2}),
     "tp2_sp": (2, {"tp": 2, "sequence_parallel": True}),
     "pp2_vpp2": (2, {"pp": 2, "vpp": 2}),
+    "tp1_cuda": (1, {"device": "cuda"}),  # one rank on a CUDA GPU (bench/gpu_check.sh)
 }
+GPU_LAYOUTS = {"tp1_cuda"}
 
 
 def _spawn(fn, args: tuple, nprocs: int) -> None:
@@ -75,15 +78,18 @@ def _megatron_worker(
     from rlpost.trainers.megatron.config import MegatronEngineConfig, MegatronParallel
     from rlpost.trainers.megatron.critic import MegatronCriticEngine
 
+    parallel = dict(parallel)
+    device = parallel.pop("device", "cpu")  # an engine setting, not a split
     cfg = MegatronEngineConfig(
         model_path=model_dir,
         lr=LR,
         lr_warmup_steps=0,
         micro_batch_size=3,
         parallel=MegatronParallel(**parallel),
+        **on(device),
     )
     critic = MegatronCriticEngine(cfg, rank, world_size, f"tcp://127.0.0.1:{port}")
-    torch.save(_updates(critic, _batch(rank, world_size)), f"{out}.{rank}")
+    torch.save(to_cpu(_updates(critic, _batch(rank, world_size))), f"{out}.{rank}")
     critic.close()
 
 
@@ -99,7 +105,10 @@ def fsdp_run(model_dir, tmp_path_factory) -> dict:
     return torch.load(out)
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize(
+    "layout",
+    [pytest.param(n, marks=pytest.mark.gpu) if n in GPU_LAYOUTS else n for n in LAYOUTS],
+)
 def test_critic_updates_match_the_fsdp_critic(layout, model_dir, fsdp_run, tmp_path):
     world_size, parallel = LAYOUTS[layout]
     out = tmp_path / "run.pt"

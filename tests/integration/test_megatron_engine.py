@@ -1,6 +1,8 @@
 """Megatron engine on CPU (gloo): log-prob parity with transformers and one update's
 parity with the FSDP2 engine, at tensor parallel 2, pipeline parallel 2 and with the
-distributed optimizer; SFT and HF export at tensor parallel 2.
+distributed optimizer; SFT and HF export at tensor parallel 2. One layout also runs on
+a CUDA GPU (``gpu``-marked, one NCCL rank): the same parity, against the CPU's FSDP2
+engine and transformers.
 
 Shapes: b = samples, t = tokens.
 
@@ -19,9 +21,12 @@ from engine_utils import (
     check_stream,
     free_port,
     full_grads,
+    greedy_batch,
     hf_logprobs,
     make_batch,
+    on,
     streamed_weights,
+    to_cpu,
 )
 
 from rlpost.algos import PolicyLossConfig
@@ -50,7 +55,10 @@ LAYOUTS = {
     "tp2_sp": (2, {"tp": 2, "sequence_parallel": True}, False),
     # two virtual stages per rank: layers 0, 2 on rank 0 and 1, 3 on rank 1 (interleaved 1F1B)
     "pp2_vpp2": (2, {"pp": 2, "vpp": 2}, False),
+    # one rank on a CUDA GPU, NCCL (run by bench/gpu_check.sh)
+    "tp1_cuda": (1, {"device": "cuda"}, False),
 }
+GPU_LAYOUTS = {"tp1_cuda"}
 
 
 def _spawn(fn, args: tuple, nprocs: int) -> None:
@@ -81,13 +89,23 @@ def _step_worker(
     from rlpost.trainers.megatron.convert import megatron_to_hf
 
     parallel = dict(parallel)
-    packing = parallel.pop("packing", False)  # an engine setting, not a split
+    packing = parallel.pop("packing", False)  # engine settings, not a split
+    device = parallel.pop("device", "cpu")
     engine = _megatron(
-        model_dir, rank, world_size, port, parallel, micro_batch_size=3, packing=packing
+        model_dir,
+        rank,
+        world_size,
+        port,
+        parallel,
+        micro_batch_size=3,
+        packing=packing,
+        **on(device),
     )
     full = make_batch(0)
     full.advantages_bt = advantages(full)
     batch = full.shard(rank, world_size)
+    probe, greedy_expected = greedy_batch(model_dir)
+    greedy = engine.greedy_match(probe.shard(rank, world_size))
     if single:
         metrics, logp = engine.update_policy_single_pass(batch, PolicyLossConfig())
     else:
@@ -100,13 +118,14 @@ def _step_worker(
     weights = engine.named_weights()
     specs, streamed = streamed_weights(engine)  # the collective sync's source
     result = {"logp": logp, "metrics": metrics, "specs": specs, "streamed": streamed}
+    result |= {"greedy": greedy, "greedy_expected": greedy_expected}
     result["is_weight_source"] = isinstance(engine, WeightSource)  # what the trainer worker checks
     if rank == 0:
         assert weights is not None
         result["weights"] = dict(weights)
         result["grads"] = megatron_to_hf(grads, engine.shape) if grads is not None else None
         result["num_params"] = engine.num_params
-    torch.save(result, f"{out}.{rank}")
+    torch.save(to_cpu(result), f"{out}.{rank}")
     engine.close()
 
 
@@ -149,7 +168,10 @@ def fsdp_step(model_dir, tmp_path_factory) -> dict:
     return torch.load(out)
 
 
-@pytest.fixture(scope="module", params=list(LAYOUTS))
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param(n, marks=pytest.mark.gpu) if n in GPU_LAYOUTS else n for n in LAYOUTS],
+)
 def megatron_step(request, model_dir, tmp_path_factory) -> dict:
     world_size, parallel, single = LAYOUTS[request.param]
     out = tmp_path_factory.mktemp(request.param) / "step.pt"
@@ -158,6 +180,7 @@ def megatron_step(request, model_dir, tmp_path_factory) -> dict:
     ranks = [torch.load(f"{out}.{r}") for r in range(world_size)]
     result = ranks[0]
     result["logp"] = torch.cat([r["logp"] for r in ranks])  # each rank's own rows
+    result["greedy"] = torch.cat([r["greedy"] for r in ranks])
     result["all_metrics"] = [r["metrics"] for r in ranks]
     result["others_streamed"] = [r["streamed"] for r in ranks[1:]]
     result["layout"] = request.param
@@ -186,6 +209,11 @@ def test_logprobs_match_a_plain_transformers_forward(megatron_step, model_dir):
     assert torch.all(logp_bt[~mask_bt] == 0)
     # not a degenerate model: the response log-probs differ from token to token
     assert logp_bt[mask_bt].std() > 0.05
+
+
+def test_greedy_match_finds_the_models_own_continuations(megatron_step):
+    """The transformers model's greedy continuations match; a changed token does not."""
+    assert megatron_step["greedy"].tolist() == megatron_step["greedy_expected"]
 
 
 def test_one_update_matches_the_fsdp_engine(megatron_step, fsdp_step):

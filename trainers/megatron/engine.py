@@ -69,7 +69,7 @@ class MegatronEngine(PolicyUpdates):
         logits = logits.float() / temperature
         width = mb.input_ids_bt.shape[1]
         ids = pack(mb)[0] if self.cfg.packing else mb.input_ids_bt
-        logp = token_logprobs(logits, ids)
+        logp = token_logprobs(logits, devices.upload(ids, logits.device))
         ent = F.pad(entropy_from_logits(logits[:, :-1]), (1, 0)) if with_entropy else None
         if self.cfg.packing:
             lengths = row_lengths(mb)
@@ -87,12 +87,18 @@ class MegatronEngine(PolicyUpdates):
         mbs = m.micro_batches(data, self.cfg.micro_batch_size)
 
         def hits(mb, logits):
-            hit_bt = logits[:, :-1].argmax(-1) == mb.input_ids_bt[:, 1:]
-            resp_bt = mb.response_mask_bt[:, 1:].bool()
-            return torch.zeros(()), (hit_bt | ~resp_bt).all(dim=1)
+            ids = devices.upload(
+                pack(mb)[0] if self.cfg.packing else mb.input_ids_bt, logits.device
+            )
+            # 1 where a token is the argmax given the tokens before it (packed: a row)
+            hit = F.pad((logits[:, :-1].argmax(-1) == ids[:, 1:]).float(), (1, 0))
+            if self.cfg.packing:
+                hit = unpack(hit, row_lengths(mb), mb.input_ids_bt.shape[1])
+            resp_bt = devices.upload(mb.response_mask_bt, logits.device).bool()
+            return torch.zeros(()), ((hit > 0) | ~resp_bt).all(dim=1)
 
         results = m.run(mbs, hits)
-        out = torch.cat(results).float() if m.last_stage else torch.zeros(len(data))
+        out = torch.cat(results).float().cpu() if m.last_stage else torch.zeros(len(data))
         return from_last_stage(out, m.mpu, self.cfg.parallel.pp)[mine].bool()
 
     def has_dropout(self) -> bool:

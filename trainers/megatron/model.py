@@ -132,6 +132,10 @@ class MegatronModel:
         # One model chunk per virtual stage (one without vpp): with pp stages of vpp
         # chunks, this rank holds layer blocks v * pp + its stage for v < vpp.
         self.models = [self._build_chunk(v if p.vpp > 1 else None) for v in range(p.vpp)]
+        for m in self.models:
+            # built on the host (use_cpu_initialization); megatron's rotary tables,
+            # plain attributes, follow the inputs' device at the first forward
+            m.to(self.device)
         # each chunk's first layer and this rank's first expert, model-wide
         self.layer_offsets = [
             m.decoder.layers[0].layer_number - 1 if len(m.decoder.layers) else 0
@@ -292,7 +296,13 @@ class MegatronModel:
         """``run_schedule`` of this model over ``mbs``."""
         c = self.cfg
         return run_schedule(
-            self.chunks, mbs, on_output, c.packing, self.mpu, c.parallel.sequence_parallel
+            self.chunks,
+            mbs,
+            on_output,
+            c.packing,
+            self.mpu,
+            self.device,
+            c.parallel.sequence_parallel,
         )
 
     @property

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from rlpost.runtime.device import upload
 from rlpost.trainers.batch import TrajectoryBatch, join_shares, pad_width
 from rlpost.trainers.distributed import broadcast_
 from rlpost.trainers.megatron.context_parallel import gather_output, pad_inputs, split_inputs
@@ -68,6 +69,7 @@ def run_schedule(
     on_output: StageOutput[R],
     packing: bool,
     mpu: ModuleType,
+    device: torch.device,
     sequence_parallel: bool = False,
 ) -> list[R]:
     """Forward (and, with grad enabled, backward) of the model ``chunks`` over ``mbs``
@@ -78,7 +80,8 @@ def run_schedule(
     Context parallelism and sequence parallelism split each sequence over ranks,
     so it is padded at the end to a multiple of 2 x cp (x tp with sequence
     parallelism); each cp rank runs its part, the last stage gathers the output
-    whole (``context_parallel``) and drops the padding.
+    whole (``context_parallel``) and drops the padding. The inputs are built on the
+    host and reach ``device`` (the model's) just before its forward.
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -104,6 +107,7 @@ def run_schedule(
         ids, pos, mask = pad_inputs(ids, pos, mask, multiple)
         if cp > 1:
             ids, pos = split_inputs(ids, pos, cp_group)
+        ids, pos, mask = (upload(x, device) for x in (ids, pos, mask))
         out = model(ids, pos, attention_mask=mask)
         if getattr(model, "module", model).post_process:  # the model's last chunk
             out = (gather_output(out, cp_group) if cp > 1 else out)[:, :length]
