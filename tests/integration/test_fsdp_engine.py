@@ -325,27 +325,36 @@ def test_save_hf_round_trips_the_trained_weights(sft_run, model_dir):
 
 def _bf16_worker(rank: int, model_dir: str, port: int, out: str, device: str) -> None:
     """One bf16 update of the 8-sample batch, whole and in micro-batches of 3: on one
-    rank FSDP2 adds the micro-batches' gradients in float32 and reduces them once."""
+    rank FSDP2 adds the micro-batches' gradients in float32 and reduces them once.
+    Both decoder layers share one FSDP2 group (``layer_groups``); a third engine has a
+    group per layer, as several ranks do."""
     from engine_utils import full_grads
 
+    from rlpost.trainers.fsdp import common
+
     got = {}
-    for size in (8, 3):
+    budget = common.group_budget
+    for name, size, per_layer in (("whole", 8, False), ("split", 3, False), ("per_layer", 3, True)):
+        if per_layer:
+            common.group_budget = lambda device_type: 0  # every layer a group of its own
         e = _engine(model_dir, rank, 1, port, micro_batch_size=size, device=device,
                     mixed_precision="bf16")  # fmt: skip
+        common.group_budget = budget
         batch = _batch()
         batch.advantages_bt = _advantages(batch)
         batch.old_logp_bt = e.logprobs(batch)
         metrics = e.update_policy(batch, PolicyLossConfig())
-        got[size] = {"grads": full_grads(e.model), "metrics": metrics}
+        grads, weights = full_grads(e.model), dict(e.named_weights())
+        got[name] = {"grads": grads, "weights": weights, "metrics": metrics}
         del e
-    torch.save(got, out)
+    torch.save(to_cpu(got), out)
 
 
 def test_bf16_micro_batches_accumulate_to_the_whole_batch(model_dir, device, tmp_path):
     out = tmp_path / "bf16.pt"
     _spawn(_bf16_worker, (model_dir, _free_port(), str(out), device))
     got = torch.load(out)
-    whole, split = got[8], got[3]
+    whole, split = got["whole"], got["split"]
     assert whole["grads"].keys() == split["grads"].keys() and len(whole["grads"]) > 0
     # the same loss over the same tokens, computed in bf16 in other groupings: the
     # gradients agree to bf16's rounding (2^-8 = 0.4 %), a lost or doubled micro-batch
@@ -356,6 +365,18 @@ def test_bf16_micro_batches_accumulate_to_the_whole_batch(model_dir, device, tmp
         assert g.dtype == torch.float32, name  # fp32 master gradients
         scale = float(g.abs().max()) + 1e-12
         torch.testing.assert_close(split["grads"][name], g, rtol=0, atol=3e-2 * scale, msg=name)
+    # FSDP2 groups change when the hooks run, not what is computed: a group per layer
+    # gives the same gradients and weights, bit for bit
+    per_layer = got["per_layer"]
+    timeless = [
+        {k: v for k, v in m.items() if not k.startswith("timing/")}
+        for m in (per_layer["metrics"], split["metrics"])
+    ]
+    assert timeless[0] == timeless[1]
+    for key in ("grads", "weights"):
+        assert per_layer[key].keys() == split[key].keys()
+        for name, t in split[key].items():
+            assert torch.equal(per_layer[key][name], t), (key, name)
 
 
 # -- a vocabulary large enough for the chunked output layer ---------------------

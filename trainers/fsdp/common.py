@@ -32,8 +32,10 @@ def shard(
     offload: bool = False,
     mixed_precision: str = "none",
 ) -> None:
-    """FSDP2: one shard group per transformer layer, then the rest of the model
-    (with one rank and neither offload nor bf16, the model stays as it is).
+    """FSDP2: one shard group per transformer layer (on one rank without offload,
+    consecutive layers in groups under a memory budget: ``layer_groups``), then the
+    rest of the model (with one rank and neither offload nor bf16, the model stays
+    as it is).
 
     ``offload`` keeps the sharded parameters, their gradients and so the
     optimizer step and state on the CPU (``CPUOffloadPolicy``); each layer's
@@ -63,14 +65,50 @@ def shard(
         )
     elif mixed_precision != "none":
         raise ValueError(f"mixed_precision={mixed_precision!r}: expected 'none' or 'bf16'")
+    groups = [[layer] for layer in layers]
     if dist.get_world_size() == 1 and not offload:
         # One rank holds every shard: gathering a layer again for its backward (and
         # casting it to bf16 again) buys no memory back, only time. (Offload keeps
         # the device free of every layer but the one running.)
         kwargs["reshard_after_forward"] = False
-    for layer in layers:
-        fully_shard(layer, **kwargs)
+        # Nor does a group per layer overlap anything with communication; each group
+        # only adds its hooks to every micro-batch's forward and backward.
+        device_type = next(model.parameters()).device.type
+        groups = layer_groups(layers, group_budget(device_type))
+        log.info("FSDP2 on one rank: %d decoder layers in %d groups", len(layers), len(groups))
+    for group in groups:
+        fully_shard(group[0] if len(group) == 1 else group, **kwargs)
     fully_shard(model, **kwargs)
+
+
+def group_budget(device_type: str) -> int:
+    """The bytes of transient buffers one FSDP2 group may hold on one rank: the
+    device's workspace (``rlpost.runtime.device.WORKSPACE_BYTES``)."""
+    return devices.workspace_bytes(device_type)
+
+
+def layer_groups(layers: torch.nn.ModuleList, budget: int) -> list[list[torch.nn.Module]]:
+    """Consecutive ``layers`` in groups whose parameters take at most ``budget`` bytes
+    at 8 bytes each, one layer at least per group.
+
+    On one rank FSDP2's gradient "reduction" of a group copies its float32
+    gradients into a buffer and out again, 8 bytes a parameter at once (its
+    gather of the bf16 weights, once a step, 4): a group per layer holds one
+    layer's worth, a group for the whole model would hold 4 GB at 0.5B. A group
+    is reduced after its layers' backward, which has freed their activations,
+    usually more than that. Fewer groups mean fewer hooks: every group runs four
+    of them in each micro-batch.
+    """
+    groups: list[list[torch.nn.Module]] = []
+    held = budget  # the bytes the last group holds: a full one starts the next
+    for layer in layers:
+        size = 8 * sum(p.numel() for p in layer.parameters())
+        if held + size > budget:
+            groups.append([])
+            held = 0
+        groups[-1].append(layer)
+        held += size
+    return groups
 
 
 class FSDPBackend:
