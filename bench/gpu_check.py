@@ -5,7 +5,8 @@ only torch, transformers and peft installed (no vLLM, no Ray), in a few minutes.
     python bench/gpu_check.py --device cpu --small  # the same code on the CPU, tiny shapes
 
 Five measurements, each printed as it finishes and all written to
-``bench/results/gpu_check.json`` (a list of rows) and ``gpu_check.md``:
+``bench/results/gpu_check.json`` (a list of rows) and ``gpu_check.md`` (from the CPU:
+``bench/.runs/``, whose figures are not the GPU's):
 
 1. ``update``: the FSDP2 engine's policy update (``update_policy``, forward and
    backward of every micro-batch, the optimizer step) on a random
@@ -438,7 +439,11 @@ def main() -> None:
     p.add_argument(
         "--tests", type=Path, action="append", default=[], help="pytest's JUnit XML to report"
     )
-    p.add_argument("--out", type=Path, default=RESULTS / "gpu_check")
+    p.add_argument(
+        "--out", type=Path, default=None,
+        help="results' path without suffix (default: bench/results/gpu_check on CUDA, "
+        "bench/.runs/gpu_check on the CPU, whose figures are not the GPU's)",
+    )  # fmt: skip
     p.add_argument(
         "--shape",
         choices=sorted(SHAPES),
@@ -457,6 +462,8 @@ def main() -> None:
         help="the update's prompt and response lengths with 8 and 2 samples, for a CPU",
     )  # fmt: skip
     args = p.parse_args()
+    if args.out is None:
+        args.out = (RESULTS if args.device == "cuda" else ROOT / "bench" / ".runs") / "gpu_check"
     args.shape = args.shape or ("small" if args.small else "0.5B")
     args.update_shapes = (
         SMALL_UPDATE_SHAPES

@@ -12,16 +12,17 @@
 #      and last, while its time budget lasts, the update with compiled decoder layers
 #      and log-prob kernels (trainer.compile).
 # Every result goes to $OUT (the device machine's result folder) when it is set, else
-# bench/results/; the summary table is printed last.
+# bench/results/ (bench/.runs/ with --device cpu); the summary table is printed last.
 #   bash bench/gpu_check.sh                      # on the GPU machine
 #   PYTHON=.venv/bin/python bash bench/gpu_check.sh --device cpu --small  # the code, on the CPU (CI)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-bench/results}"
 py="${PYTHON:-python}"  # the interpreter with torch, transformers and peft
-mkdir -p "$out"
 device=cuda
 for arg in "$@"; do [ "$arg" = cpu ] && device=cpu; done
+# a CPU run's figures are not the GPU's: they go beside the other local runs
+if [ "$device" = cuda ]; then out="${OUT:-bench/results}"; else out="${OUT:-bench/.runs}"; fi
+mkdir -p "$out"
 # groups run side by side (one NCCL rank each, tiny models); compiling has one of its own
 TEST_GROUPS=(
   "tests/unit/test_collective_devices.py tests/unit/test_ipc_buckets.py tests/integration/test_fsdp_engine.py"
