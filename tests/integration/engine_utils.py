@@ -69,14 +69,18 @@ def engine(
 def make_batch(seed: int = 0, lengths: list[tuple[int, int]] | None = None) -> TrajectoryBatch:
     """Right-padded samples of printable-character ids with a response suffix."""
     g = torch.Generator().manual_seed(seed)
-    ids, resp = [], []
-    for p, r in lengths or LENGTHS:
-        ids.append(torch.randint(5, 100, (p + r,), generator=g).tolist())
-        resp.append([0] * p + [1] * r)
+    lengths = lengths or LENGTHS
+    return batch_of(
+        [torch.randint(5, 100, (p + r,), generator=g).tolist() for p, r in lengths], lengths
+    )
+
+
+def batch_of(ids: list[list[int]], lengths: list[tuple[int, int]]) -> TrajectoryBatch:
+    """Right-padded rows of ``ids``, each ``(prompt, response)`` tokens long."""
     return TrajectoryBatch(
         input_ids_bt=pad_sequences(ids, 0),
         attention_mask_bt=pad_sequences([[1] * len(s) for s in ids], 0),
-        response_mask_bt=pad_sequences(resp, 0),
+        response_mask_bt=pad_sequences([[0] * p + [1] * r for p, r in lengths], 0),
     )
 
 
@@ -91,7 +95,7 @@ def greedy_batch(model_dir: str) -> tuple[TrajectoryBatch, list[bool]]:
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     vocab = model.config.vocab_size
     base = make_batch(0)
-    ids, resp, expected = [], [], []
+    ids, expected = [], []
     for row, (p, r) in enumerate(LENGTHS):
         seq = base.input_ids_bt[row, :p].clone()
         for _ in range(r):
@@ -101,14 +105,8 @@ def greedy_batch(model_dir: str) -> tuple[TrajectoryBatch, list[bool]]:
             at = p + row % r  # a response position (one token: the only one)
             seq[at] = (seq[at] + 1) % vocab
         ids.append(seq.tolist())
-        resp.append([0] * p + [1] * r)
         expected.append(row % 2 == 0)
-    batch = TrajectoryBatch(
-        input_ids_bt=pad_sequences(ids, 0),
-        attention_mask_bt=pad_sequences([[1] * len(s) for s in ids], 0),
-        response_mask_bt=pad_sequences(resp, 0),
-    )
-    return batch, expected
+    return batch_of(ids, LENGTHS), expected
 
 
 def advantages(batch: TrajectoryBatch, seed: int = 1) -> torch.Tensor:

@@ -67,15 +67,20 @@ class MegatronEngine(PolicyUpdates):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (b, t) and, if asked, entropies (b, t) from the model's logits."""
         logits = logits.float() / temperature
-        width = mb.input_ids_bt.shape[1]
-        ids = pack(mb)[0] if self.cfg.packing else mb.input_ids_bt
-        logp = token_logprobs(logits, devices.upload(ids, logits.device))
-        ent = F.pad(entropy_from_logits(logits[:, :-1]), (1, 0)) if with_entropy else None
-        if self.cfg.packing:
-            lengths = row_lengths(mb)
-            logp = unpack(logp, lengths, width)
-            ent = unpack(ent, lengths, width) if ent is not None else None
-        return logp, ent
+        logp = self._rows(mb, token_logprobs(logits, self._ids(mb, logits.device)))
+        if not with_entropy:
+            return logp, None
+        return logp, self._rows(mb, F.pad(entropy_from_logits(logits[:, :-1]), (1, 0)))
+
+    def _ids(self, mb: TrajectoryBatch, device: torch.device) -> torch.Tensor:
+        """The token ids laid out as the model ran them (packed: one row), on ``device``."""
+        return devices.upload(pack(mb)[0] if self.cfg.packing else mb.input_ids_bt, device)
+
+    def _rows(self, mb: TrajectoryBatch, values: torch.Tensor) -> torch.Tensor:
+        """Per-token ``values`` of the model's layout as ``mb``'s rows (b, t)."""
+        if not self.cfg.packing:
+            return values
+        return unpack(values, row_lengths(mb), mb.input_ids_bt.shape[1])
 
     @cpu_shim.runs_on_cpu
     @torch.no_grad()
@@ -87,13 +92,9 @@ class MegatronEngine(PolicyUpdates):
         mbs = m.micro_batches(data, self.cfg.micro_batch_size)
 
         def hits(mb, logits):
-            ids = devices.upload(
-                pack(mb)[0] if self.cfg.packing else mb.input_ids_bt, logits.device
-            )
-            # 1 where a token is the argmax given the tokens before it (packed: a row)
-            hit = F.pad((logits[:, :-1].argmax(-1) == ids[:, 1:]).float(), (1, 0))
-            if self.cfg.packing:
-                hit = unpack(hit, row_lengths(mb), mb.input_ids_bt.shape[1])
+            ids = self._ids(mb, logits.device)
+            # 1 where a token is the argmax given the tokens before it
+            hit = self._rows(mb, F.pad((logits[:, :-1].argmax(-1) == ids[:, 1:]).float(), (1, 0)))
             resp_bt = devices.upload(mb.response_mask_bt, logits.device).bool()
             return torch.zeros(()), ((hit > 0) | ~resp_bt).all(dim=1)
 
